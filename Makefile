@@ -1,0 +1,46 @@
+# Thin aliases. Each target bootstraps what it needs on a fresh machine:
+# a private venv holding uv (.tools), then `uv sync --locked` into .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+ASSAY_DATA_DIR ?= $(CURDIR)/assay-data
+export ASSAY_DATA_DIR
+STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
+
+.PHONY: run test lint bench sync schemas clean
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv>=0.9,<1"
+
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml libs/assay/pyproject.toml $(wildcard services/*/pyproject.toml)
+	$(UV) sync --locked --all-packages --quiet
+	@touch $@
+
+sync: $(VENV)/.synced
+
+run: sync  ## the embedded demo on a freshly emptied data directory
+	rm -rf "$(ASSAY_DATA_DIR)"
+	$(VENV)/bin/assay demo
+	$(VENV)/bin/assay rebuild --check
+
+test: sync  ## the whole suite
+	$(VENV)/bin/pytest
+
+lint: sync  ## ruff, mypy --strict, import-linter layer contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy $(addprefix -p ,assay $(STAGE_PKGS))
+	$(VENV)/bin/mypy tests bench libs/assay/tests $(wildcard services/*/tests)
+	$(VENV)/bin/lint-imports
+
+bench: sync  ## figures beside their baselines -> bench/results/latest.json
+	$(VENV)/bin/python bench/run.py
+
+schemas: sync  ## regenerate JSON Schemas of every message
+	$(VENV)/bin/python -m assay.schemas schemas
+
+clean:
+	rm -rf $(VENV) $(TOOLS) assay-data .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,109 @@
+"""The outbox relay (§9.3): ships committed rows in order, marks them shipped.
+
+One relay leads per stage (a file lock in embedded mode). It is woken after
+commits that enqueue rows, with a short poll as the fallback. A transport
+outage stalls only the relay: rows stay in the outbox until they ship.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+from assay.bus.transport import Transport
+from assay.store.ports import EventLog
+
+log = logging.getLogger(__name__)
+
+
+class FileLock:
+    """An exclusive, non-blocking advisory lock on a file (released when the process dies)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = Path(path)
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if free; True if this process now holds it."""
+        if self._fd is not None:
+            return True
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Let go of the lock."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+class OutboxRelay:
+    """Moves one stage's outbox onto the transport."""
+
+    def __init__(
+        self,
+        stage: str,
+        log_: EventLog,
+        transport: Transport,
+        lock: FileLock,
+        batch: int = 500,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.stage = stage
+        self._log = log_
+        self._transport = transport
+        self._lock = lock
+        self._batch = batch
+        self._poll_s = poll_s
+        self.wake = asyncio.Event()
+        self.shipped = 0
+
+    async def ship_once(self) -> int:
+        """Ship one batch; return how many rows shipped (0 when the outbox is empty)."""
+        rows = await self._log.drain_outbox(self._batch)
+        if not rows:
+            return 0
+        await self._transport.publish([r.entry for r in rows])
+        await self._log.ack_outbox([r.seq for r in rows])
+        self.shipped += len(rows)
+        return len(rows)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Lead when the lock is free; ship until `stop` is set, then drain what is left."""
+        while not stop.is_set() and not self._lock.try_acquire():
+            await _sleep_or(stop, 1.0)
+        try:
+            backoff = self._poll_s
+            while not stop.is_set():
+                try:
+                    if await self.ship_once():
+                        backoff = self._poll_s
+                        continue
+                except Exception:  # the transport is down: keep the rows, retry later
+                    log.warning("relay %s: publish failed; retrying", self.stage, exc_info=True)
+                    await _sleep_or(stop, backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                self.wake.clear()
+                await _sleep_or(self.wake, self._poll_s)
+            while await self.ship_once():
+                pass
+        finally:
+            self._lock.release()
+
+
+async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

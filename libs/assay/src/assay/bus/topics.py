@@ -1,0 +1,117 @@
+"""The topic registry of DESIGN §4: each topic, what it carries, how it is keyed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from assay.kernel.errors import AssayError
+from assay.kernel.schema import Versioned
+from assay.messages import (
+    AllocationChanged,
+    ChallengerRejected,
+    Promoted,
+    RunExecuted,
+    RunGraded,
+    RunResult,
+    RunSpawned,
+    RunStatusChanged,
+    RunVerified,
+    TaskSubmitted,
+    UsageRecorded,
+    VariantAggregate,
+    WorkflowRegistered,
+)
+
+TASKS = "assay.tasks"
+WORKFLOWS = "assay.workflows"
+RUNS = "assay.runs"
+RUN_COMMANDS = "assay.run-commands"
+RUN_STATUS = "assay.run-status"
+EPISODES = "assay.episodes"
+VERIFIED = "assay.verified"
+GRADED = "assay.graded"
+RESULTS = "assay.results"
+AGGREGATES = "assay.aggregates"
+DECISIONS = "assay.decisions"
+USAGE = "assay.usage"
+
+
+def dlq(stage: str) -> str:
+    """The dead-letter topic of a stage."""
+    return f"assay.dlq.{stage}"
+
+
+class UnknownTopic(AssayError):
+    """A message was sent to a topic that does not carry its type."""
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A topic: its name, the message types it carries, and its key."""
+
+    name: str
+    carries: tuple[type[Versioned], ...]
+    key: Callable[[Versioned], str]
+    key_doc: str
+
+
+def _k(*fields: str) -> Callable[[Versioned], str]:
+    def key(msg: Versioned) -> str:
+        parts = []
+        for path in fields:
+            value: object = msg
+            for attr in path.split("."):
+                value = getattr(value, attr)
+            parts.append(str(value))
+        return ":".join(parts)
+
+    return key
+
+
+def _workflow_key(msg: Versioned) -> str:
+    assert isinstance(msg, WorkflowRegistered)
+    return f"{msg.tenant}:{msg.definition.get('id', '')}"
+
+
+TOPICS: dict[str, Topic] = {
+    t.name: t
+    for t in [
+        Topic(TASKS, (TaskSubmitted,), _k("tenant", "idempotency_key"), "tenant:idempotency_key"),
+        Topic(WORKFLOWS, (WorkflowRegistered,), _workflow_key, "tenant:workflow_id"),
+        Topic(RUNS, (RunSpawned,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
+        Topic(RUN_STATUS, (RunStatusChanged,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
+        Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
+        Topic(VERIFIED, (RunVerified,), _k("run.tenant", "run.task_id"), "tenant:task_id"),
+        Topic(
+            GRADED,
+            (RunGraded,),
+            _k("run.tenant", "run.workflow_version"),
+            "tenant:workflow_version",
+        ),
+        Topic(RESULTS, (RunResult,), _k("tenant", "run_id"), "tenant:run_id"),
+        Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
+        Topic(
+            DECISIONS,
+            (AllocationChanged, Promoted, ChallengerRejected),
+            _k("tenant", "workflow_id"),
+            "tenant:workflow_id",
+        ),
+        Topic(USAGE, (UsageRecorded,), _k("tenant"), "tenant"),
+    ]
+}
+
+
+def topic_for(name: str, msg: Versioned) -> Topic:
+    """The topic `name`, checked to carry `msg`'s type."""
+    topic = TOPICS.get(name)
+    if topic is None:
+        raise UnknownTopic(f"no topic {name!r}")
+    if not isinstance(msg, topic.carries):
+        raise UnknownTopic(f"topic {name!r} does not carry {msg.type}")
+    return topic
+
+
+def all_topics(stages: list[str]) -> list[str]:
+    """Every topic name, the stages' dead-letter topics included."""
+    return [*TOPICS, RUN_COMMANDS, *(dlq(s) for s in stages)]

@@ -1,0 +1,98 @@
+"""`assay run`: one durable run of a workflow, with the library alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from assay.engine import BUILTIN_TOOLS, WORK_EVENTS, Driver, RunFinished, RunSpec, StubModel
+from assay.engine.events import fold_work
+from assay.kernel import (
+    BranchId,
+    TaskId,
+    content_hash,
+    new_run_id,
+    tenant_id,
+)
+from assay.kernel.schema import Versioned
+from assay.messages import Purpose, Role, RunRef
+from assay.record import BranchKey, Event, LogRecord
+from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
+from assay.verification import verify_episode
+from assay.workflow import load_workflow
+
+LOCAL_TENANT = uuid.uuid5(uuid.NAMESPACE_URL, "assay:local")
+
+
+class _LogJournal:
+    """The driver's journal straight onto an event log (no bus, no outbox)."""
+
+    def __init__(self, log: SqliteEventLog) -> None:
+        self.log = log
+
+    async def history(self, key: BranchKey) -> list[LogRecord]:
+        return await self.log.read(key)
+
+    async def append(
+        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        await self.log.commit(CommitBatch(records=[(key, event)]))
+
+
+async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -> int:
+    """Execute and verify one run; print the episode and verdict as JSON. 0 if it passed."""
+    wf = load_workflow(workflow, frozenset(BUILTIN_TOOLS))
+    tenant = tenant_id(os.environ.get("ASSAY_TENANT", str(LOCAL_TENANT)))
+    task_id = TaskId(content_hash(task_input))
+    run_id = new_run_id()
+    ref = RunRef(
+        tenant=tenant,
+        run_id=run_id,
+        task_id=task_id,
+        idempotency_key=run_id,
+        workflow_id=wf.id,
+        workflow_version=wf.version,
+        role=Role.CURRENT,
+        purpose=Purpose.WORK,
+    )
+    log = await SqliteEventLog(data_dir / "local-runs.sqlite", WORK_EVENTS, fold_work).open()
+    blobs = FsBlobStore(data_dir / "blobs")
+    try:
+        spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
+        episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, _LogJournal(log))
+        blob = await blobs.put(tenant, episode.encode())
+        await log.commit(
+            CommitBatch(
+                records=[
+                    (
+                        spec.key,
+                        RunFinished(
+                            succeeded=episode.succeeded,
+                            failed_step=episode.failed_step,
+                            episode=blob,
+                            usage=episode.usage,
+                        ),
+                    )
+                ]
+            )
+        )
+        results = await verify_episode(episode, list(wf.verifiers))
+    finally:
+        await log.close()
+    passed = episode.succeeded and all(r.passed for r in results)
+    print(
+        json.dumps(
+            {
+                "episode": episode.model_dump(mode="json"),
+                "episode_ref": blob,
+                "passed": passed,
+                "verification": [r.model_dump(mode="json") for r in results],
+            },
+            indent=2,
+        )
+    )
+    return 0 if passed else 1

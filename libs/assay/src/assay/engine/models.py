@@ -1,0 +1,136 @@
+"""The model port and the deterministic stub model (DESIGN §9).
+
+The stub is a small arithmetic agent whose reliability depends on its prompt,
+so that prompt engineering measurably changes outcomes — what the demo's two
+workflow versions exercise. Same (run, step, attempt, prompt) → same answer.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from assay.kernel.canonical import digest
+from assay.kernel.errors import AssayError
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A model's answer and what it cost."""
+
+    text: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class ModelError(AssayError):
+    """The model call failed (the attempt fails; a retry may succeed)."""
+
+
+class Model(Protocol):
+    """Chat-completion-like model. `seed` makes deterministic models deterministic."""
+
+    name: str
+
+    async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
+        """Complete `prompt`, or raise `ModelError`."""
+        ...
+
+
+_EXPR = re.compile(r"[-(\d][\d\s+\-*/()]*\d\)?")
+
+
+class _Parser:
+    """Integer arithmetic with + - * and parentheses. No eval."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens = re.findall(r"\d+|[-+*()]", text)
+        self.i = 0
+
+    def parse(self) -> int:
+        value = self.expr()
+        if self.i != len(self.tokens):
+            raise ValueError("trailing tokens")
+        return value
+
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def take(self) -> str:
+        tok = str(self.tokens[self.i])
+        self.i += 1
+        return tok
+
+    def expr(self) -> int:
+        value = self.term()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            value = value + self.term() if op == "+" else value - self.term()
+        return value
+
+    def term(self) -> int:
+        value = self.atom()
+        while self.peek() == "*":
+            self.take()
+            value *= self.atom()
+        return value
+
+    def atom(self) -> int:
+        tok = self.take()
+        if tok == "(":
+            value = self.expr()
+            if self.take() != ")":
+                raise ValueError("unbalanced")
+            return value
+        if tok == "-":
+            return -self.atom()
+        return int(tok)
+
+
+def solve(text: str) -> int | None:
+    """The value of the longest arithmetic expression in `text`, or None."""
+    candidates = sorted(_EXPR.findall(text), key=len, reverse=True)
+    for cand in candidates:
+        try:
+            return _Parser(cand).parse()
+        except (ValueError, IndexError):
+            continue
+    return None
+
+
+class StubModel:
+    """Deterministic arithmetic model whose accuracy and style follow the prompt.
+
+    - Base error rate 35%; "step by step" in the prompt cuts it to 8%.
+    - "only the number" makes it answer with the bare number; otherwise it
+      answers in a sentence.
+    - It finds the longest arithmetic expression in the prompt and solves it
+      exactly, then errs (off by a small amount) with the error rate above.
+    """
+
+    name = "stub-arith-1"
+
+    def __init__(self, base_error: float = 0.35, careful_error: float = 0.08) -> None:
+        self.base_error = base_error
+        self.careful_error = careful_error
+
+    async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
+        rng = random.Random(digest(f"{seed}\x1f{digest(prompt.encode())}".encode()))
+        lowered = prompt.lower()
+        value = solve(prompt)
+        if value is None:
+            text = "I could not find a problem to solve."
+        else:
+            careful = "step by step" in lowered
+            if rng.random() < (self.careful_error if careful else self.base_error):
+                value += rng.choice([-10, -2, -1, 1, 2, 10])
+            text = (
+                str(value)
+                if "only the number" in lowered
+                else (f"Let me see. The answer is {value}.")
+            )
+        words = text.split()[:max_tokens]
+        return Completion(" ".join(words), self.name, max(1, len(prompt) // 4), len(words))

@@ -1,0 +1,140 @@
+"""Scores are a sum type, never a bare number (§11.1).
+
+A capped episode and an ungraded one are not low scores; they are different
+kinds of answer. Nothing here converts one into a number.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from assay.kernel.ids import RunId
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Verdict(enum.Enum):
+    """A judge's answer to "which of A and B is better". Never a number."""
+
+    A = "a"
+    B = "b"
+    DRAW = "draw"
+
+
+class Outcome(enum.Enum):
+    """A comparison from the graded run's side."""
+
+    WIN = "win"
+    LOSS = "loss"
+    DRAW = "draw"
+
+
+class DecidedBy(enum.Enum):
+    """Who ordered a pair: a judge, or the verifier (a pass beats a fail, §11.8)."""
+
+    JUDGE = "judge"
+    VERIFIER = "verifier"
+
+
+class UngradedReason(enum.Enum):
+    """Why grading ended without a score (§11.6)."""
+
+    NO_REFERENCE = "no_reference"
+    """No episode of the current version on this task to compare with."""
+    BASELINE = "baseline"
+    """The run is the current version's episode, the one challengers are measured against."""
+    INSUFFICIENT_GROUP = "insufficient_group"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    EPISODE_UNAVAILABLE = "episode_unavailable"
+    """The episode blob could not be read; grading degrades, the run stands."""
+
+
+class CoreViolation(_Frozen):
+    """A `Core` rubric criterion the episode violates (§11.7)."""
+
+    criterion: str = Field(description="Rubric criterion id.")
+    evidence: str = Field(description="What in the episode shows the violation.")
+
+
+class Relative(_Frozen):
+    """One comparison against the current version's reference episode (§11.3)."""
+
+    kind: Literal["relative"] = Field("relative", description="Score variant.")
+    against: RunId = Field(description="The reference run compared with.")
+    verdict: Verdict = Field(description="The verdict as given, positions as shown.")
+    position: Literal["a", "b"] = Field(description="Where the graded run was shown.")
+    outcome: Outcome = Field(description="The verdict from the graded run's side.")
+    decided_by: DecidedBy = Field(description="Judge, or verifier for pass-vs-fail.")
+
+
+class Ranked(_Frozen):
+    """A Bradley-Terry strength as a delta from control (§11.4)."""
+
+    kind: Literal["ranked"] = Field("ranked", description="Score variant.")
+    strength: float = Field(description="Strength minus control's.")
+    interval: tuple[float, float] = Field(description="Interval on the strength.")
+    group_size: int = Field(ge=1, description="Episodes in the group that produced it.")
+
+
+class Capped(_Frozen):
+    """A `Core` violation caps the episode. No number, nothing to average."""
+
+    kind: Literal["capped"] = Field("capped", description="Score variant.")
+    violations: list[CoreViolation] = Field(min_length=1, description="The violations.")
+
+
+class Ungraded(_Frozen):
+    """No comparison was possible, with the reason."""
+
+    kind: Literal["ungraded"] = Field("ungraded", description="Score variant.")
+    reason: UngradedReason = Field(description="Why grading ended without a score.")
+
+
+Score = Annotated[Relative | Ranked | Capped | Ungraded, Field(discriminator="kind")]
+
+
+class WinRecord(_Frozen):
+    """A challenger's running record against the current version (§11.3).
+
+    Judge verdicts and verifier-decided pairs are kept apart; draws are
+    recorded and excluded from the likelihood ratio.
+    """
+
+    judge_wins: int = Field(0, ge=0, description="Judge preferred the challenger.")
+    judge_losses: int = Field(0, ge=0, description="Judge preferred the current version.")
+    draws: int = Field(0, ge=0, description="Judge draws (excluded from the test).")
+    verifier_wins: int = Field(0, ge=0, description="Challenger passed, reference failed.")
+    verifier_losses: int = Field(0, ge=0, description="Challenger failed, reference passed.")
+    capped: int = Field(0, ge=0, description="Challenger episodes capped by a Core violation.")
+
+    @property
+    def wins(self) -> int:
+        """All wins, judge and verifier."""
+        return self.judge_wins + self.verifier_wins
+
+    @property
+    def losses(self) -> int:
+        """All losses, judge and verifier."""
+        return self.judge_losses + self.verifier_losses
+
+    @property
+    def comparisons(self) -> int:
+        """Every comparison recorded, draws included."""
+        return self.wins + self.losses + self.draws
+
+    def add(self, outcome: Outcome, decided_by: DecidedBy) -> WinRecord:
+        """The record with one more comparison."""
+        judge = decided_by is DecidedBy.JUDGE
+        match outcome:
+            case Outcome.WIN:
+                field = "judge_wins" if judge else "verifier_wins"
+            case Outcome.LOSS:
+                field = "judge_losses" if judge else "verifier_losses"
+            case Outcome.DRAW:
+                field = "draws"
+        return self.model_copy(update={field: getattr(self, field) + 1})

@@ -1,0 +1,84 @@
+"""Wire contracts: the envelope and every message payload (DESIGN §4–§5)."""
+
+from assay.kernel.schema import SchemaRegistry, UnknownSchema, Versioned
+from assay.messages.envelope import (
+    MAX_MESSAGE_BYTES,
+    Envelope,
+    message_id,
+    open_envelope,
+    seal,
+    traceparent_for,
+)
+from assay.messages.episode import AttemptView, Episode
+from assay.messages.models import (
+    AllocationChanged,
+    ChallengerRejected,
+    Promoted,
+    Purpose,
+    Role,
+    RunExecuted,
+    RunGraded,
+    RunRef,
+    RunResult,
+    RunSpawned,
+    RunStatusChanged,
+    RunVerified,
+    TaskSubmitted,
+    Usage,
+    UsageRecorded,
+    VariantAggregate,
+    VerifierResult,
+    WorkflowRegistered,
+)
+
+MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
+    [
+        TaskSubmitted,
+        WorkflowRegistered,
+        RunSpawned,
+        RunStatusChanged,
+        RunExecuted,
+        RunVerified,
+        RunGraded,
+        RunResult,
+        VariantAggregate,
+        AllocationChanged,
+        Promoted,
+        ChallengerRejected,
+        UsageRecorded,
+    ]
+)
+"""Every message type that travels on a topic, at its current version."""
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MESSAGES",
+    "AllocationChanged",
+    "AttemptView",
+    "ChallengerRejected",
+    "Envelope",
+    "Episode",
+    "Promoted",
+    "Purpose",
+    "Role",
+    "RunExecuted",
+    "RunGraded",
+    "RunRef",
+    "RunResult",
+    "RunSpawned",
+    "RunStatusChanged",
+    "RunVerified",
+    "SchemaRegistry",
+    "TaskSubmitted",
+    "UnknownSchema",
+    "Usage",
+    "UsageRecorded",
+    "VariantAggregate",
+    "VerifierResult",
+    "Versioned",
+    "WorkflowRegistered",
+    "message_id",
+    "open_envelope",
+    "seal",
+    "traceparent_for",
+]

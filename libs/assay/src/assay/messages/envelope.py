@@ -1,0 +1,105 @@
+"""The envelope every bus message travels in (DESIGN §5).
+
+The JSON body holds the envelope and the payload; Kafka headers repeat the
+envelope fields so a consumer can route without parsing the body.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from assay.kernel.canonical import canonical_bytes, digest
+from assay.kernel.errors import Refused
+from assay.kernel.ids import MessageId, TenantId
+from assay.kernel.schema import Versioned
+
+MAX_MESSAGE_BYTES = 1_000_000
+"""Larger payloads are refused; large content travels as blobs."""
+
+
+class Envelope(BaseModel):
+    """Metadata of one message plus its payload at `schema_version`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: MessageId = Field(description="Deterministic id; consumers dedupe on it.")
+    type: str = Field(description="Stable message type name.")
+    schema_version: int = Field(ge=1, description="Version of the payload's schema.")
+    tenant: TenantId = Field(description="Tenant the message belongs to.")
+    key: str = Field(description="Partition key, `tenant:...` as the topic defines.")
+    occurred_at: datetime = Field(description="When the producing fact was committed.")
+    causation_id: MessageId | None = Field(None, description="The message that caused this one.")
+    correlation_id: str = Field(description="Shared by every message of one submitted task.")
+    traceparent: str = Field(description="W3C trace context.")
+    payload: dict[str, Any] = Field(description="The message, as its schema version defines it.")
+
+    def encode(self) -> bytes:
+        """The wire body (canonical JSON)."""
+        return canonical_bytes(self.model_dump(mode="json"))
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        """Kafka headers mirroring the envelope (everything but the payload)."""
+        fields = self.model_dump(mode="json", exclude={"payload"})
+        return [(k, str(v).encode()) for k, v in fields.items() if v is not None]
+
+
+def message_id(*parts: str) -> MessageId:
+    """A deterministic message id from the parts that identify the fact."""
+    return MessageId(digest("\x1f".join(parts).encode())[:32])
+
+
+def traceparent_for(correlation_id: str, span_seed: str) -> str:
+    """A W3C traceparent whose trace id follows the correlation id."""
+    trace = digest(correlation_id.encode())[:32]
+    span = digest(span_seed.encode())[:16]
+    return f"00-{trace}-{span}-01"
+
+
+def seal(
+    msg: Versioned,
+    *,
+    tenant: TenantId,
+    key: str,
+    id: MessageId,
+    causation: Envelope | None,
+    correlation_id: str | None = None,
+    occurred_at: datetime | None = None,
+) -> Envelope:
+    """Wrap a message in an envelope; correlation and trace follow the cause."""
+    corr = correlation_id or (causation.correlation_id if causation else id)
+    return Envelope(
+        id=id,
+        type=msg.type,
+        schema_version=msg.version,
+        tenant=tenant,
+        key=key,
+        occurred_at=occurred_at or (causation.occurred_at if causation else datetime.now(UTC)),
+        causation_id=causation.id if causation else None,
+        correlation_id=corr,
+        traceparent=traceparent_for(corr, id),
+        payload=msg.model_dump(mode="json"),
+    )
+
+
+def open_envelope(value: bytes) -> Envelope:
+    """Decode a wire body.
+
+    Raises:
+        Refused: oversized, not JSON, or not an envelope.
+    """
+    if len(value) > MAX_MESSAGE_BYTES:
+        raise Refused(f"message of {len(value)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+    try:
+        doc = json.loads(value)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise Refused(f"not JSON: {exc}") from exc
+    try:
+        return Envelope.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise Refused(f"not an envelope: {where}: {first['msg']}") from exc

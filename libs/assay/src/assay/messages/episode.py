@@ -1,0 +1,53 @@
+"""The episode: a run's frozen, content-addressed record (§10.1, §10.2).
+
+Execute writes it once when the run's steps are all terminal; verifiers and
+judges read it and nothing else, so what they say is grounded in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from assay.kernel.attempts import AttemptState
+from assay.kernel.canonical import canonical_bytes
+from assay.kernel.ids import AttemptNo, StepId
+from assay.kernel.schema import Versioned
+from assay.messages.models import RunRef, Usage
+
+
+class AttemptView(Versioned):
+    """One attempt of one step, failed ones included (they are the learning signal)."""
+
+    type: ClassVar[str] = "AttemptView"
+    version: ClassVar[int] = 1
+    step: StepId = Field(description="Step.")
+    attempt: AttemptNo = Field(description="Attempt number (1-based).")
+    iteration: int = Field(ge=0, description="How many times the step had run before.")
+    state: AttemptState = Field(description="Terminal kernel state of the attempt.")
+    prompt: str | None = Field(None, description="Rendered prompt (model steps).")
+    output: str | None = Field(None, description="Output text, when it succeeded.")
+    error: str | None = Field(None, description="Why it did not succeed.")
+    usage: Usage = Field(description="Model usage of this attempt.")
+    duration_ms: int = Field(ge=0, description="Wall-clock time of the attempt.")
+
+
+class Episode(Versioned):
+    """Everything a verifier or judge may look at for one run."""
+
+    type: ClassVar[str] = "Episode"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    definition: dict[str, Any] = Field(description="The pinned workflow IR.")
+    input: dict[str, Any] = Field(description="The task input.")
+    attempts: list[AttemptView] = Field(description="Every attempt, in order.")
+    outputs: dict[str, str] = Field(description="Latest successful output per step.")
+    output: str | None = Field(None, description="The run's output.")
+    succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
+    failed_step: StepId | None = Field(None, description="Step whose attempts ran out.")
+    usage: Usage = Field(description="Model usage of the run.")
+
+    def encode(self) -> bytes:
+        """Canonical bytes (what is stored and hashed)."""
+        return canonical_bytes(self.model_dump(mode="json"))

@@ -1,0 +1,256 @@
+"""The payloads that travel on Assay's topics (DESIGN §4). Versioned contracts."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from assay.kernel.ids import (
+    RunId,
+    StepId,
+    TaskId,
+    TenantId,
+    WorkflowId,
+    WorkflowVersion,
+)
+from assay.kernel.lifecycle import RunState
+from assay.kernel.schema import Versioned
+from assay.kernel.scores import Score, WinRecord
+
+
+class Role(enum.Enum):
+    """Which side of the current/challenger pair a run belongs to."""
+
+    CURRENT = "current"
+    CHALLENGER = "challenger"
+
+
+class Purpose(enum.Enum):
+    """Why a run (or a model call) happened; metering attributes spend by it."""
+
+    WORK = "work"
+    """Serves a submitted task; its result goes to `assay.results`."""
+    SHADOW = "shadow"
+    """Re-execution of a task under the challenger, for comparison only (§12.4)."""
+    GRADING = "grading"
+
+
+class TaskSubmitted(Versioned):
+    """A producer asks for a task to be run by a workflow."""
+
+    type: ClassVar[str] = "TaskSubmitted"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant submitting the task.")
+    workflow_id: WorkflowId = Field(description="Workflow to run it with.")
+    idempotency_key: str = Field(
+        min_length=1, max_length=512, description="Producer's key; ingest dedupes on it."
+    )
+    input: dict[str, Any] = Field(description="Task input; hashed into the TaskId.")
+    task_key: str | None = Field(
+        None, max_length=512, description="Producer-supplied task identity instead of the hash."
+    )
+
+
+class WorkflowRegistered(Versioned):
+    """An operator registers a workflow version (the definition, as data)."""
+
+    type: ClassVar[str] = "WorkflowRegistered"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant owning the workflow.")
+    definition: dict[str, Any] = Field(description="The workflow IR document.")
+    rewrite: bool = Field(False, description="Allow a version that retains no step id.")
+
+
+class RunRef(Versioned):
+    """Identity of one run and what it is for, carried by every run message."""
+
+    type: ClassVar[str] = "RunRef"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    run_id: RunId = Field(description="The run (ULID).")
+    task_id: TaskId = Field(description="Comparison group key of the task.")
+    idempotency_key: str = Field(description="The submitting task's idempotency key.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="Pinned version.")
+    role: Role = Field(description="Current or challenger.")
+    purpose: Purpose = Field(description="Work or shadow.")
+    baseline_version: WorkflowVersion | None = Field(
+        None, description="For a challenger: the current version it is measured against."
+    )
+    reference_expected: bool = Field(
+        False, description="A run of the baseline on this task was spawned alongside."
+    )
+
+
+class Usage(Versioned):
+    """Model usage totals."""
+
+    type: ClassVar[str] = "Usage"
+    version: ClassVar[int] = 1
+    model_calls: int = Field(0, ge=0, description="Model calls.")
+    prompt_tokens: int = Field(0, ge=0, description="Prompt tokens.")
+    completion_tokens: int = Field(0, ge=0, description="Completion tokens.")
+
+
+class RunSpawned(Versioned):
+    """Ingest spawned a run: pinned version, role, purpose, and the task snapshot."""
+
+    type: ClassVar[str] = "RunSpawned"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    definition: dict[str, Any] = Field(description="The pinned workflow IR.")
+    input: dict[str, Any] = Field(description="The immutable task input.")
+
+
+class RunStatusChanged(Versioned):
+    """A lifecycle transition of a run (§5.2), reported by the stage that drove it."""
+
+    type: ClassVar[str] = "RunStatusChanged"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    state: RunState = Field(description="The state entered.")
+    detail: str = Field("", description="Why, for people.")
+
+
+class RunExecuted(Versioned):
+    """Execute finished a run; the frozen episode is a blob."""
+
+    type: ClassVar[str] = "RunExecuted"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    episode: str = Field(description="BlobRef of the frozen episode.")
+    succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
+    failed_step: StepId | None = Field(None, description="The step whose attempts ran out.")
+    usage: Usage = Field(description="Model usage of the run.")
+
+
+class VerifierResult(Versioned):
+    """One verifier's verdict with its identity, version and evidence (§10)."""
+
+    type: ClassVar[str] = "VerifierResult"
+    version: ClassVar[int] = 1
+    verifier: str = Field(description="Verifier id from the workflow.")
+    kind: str = Field(description="Verifier kind.")
+    verifier_version: str = Field(description="Implementation version.")
+    passed: bool = Field(description="Pass; any error is a fail.")
+    evidence: str = Field(description="What was checked and what was found.")
+
+
+class RunVerified(Versioned):
+    """Verify's outcome for a run, keyed by task for the grading join."""
+
+    type: ClassVar[str] = "RunVerified"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    episode: str = Field(description="BlobRef of the frozen episode.")
+    passed: bool = Field(description="Outcome class: every verifier passed.")
+    results: list[VerifierResult] = Field(description="Each verifier's result.")
+    usage: Usage = Field(description="Model usage of the run.")
+    executed: bool = Field(description="Execution succeeded (all steps ended well).")
+
+
+class RunGraded(Versioned):
+    """Tournament's score for a run."""
+
+    type: ClassVar[str] = "RunGraded"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    passed: bool = Field(description="Verifier outcome class.")
+    score: Score = Field(description="The score (a sum type, never a number).")
+    judge_calls: int = Field(0, ge=0, description="Judge calls spent on this run.")
+
+
+class RunResult(Versioned):
+    """What a consumer reads for a submitted task: one per task."""
+
+    type: ClassVar[str] = "RunResult"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    run_id: RunId = Field(description="The run that served the task.")
+    task_id: TaskId = Field(description="The task's comparison key.")
+    idempotency_key: str = Field(description="The submitting task's idempotency key.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="Version that ran.")
+    status: Literal["graded", "ungraded"] = Field(description="How grading ended.")
+    passed: bool = Field(description="Verification outcome.")
+    verification: list[VerifierResult] = Field(description="Each verifier's result.")
+    score: Score = Field(description="The score.")
+    usage: Usage = Field(description="Model usage.")
+    termination: Literal["succeeded", "failed"] = Field(description="How execution ended.")
+    output: str | None = Field(None, description="The run's output, when small.")
+
+
+class VariantAggregate(Versioned):
+    """A challenger's cumulative record against its baseline."""
+
+    type: ClassVar[str] = "VariantAggregate"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The challenger.")
+    baseline_version: WorkflowVersion = Field(description="The current version compared with.")
+    record: WinRecord = Field(description="Cumulative win record.")
+    runs: int = Field(ge=0, description="Graded challenger runs.")
+    passes: int = Field(ge=0, description="Of which passed verification.")
+
+
+class AllocationChanged(Versioned):
+    """Decide's allocation for a workflow; ingest routes new runs by the latest."""
+
+    type: ClassVar[str] = "AllocationChanged"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    generation: int = Field(ge=1, description="Compare-and-swap generation; higher wins.")
+    current: WorkflowVersion = Field(description="The current version.")
+    challenger: WorkflowVersion | None = Field(None, description="The challenger, if any.")
+    challenger_share: float = Field(
+        0.0, ge=0, le=1, description="Share of live tasks served by the challenger."
+    )
+    shadow_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of current-served tasks also re-run on the challenger."
+    )
+    definitions: dict[str, dict[str, Any]] = Field(
+        description="The IR of every version named here, by version."
+    )
+
+
+class Promoted(Versioned):
+    """The challenger crossed the accept boundary and is now current."""
+
+    type: ClassVar[str] = "Promoted"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The new current version.")
+    previous: WorkflowVersion = Field(description="The version it replaced.")
+    record: WinRecord = Field(description="The record at the decision.")
+    llr: float = Field(description="Log-likelihood ratio at the decision.")
+
+
+class ChallengerRejected(Versioned):
+    """The challenger was rejected; the current version stays."""
+
+    type: ClassVar[str] = "ChallengerRejected"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The rejected challenger.")
+    reason: str = Field(description="Why.")
+    record: WinRecord = Field(description="The record at the decision.")
+    llr: float = Field(description="Log-likelihood ratio at the decision.")
+
+
+class UsageRecorded(Versioned):
+    """One model call, attributed to tenant, run and purpose (§14.1)."""
+
+    type: ClassVar[str] = "UsageRecorded"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    run_id: RunId = Field(description="Run the call served.")
+    purpose: Purpose = Field(description="Work, shadow or grading.")
+    model: str = Field(description="Model id.")
+    prompt_tokens: int = Field(ge=0, description="Prompt tokens.")
+    completion_tokens: int = Field(ge=0, description="Completion tokens.")

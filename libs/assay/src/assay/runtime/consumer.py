@@ -1,0 +1,195 @@
+"""Runs one stage: a consumer loop per assigned partition, plus the outbox relay.
+
+Positions live in the stage's own store and advance in the handler's commit,
+so a restart resumes exactly after the last committed message. Poison input —
+undecodable, of an unknown schema, refused by the handler, or failing every
+retry — goes to `assay.dlq.<stage>` with the reason, and the position moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from assay.bus.relay import OutboxRelay
+from assay.bus.topics import dlq
+from assay.bus.transport import BusMessage, Transport
+from assay.kernel.errors import Refused
+from assay.kernel.schema import UnknownSchema
+from assay.messages import MESSAGES, TaskSubmitted
+from assay.messages.envelope import Envelope, message_id, open_envelope, seal
+from assay.runtime.stage import StageSpec, UnitOfWork
+from assay.store.ports import (
+    BlobStore,
+    CommitBatch,
+    ConsumerPosition,
+    DuplicateMessage,
+    EventLog,
+    OutboxEntry,
+)
+
+log = logging.getLogger(__name__)
+
+RETRIES = 3
+
+
+def decode(m: BusMessage) -> tuple[Envelope, object]:
+    """Envelope and payload of a record.
+
+    A bare `TaskSubmitted` JSON object on `assay.tasks` (what a producer with
+    any Kafka client writes) is accepted and wrapped in an envelope.
+
+    Raises:
+        Refused: the bytes are not a message this code can read.
+    """
+    try:
+        env = open_envelope(m.value)
+    except Refused:
+        if m.topic != "assay.tasks":
+            raise
+        env = _wrap_bare_task(m)
+    try:
+        return env, MESSAGES.decode(env.type, env.schema_version, env.payload)
+    except UnknownSchema as exc:
+        raise Refused(str(exc)) from exc
+
+
+def _wrap_bare_task(m: BusMessage) -> Envelope:
+    try:
+        task = TaskSubmitted.model_validate(json.loads(m.value))
+    except (ValueError, ValidationError) as exc:
+        raise Refused(
+            f"neither an envelope nor a TaskSubmitted: {str(exc).splitlines()[0]}"
+        ) from exc
+    return seal(
+        task,
+        tenant=task.tenant,
+        key=m.key,
+        id=message_id("producer", str(task.tenant), task.idempotency_key),
+        causation=None,
+    )
+
+
+class StageRunner:
+    """Consumes a stage's topics and relays its outbox."""
+
+    def __init__(
+        self,
+        spec: StageSpec,
+        log_: EventLog,
+        blobs: BlobStore,
+        transport: Transport,
+        relay: OutboxRelay,
+        partitions: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.log = log_
+        self.blobs = blobs
+        self.transport = transport
+        self.relay = relay
+        self._partitions = partitions or (lambda _t: list(range(transport.partitions)))
+        self.handled = 0
+        self.dead_lettered = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume and relay until `stop` is set."""
+        positions = await self.log.positions()
+        tasks = [asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")]
+        for topic in self.spec.topics:
+            for p in self._partitions(topic):
+                tasks.append(
+                    asyncio.create_task(
+                        self._consume(topic, p, positions.get((topic, p), 0), stop),
+                        name=f"{self.spec.name}-{topic}-{p}",
+                    )
+                )
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _consume(self, topic: str, partition: int, offset: int, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await self.transport.fetch(topic, partition, offset, 100, 0.25)
+            for m in batch:
+                if stop.is_set():
+                    return
+                await self.handle(m)
+                offset = m.offset + 1
+
+    async def handle(self, m: BusMessage) -> None:
+        """Handle one record exactly once at the fold; never raises for bad input."""
+        position = ConsumerPosition(m.topic, m.partition, m.offset + 1)
+        try:
+            env, msg = decode(m)
+        except Refused as exc:
+            await self._dead_letter(m, position, exc.reason)
+            return
+        handler = self.spec.handlers.get(m.topic, {}).get(env.type)
+        if handler is None:  # a type this stage does not act on (e.g. Promoted for ingest)
+            await self._commit(CommitBatch(position=position))
+            return
+        if await self.log.seen(env.tenant, env.id):
+            await self._commit(CommitBatch(position=position))
+            return
+        for attempt in range(1, RETRIES + 1):
+            uow = UnitOfWork(self.spec.name, self.log, self.blobs, env, self.relay.wake.set)
+            try:
+                await handler(msg, uow)
+                await self._commit(uow.take(position=position, inbox=(env.tenant, env.id)))
+                self.handled += 1
+                return
+            except DuplicateMessage:
+                await self._commit(CommitBatch(position=position))
+                return
+            except Refused as exc:
+                uow.discard()
+                await self._dead_letter(m, position, exc.reason)
+                return
+            except Exception as exc:
+                log.warning(
+                    "stage %s: handler failed on %s/%d@%d (attempt %d/%d)",
+                    self.spec.name,
+                    m.topic,
+                    m.partition,
+                    m.offset,
+                    attempt,
+                    RETRIES,
+                    exc_info=True,
+                )
+                if attempt == RETRIES:
+                    await self._dead_letter(
+                        m, position, f"handler failed {RETRIES} times: {type(exc).__name__}: {exc}"
+                    )
+                    return
+                await asyncio.sleep(0.05 * 2**attempt)
+
+    async def _dead_letter(self, m: BusMessage, position: ConsumerPosition, reason: str) -> None:
+        log.warning(
+            "stage %s: dead-lettering %s/%d@%d: %s",
+            self.spec.name,
+            m.topic,
+            m.partition,
+            m.offset,
+            reason,
+        )
+        headers = (
+            *m.headers,
+            ("assay-dlq-reason", reason.encode()),
+            ("assay-dlq-stage", self.spec.name.encode()),
+            ("assay-dlq-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
+        )
+        entry = OutboxEntry(dlq(self.spec.name), m.key, m.value, headers)
+        await self._commit(CommitBatch(position=position, outbox=[entry]))
+        self.dead_lettered += 1
+
+    async def _commit(self, batch: CommitBatch) -> None:
+        await self.log.commit(batch)
+        if batch.outbox:
+            self.relay.wake.set()

@@ -1,0 +1,153 @@
+"""Embedded mode: every installed stage in one process, on SQLite, over the embedded bus.
+
+One SQLite file per stage plus one for the bus, and content-addressed blobs,
+all under one data directory that only one process may hold at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from assay.bus.embedded import EmbeddedBus
+from assay.bus.relay import FileLock, OutboxRelay
+from assay.bus.topics import topic_for
+from assay.engine.models import Model, StubModel
+from assay.engine.tools import BUILTIN_TOOLS
+from assay.grading.judges import Judge, StubJudge
+from assay.grading.sprt import SprtPolicy
+from assay.kernel.canonical import content_hash
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId
+from assay.kernel.schema import Versioned
+from assay.messages.envelope import message_id, seal
+from assay.runtime.consumer import StageRunner
+from assay.runtime.stage import StageDeps, StageFactory, StageSpec
+from assay.store.fs_blobs import FsBlobStore
+from assay.store.ports import OutboxEntry
+from assay.store.sqlite import SqliteEventLog
+
+STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
+"""The pipeline's stages, in pipeline order."""
+
+
+class DataDirBusy(AssayError):
+    """Another process holds the data directory."""
+
+
+class StageMissing(AssayError):
+    """A stage is not installed (its `assay-<stage>` distribution is missing)."""
+
+
+def default_data_dir() -> Path:
+    """`ASSAY_DATA_DIR`, or `./assay-data`."""
+    return Path(os.environ.get("ASSAY_DATA_DIR", "assay-data"))
+
+
+def discover_stages() -> dict[str, StageFactory]:
+    """Stage factories registered under the `assay.stages` entry-point group."""
+    return {ep.name: ep.load() for ep in entry_points(group="assay.stages")}
+
+
+def stage_log(data_dir: Path, spec: StageSpec) -> SqliteEventLog:
+    """The SQLite event log of one stage in a data directory."""
+    return SqliteEventLog(data_dir / f"{spec.name}.sqlite", spec.events, spec.fold)
+
+
+class Embedded:
+    """The whole pipeline in one process. Use as an async context manager."""
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *,
+        partitions: int = 12,
+        model: Model | None = None,
+        judge: Judge | None = None,
+        sprt: SprtPolicy | None = None,
+        shadow_rate: float = 1.0,
+        stages: tuple[str, ...] = STAGES,
+    ) -> None:
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.partitions = partitions
+        self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions)
+        self.blobs = FsBlobStore(self.data_dir / "blobs")
+        self.deps = StageDeps(
+            blobs=self.blobs,
+            model=model or StubModel(),
+            judge=judge or StubJudge(),
+            tools=dict(BUILTIN_TOOLS),
+            sprt=sprt or SprtPolicy(),
+            shadow_rate=shadow_rate,
+        )
+        self._stage_names = stages
+        self._lock = FileLock(self.data_dir / "assay.lock")
+        self.runners: dict[str, StageRunner] = {}
+        self.logs: dict[str, SqliteEventLog] = {}
+        self._stop = asyncio.Event()
+        self._task: asyncio.Future[Any] | None = None
+
+    async def __aenter__(self) -> Embedded:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self._lock.try_acquire():
+            raise DataDirBusy(f"{self.data_dir} is in use by another Assay process")
+        factories = discover_stages()
+        missing = [s for s in self._stage_names if s not in factories]
+        if missing:
+            self._lock.release()
+            raise StageMissing(
+                f"stages not installed: {', '.join(missing)} (install assay-{missing[0]})"
+            )
+        await self.bus.open()
+        for name in self._stage_names:
+            spec = factories[name](self.deps)
+            log = await stage_log(self.data_dir, spec).open()
+            relay = OutboxRelay(name, log, self.bus, FileLock(self.data_dir / f"{name}.relay.lock"))
+            self.logs[name] = log
+            self.runners[name] = StageRunner(spec, log, self.blobs, self.bus, relay)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+        for log in self.logs.values():
+            await log.close()
+        await self.bus.close()
+        self._lock.release()
+
+    def start(self) -> None:
+        """Start every stage's consumers and relay in the background."""
+        self._stop.clear()
+        self._task = asyncio.ensure_future(
+            asyncio.gather(*(r.run(self._stop) for r in self.runners.values()))
+        )
+
+    async def stop(self) -> None:
+        """Stop consuming; relays drain what was committed."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+    async def publish(
+        self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str = ""
+    ) -> None:
+        """Produce a message as an outside producer would (tasks, workflow registrations)."""
+        spec = topic_for(topic, msg)
+        mid = message_id(
+            "producer", str(tenant), topic, idem or content_hash(msg.model_dump(mode="json"))
+        )
+        env = seal(msg, tenant=tenant, key=spec.key(msg), id=mid, causation=None)
+        await self.bus.publish([OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))])
+
+    async def publish_many(self, items: list[tuple[str, Versioned, TenantId, str]]) -> None:
+        """Produce many messages in one durable write."""
+        entries = []
+        for topic, msg, tenant, idem in items:
+            spec = topic_for(topic, msg)
+            mid = message_id("producer", str(tenant), topic, idem)
+            env = seal(msg, tenant=tenant, key=spec.key(msg), id=mid, causation=None)
+            entries.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
+        await self.bus.publish(entries)

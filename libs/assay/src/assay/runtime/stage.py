@@ -1,0 +1,160 @@
+"""What a stage is, and the unit of work its handlers receive (DESIGN §3).
+
+A handler is written once: it gets a decoded message and a unit of work,
+records events (the stage's fold derives its state from them) and emits
+messages into the outbox — committed together with the consumer position and
+the inbox entry. Nothing in a handler knows which mode it runs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from assay.bus.topics import topic_for
+from assay.engine.models import Model
+from assay.engine.tools import Tool
+from assay.grading.judges import Judge
+from assay.grading.sprt import SprtPolicy
+from assay.kernel.canonical import content_hash
+from assay.kernel.ids import Lsn, TenantId
+from assay.kernel.schema import Versioned
+from assay.messages.envelope import Envelope, message_id, seal
+from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
+from assay.record.state import Fold, StateKey
+from assay.store.ports import BlobStore, CommitBatch, EventLog, OutboxEntry
+
+Handler = Callable[[Any, "UnitOfWork"], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A stage: its name, its log's event types and fold, and its handlers.
+
+    `handlers` maps topic -> message type -> handler.
+    """
+
+    name: str
+    events: EventRegistry
+    fold: Fold
+    handlers: dict[str, dict[str, Handler]]
+
+    @property
+    def topics(self) -> list[str]:
+        """Topics the stage consumes."""
+        return sorted(self.handlers)
+
+
+@dataclass
+class StageDeps:
+    """What stage factories may use. Ports, with working defaults chosen by the runtime."""
+
+    blobs: BlobStore
+    model: Model
+    judge: Judge
+    tools: dict[str, Tool]
+    sprt: SprtPolicy = field(default_factory=SprtPolicy)
+    shadow_rate: float = 1.0
+
+
+StageFactory = Callable[[StageDeps], StageSpec]
+
+
+class UnitOfWork:
+    """One message's transaction: records, outbox, position and inbox, all or none.
+
+    `commit()` may be called mid-handler to make progress durable (execute
+    commits once per event); the consumer position and inbox entry ride only
+    on the final commit, so a crash redelivers the message and the handler
+    resumes from what it committed.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        log: EventLog,
+        blobs: BlobStore,
+        envelope: Envelope,
+        on_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.stage = stage
+        self._on_commit = on_commit
+        self.log = log
+        self.blobs = blobs
+        self.envelope = envelope
+        self._records: list[tuple[BranchKey, Event]] = []
+        self._outbox: list[OutboxEntry] = []
+        self.committed = 0
+
+    @property
+    def tenant(self) -> TenantId:
+        """Tenant of the message being handled."""
+        return self.envelope.tenant
+
+    def record(self, key: BranchKey, event: Event) -> None:
+        """Append `event` to a stream at the next commit. Tenant must match the message's."""
+        if key.tenant != self.tenant:
+            raise PermissionError(
+                f"stage {self.stage}: a {self.tenant} message cannot write to tenant {key.tenant}"
+            )
+        self._records.append((key, event))
+
+    def emit(self, topic: str, msg: Versioned) -> None:
+        """Enqueue `msg` on `topic` at the next commit, keyed as the topic defines."""
+        spec = topic_for(topic, msg)
+        payload_hash = content_hash(msg.model_dump(mode="json"))
+        env = seal(
+            msg,
+            tenant=self.tenant,
+            key=spec.key(msg),
+            id=message_id(self.stage, self.envelope.id, msg.type, payload_hash),
+            causation=self.envelope,
+        )
+        self._outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
+
+    def emit_raw(self, entry: OutboxEntry) -> None:
+        """Enqueue an already-encoded entry (dead letters)."""
+        self._outbox.append(entry)
+
+    async def get(self, kind: str, key: str) -> dict[str, Any] | None:
+        """A committed derived document of this tenant."""
+        return await self.log.get(StateKey(self.tenant, kind, key))
+
+    async def scan(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+        """Committed derived documents of this tenant, by key prefix."""
+        return await self.log.scan(self.tenant, kind, prefix)
+
+    async def history(self, key: BranchKey) -> list[LogRecord]:
+        """Every committed record of one stream of this tenant."""
+        if key.tenant != self.tenant:
+            raise PermissionError(f"stage {self.stage}: cross-tenant read refused")
+        return await self.log.read(key)
+
+    async def append(
+        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Record, emit and commit now (the engine's `Journal`)."""
+        self.record(key, event)
+        for topic, msg in emits:
+            self.emit(topic, msg)
+        await self.commit()
+
+    async def commit(self) -> list[Lsn]:
+        """Commit what is pending (without position or inbox)."""
+        batch = self.take()
+        lsns = await self.log.commit(batch)
+        self.committed += 1
+        if batch.outbox and self._on_commit is not None:
+            self._on_commit()
+        return lsns
+
+    def take(self, **final: Any) -> CommitBatch:
+        """Hand the pending writes over as a batch (the runner adds position and inbox)."""
+        batch = CommitBatch(records=self._records, outbox=self._outbox, **final)
+        self._records, self._outbox = [], []
+        return batch
+
+    def discard(self) -> None:
+        """Drop pending writes (a refused message writes only its dead letter)."""
+        self._records, self._outbox = [], []

@@ -1,0 +1,169 @@
+"""Storage ports (§7). Every adapter passes the same contract suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import Lsn, MessageId, TenantId
+from assay.record.events import BranchKey, Event, LogRecord
+from assay.record.state import StateKey
+
+
+class DuplicateMessage(AssayError):
+    """The batch's inbox id was already committed: the message was handled before."""
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """One message to publish after the commit: topic, key, bytes, headers."""
+
+    topic: str
+    key: str
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class PendingOutbox:
+    """A committed, unshipped outbox row, in commit order."""
+
+    seq: int
+    entry: OutboxEntry
+
+
+@dataclass(frozen=True)
+class ConsumerPosition:
+    """Where a stage resumes reading one partition: the next offset to read."""
+
+    topic: str
+    partition: int
+    next_offset: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A materialised snapshot of one stream, valid up to and including `upto`."""
+
+    key: BranchKey
+    upto: Lsn
+    state: bytes
+
+
+@dataclass
+class CommitBatch:
+    """Everything one commit writes, all or nothing (§8.3).
+
+    Records are appended to their streams (LSNs assigned by the adapter, per
+    branch), the stage's fold turns them into derived-state deltas, the
+    consumer position advances, the inbox remembers the message id, and the
+    outbox rows are enqueued — in one transaction.
+    """
+
+    records: list[tuple[BranchKey, Event]] = field(default_factory=list)
+    position: ConsumerPosition | None = None
+    inbox: tuple[TenantId, MessageId] | None = None
+    outbox: list[OutboxEntry] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.position or self.inbox or self.outbox)
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """What re-folding the log produced against the state that was there."""
+
+    records: int
+    documents_before: int
+    documents_after: int
+    differences: list[str]
+
+    @property
+    def identical(self) -> bool:
+        """True when the rebuilt state is byte-identical to the stored one."""
+        return not self.differences
+
+
+class EventLog(Protocol):
+    """A stage's log, derived state, positions, inbox and outbox, in one store."""
+
+    async def commit(self, batch: CommitBatch) -> list[Lsn]:
+        """Apply a batch atomically; return the LSNs given to its records, in order.
+
+        Raises:
+            DuplicateMessage: the inbox id was committed before; nothing was written.
+        """
+        ...
+
+    async def read(
+        self, key: BranchKey, from_lsn: Lsn = Lsn(0), limit: int = 10_000
+    ) -> list[LogRecord]:
+        """Records of one branch from `from_lsn`, ascending, decoded at current versions."""
+        ...
+
+    async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
+        """Store a snapshot of `key` valid up to `upto`."""
+        ...
+
+    async def latest_checkpoint(self, key: BranchKey, upto: Lsn | None = None) -> Checkpoint | None:
+        """Newest checkpoint at or below `upto` (any if None); None: fold from LSN 0."""
+        ...
+
+    async def delete_checkpoints(self, key: BranchKey) -> None:
+        """Drop every checkpoint of `key` (they are an optimisation only)."""
+        ...
+
+    async def get(self, at: StateKey) -> dict[str, Any] | None:
+        """One derived document, or None."""
+        ...
+
+    async def scan(
+        self, tenant: TenantId, kind: str, prefix: str = ""
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Derived documents of a kind for one tenant whose key starts with `prefix`."""
+        ...
+
+    async def positions(self) -> dict[tuple[str, int], int]:
+        """Stored consumer positions: (topic, partition) -> next offset."""
+        ...
+
+    async def seen(self, tenant: TenantId, message_id: MessageId) -> bool:
+        """Whether a message id was committed to the inbox."""
+        ...
+
+    async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
+        """Committed-but-unshipped rows in commit order. Read by the relay only."""
+        ...
+
+    async def ack_outbox(self, seqs: list[int]) -> None:
+        """Mark rows shipped (they are removed)."""
+        ...
+
+    async def rebuild(self, *, keep: bool) -> RebuildReport:
+        """Drop derived state, re-fold it from the log and compare byte for byte.
+
+        Args:
+            keep: commit the rebuilt state; otherwise leave the store untouched.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release the store."""
+        ...
+
+
+class BlobStore(Protocol):
+    """Content-addressed blobs, namespaced per tenant (§3, §7)."""
+
+    async def put(self, tenant: TenantId, content: bytes) -> str:
+        """Store content durably; return its ref (blake3 hex). Idempotent."""
+        ...
+
+    async def get(self, tenant: TenantId, ref: str) -> bytes | None:
+        """The content, or None if this tenant has no such blob."""
+        ...
+
+    async def delete(self, tenant: TenantId, ref: str) -> None:
+        """Remove a blob of this tenant (no-op if absent)."""
+        ...

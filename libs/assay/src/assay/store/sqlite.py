@@ -1,0 +1,414 @@
+"""SQLite adapter of `EventLog`: WAL, `synchronous=FULL`, group commit.
+
+One connection lives on one dedicated thread. Concurrent `commit` calls that
+arrive while a transaction is being made durable are coalesced into the next
+transaction — one fsync for many batches, each batch isolated in a savepoint
+so one failing batch never takes another down (batching across runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from assay.kernel.canonical import canonical_bytes
+from assay.kernel.ids import Lsn, MessageId, TenantId, tenant_id
+from assay.record.events import BranchKey, EventRegistry, LogRecord
+from assay.record.state import Delete, Fold, Patch, Put, StateDelta, StateKey
+from assay.store.ports import (
+    Checkpoint,
+    CommitBatch,
+    DuplicateMessage,
+    OutboxEntry,
+    PendingOutbox,
+    RebuildReport,
+)
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS log (
+    seq INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL, stream TEXT NOT NULL, branch INTEGER NOT NULL, lsn INTEGER NOT NULL,
+    type TEXT NOT NULL, schema_version INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    UNIQUE (tenant, stream, branch, lsn)
+);
+CREATE TABLE IF NOT EXISTS state (
+    tenant TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL,
+    PRIMARY KEY (tenant, kind, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS positions (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox (
+    tenant TEXT NOT NULL, message_id TEXT NOT NULL,
+    PRIMARY KEY (tenant, message_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, headers BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    tenant TEXT NOT NULL, stream TEXT NOT NULL, branch INTEGER NOT NULL, upto INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (tenant, stream, branch, upto)
+) WITHOUT ROWID;
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection with Assay's durability pragmas: WAL and `synchronous=FULL`."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+class SqliteEventLog:
+    """`EventLog` on one SQLite file (one per stage in embedded mode)."""
+
+    def __init__(self, path: str | Path, registry: EventRegistry, fold: Fold) -> None:
+        self._path = Path(path)
+        self._registry = registry
+        self._fold = fold
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"sqlite-{self._path.stem}")
+        self._conn: sqlite3.Connection | None = None
+        self._queue: list[tuple[CommitBatch, asyncio.Future[list[Lsn]]]] = []
+        self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None
+
+    async def open(self) -> SqliteEventLog:
+        """Create the file and tables if missing."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+
+        def setup() -> None:
+            self._conn = connect(self._path)
+            self._conn.executescript(_SCHEMA)
+
+        await self._run(setup)
+        return self
+
+    async def close(self) -> None:
+        """Finish queued work and close the connection."""
+        while self._flush_task is not None and not self._flush_task.done():
+            await self._flush_task
+        if self._conn is not None:
+            await self._run(self._conn.close)
+            self._conn = None
+        self._pool.shutdown(wait=True)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"event log {self._path} is not open")
+        return self._conn
+
+    # -- commit -----------------------------------------------------------------
+
+    async def commit(self, batch: CommitBatch) -> list[Lsn]:
+        fut: asyncio.Future[list[Lsn]] = asyncio.get_running_loop().create_future()
+        self._queue.append((batch, fut))
+        if not self._flushing:
+            self._flushing = True
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                group, self._queue = self._queue, []
+                try:
+                    outcomes = await self._run(lambda g=group: self._write_group(g))  # type: ignore[misc]
+                except BaseException as exc:  # the COMMIT itself failed: every batch failed
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, fut), outcome in zip(group, outcomes, strict=True):
+                    if fut.done():
+                        continue
+                    if isinstance(outcome, BaseException):
+                        fut.set_exception(outcome)
+                    else:
+                        fut.set_result(outcome)
+        finally:
+            self._flushing = False
+
+    def _write_group(
+        self, group: list[tuple[CommitBatch, asyncio.Future[list[Lsn]]]]
+    ) -> list[list[Lsn] | BaseException]:
+        db = self._db
+        outcomes: list[list[Lsn] | BaseException] = []
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            single = len(group) == 1
+            for batch, _ in group:
+                if single:
+                    outcomes.append(self._write_batch(db, batch))
+                    continue
+                db.execute("SAVEPOINT b")
+                try:
+                    outcomes.append(self._write_batch(db, batch))
+                    db.execute("RELEASE b")
+                except Exception as exc:
+                    db.execute("ROLLBACK TO b")
+                    db.execute("RELEASE b")
+                    outcomes.append(exc)
+            db.execute("COMMIT")
+        except Exception as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if len(group) == 1 and isinstance(exc, DuplicateMessage):
+                return [exc]
+            raise
+        return outcomes
+
+    def _write_batch(self, db: sqlite3.Connection, batch: CommitBatch) -> list[Lsn]:
+        if batch.inbox is not None:
+            tenant, mid = batch.inbox
+            try:
+                db.execute("INSERT INTO inbox VALUES (?, ?)", (str(tenant), mid))
+            except sqlite3.IntegrityError as exc:
+                raise DuplicateMessage(f"message {mid} was already handled") from exc
+        lsns: list[Lsn] = []
+        now = int(time.time() * 1000)
+        next_lsn: dict[BranchKey, int] = {}
+        for key, event in batch.records:
+            lsn = next_lsn.get(key)
+            if lsn is None:
+                row = db.execute(
+                    "SELECT MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?",
+                    (str(key.tenant), key.stream, key.branch),
+                ).fetchone()
+                lsn = 0 if row[0] is None else row[0] + 1
+            next_lsn[key] = lsn + 1
+            payload = canonical_bytes(event.model_dump(mode="json"))
+            db.execute(
+                "INSERT INTO log (tenant, stream, branch, lsn, type, schema_version, at_ms,"
+                " payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    str(key.tenant),
+                    key.stream,
+                    key.branch,
+                    lsn,
+                    event.type,
+                    event.version,
+                    now,
+                    payload,
+                ),
+            )
+            record = LogRecord(key, Lsn(lsn), event.version, now, event)
+            for delta in self._fold(record):
+                _apply(db, delta)
+            lsns.append(Lsn(lsn))
+        if batch.position is not None:
+            p = batch.position
+            db.execute(
+                "INSERT INTO positions VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
+                "DO UPDATE SET next_offset = excluded.next_offset",
+                (p.topic, p.partition, p.next_offset),
+            )
+        for e in batch.outbox:
+            db.execute(
+                "INSERT INTO outbox (topic, key, value, headers) VALUES (?, ?, ?, ?)",
+                (e.topic, e.key, e.value, encode_headers(e.headers)),
+            )
+        return lsns
+
+    # -- reads ------------------------------------------------------------------
+
+    async def read(
+        self, key: BranchKey, from_lsn: Lsn = Lsn(0), limit: int = 10_000
+    ) -> list[LogRecord]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT lsn, type, schema_version, at_ms, payload FROM log "
+                "WHERE tenant=? AND stream=? AND branch=? AND lsn>=? ORDER BY lsn LIMIT ?",
+                (str(key.tenant), key.stream, key.branch, from_lsn, limit),
+            ).fetchall()
+        )
+        return [
+            LogRecord(key, Lsn(lsn), ver, at, self._registry.decode(typ, ver, json.loads(p)))
+            for lsn, typ, ver, at, p in rows
+        ]
+
+    async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
+        def write() -> None:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.execute(
+                    "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
+                    (str(key.tenant), key.stream, key.branch, upto, state),
+                )
+
+        await self._run(write)
+
+    async def latest_checkpoint(self, key: BranchKey, upto: Lsn | None = None) -> Checkpoint | None:
+        bound = (1 << 62) if upto is None else upto
+        row = await self._run(
+            lambda: self._db.execute(
+                "SELECT upto, state FROM checkpoints WHERE tenant=? AND stream=? AND branch=? "
+                "AND upto<=? ORDER BY upto DESC LIMIT 1",
+                (str(key.tenant), key.stream, key.branch, bound),
+            ).fetchone()
+        )
+        return None if row is None else Checkpoint(key, Lsn(row[0]), row[1])
+
+    async def delete_checkpoints(self, key: BranchKey) -> None:
+        def delete() -> None:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.execute(
+                    "DELETE FROM checkpoints WHERE tenant=? AND stream=? AND branch=?",
+                    (str(key.tenant), key.stream, key.branch),
+                )
+
+        await self._run(delete)
+
+    async def get(self, at: StateKey) -> dict[str, Any] | None:
+        row = await self._run(
+            lambda: self._db.execute(
+                "SELECT value FROM state WHERE tenant=? AND kind=? AND key=?",
+                (str(at.tenant), at.kind, at.key),
+            ).fetchone()
+        )
+        return None if row is None else dict(json.loads(row[0]))
+
+    async def scan(
+        self, tenant: TenantId, kind: str, prefix: str = ""
+    ) -> list[tuple[str, dict[str, Any]]]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT key, value FROM state WHERE tenant=? AND kind=? AND substr(key, 1, ?)=? "
+                "ORDER BY key",
+                (str(tenant), kind, len(prefix), prefix),
+            ).fetchall()
+        )
+        return [(k, dict(json.loads(v))) for k, v in rows]
+
+    async def positions(self) -> dict[tuple[str, int], int]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT topic, partition, next_offset FROM positions"
+            ).fetchall()
+        )
+        return {(t, p): o for t, p, o in rows}
+
+    async def seen(self, tenant: TenantId, message_id: MessageId) -> bool:
+        row = await self._run(
+            lambda: self._db.execute(
+                "SELECT 1 FROM inbox WHERE tenant=? AND message_id=?", (str(tenant), message_id)
+            ).fetchone()
+        )
+        return row is not None
+
+    async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
+        rows = await self._run(
+            lambda: self._db.execute(
+                "SELECT seq, topic, key, value, headers FROM outbox ORDER BY seq LIMIT ?", (limit,)
+            ).fetchall()
+        )
+        return [
+            PendingOutbox(seq, OutboxEntry(topic, key, value, decode_headers(headers)))
+            for seq, topic, key, value, headers in rows
+        ]
+
+    async def ack_outbox(self, seqs: list[int]) -> None:
+        def delete() -> None:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany("DELETE FROM outbox WHERE seq=?", [(s,) for s in seqs])
+
+        if seqs:
+            await self._run(delete)
+
+    # -- rebuild ----------------------------------------------------------------
+
+    async def rebuild(self, *, keep: bool) -> RebuildReport:
+        return await self._run(lambda: self._rebuild(keep))
+
+    def _rebuild(self, keep: bool) -> RebuildReport:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            before = db.execute(
+                "SELECT tenant, kind, key, value FROM state ORDER BY tenant, kind, key"
+            ).fetchall()
+            db.execute("DELETE FROM state")
+            n = 0
+            for tenant, stream, branch, lsn, typ, ver, at, payload in db.execute(
+                "SELECT tenant, stream, branch, lsn, type, schema_version, at_ms, payload "
+                "FROM log ORDER BY seq"
+            ).fetchall():
+                event = self._registry.decode(typ, ver, json.loads(payload))
+                key = BranchKey(tenant_id(tenant), stream, branch)
+                for delta in self._fold(LogRecord(key, Lsn(lsn), ver, at, event)):
+                    _apply(db, delta)
+                n += 1
+            after = db.execute(
+                "SELECT tenant, kind, key, value FROM state ORDER BY tenant, kind, key"
+            ).fetchall()
+            db.execute("COMMIT" if keep else "ROLLBACK")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return RebuildReport(n, len(before), len(after), _differences(before, after))
+
+
+def _differences(before: list[Any], after: list[Any]) -> list[str]:
+    old = {tuple(r[:3]): r[3] for r in before}
+    new = {tuple(r[:3]): r[3] for r in after}
+    out = []
+    for k in sorted(old.keys() | new.keys()):
+        if old.get(k) != new.get(k):
+            what = (
+                "missing after rebuild"
+                if k not in new
+                else ("not derivable from the log" if k not in old else "differs")
+            )
+            out.append(f"{'/'.join(str(p) for p in k)}: {what}")
+    return out
+
+
+def _apply(db: sqlite3.Connection, delta: StateDelta) -> None:
+    at = delta.at
+    ident = (str(at.tenant), at.kind, at.key)
+    match delta:
+        case Put(value=value):
+            db.execute(
+                "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?)", (*ident, canonical_bytes(value))
+            )
+        case Patch(fields=fields):
+            row = db.execute(
+                "SELECT value FROM state WHERE tenant=? AND kind=? AND key=?", ident
+            ).fetchone()
+            merged = {**(json.loads(row[0]) if row else {}), **fields}
+            db.execute(
+                "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?)",
+                (*ident, canonical_bytes(merged)),
+            )
+        case Delete():
+            db.execute("DELETE FROM state WHERE tenant=? AND kind=? AND key=?", ident)
+
+
+def encode_headers(headers: tuple[tuple[str, bytes], ...]) -> bytes:
+    """Headers as JSON bytes (values kept byte-exact via latin-1)."""
+    return json.dumps([[k, v.decode("latin-1")] for k, v in headers]).encode()
+
+
+def decode_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
+    """Inverse of `encode_headers`."""
+    return tuple((k, v.encode("latin-1")) for k, v in json.loads(raw))

@@ -1,0 +1,134 @@
+"""Verifiers (§10): fail-closed checks on a frozen episode.
+
+Any error, exception or timeout is a `Fail`, never a `Pass`. Verifiers of one
+run execute in parallel; each result records the verifier's identity, its
+implementation version and the evidence it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Protocol
+
+import jsonschema
+
+from assay.messages.episode import Episode
+from assay.messages.models import VerifierResult
+from assay.workflow.ir import VerifierSpec
+from assay.workflow.templates import render
+
+
+class Verifier(Protocol):
+    """A check on an episode. Implementations may raise; the runner fails them closed."""
+
+    kind: str
+    version: str
+
+    async def check(self, spec: VerifierSpec, episode: Episode, subject: str) -> tuple[bool, str]:
+        """Return (passed, evidence) for `subject`, the output under test."""
+        ...
+
+
+def _clip(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[:n] + "…"
+
+
+class ExactVerifier:
+    """The output equals the rendered `expected` template."""
+
+    kind = "exact"
+    version = "1"
+
+    async def check(self, spec: VerifierSpec, episode: Episode, subject: str) -> tuple[bool, str]:
+        assert spec.expected is not None
+        expected = render(
+            spec.expected,
+            {
+                "task": episode.input,
+                "steps": {k: {"output": v} for k, v in episode.outputs.items()},
+            },
+        )
+        got, want = (subject.strip(), expected.strip()) if spec.strip else (subject, expected)
+        return got == want, f"expected {_clip(want)!r}, got {_clip(got)!r}"
+
+
+class RegexVerifier:
+    """The output fully matches `pattern`."""
+
+    kind = "regex"
+    version = "1"
+
+    async def check(self, spec: VerifierSpec, episode: Episode, subject: str) -> tuple[bool, str]:
+        assert spec.pattern is not None
+        text = subject.strip() if spec.strip else subject
+        ok = re.fullmatch(spec.pattern, text) is not None
+        return ok, f"{_clip(text)!r} {'matches' if ok else 'does not match'} /{spec.pattern}/"
+
+
+class JsonSchemaVerifier:
+    """The output is JSON valid against `json_schema`."""
+
+    kind = "json_schema"
+    version = "1"
+
+    async def check(self, spec: VerifierSpec, episode: Episode, subject: str) -> tuple[bool, str]:
+        assert spec.json_schema is not None
+        try:
+            doc = json.loads(subject)
+        except json.JSONDecodeError as exc:
+            return False, f"not JSON: {exc}"
+        errors = sorted(
+            jsonschema.Draft202012Validator(spec.json_schema).iter_errors(doc),
+            key=lambda e: list(e.path),
+        )
+        if errors:
+            return False, f"{len(errors)} schema error(s); first: {_clip(errors[0].message)}"
+        return True, "valid against the schema"
+
+
+BUILTIN_VERIFIERS: dict[str, Verifier] = {
+    v.kind: v for v in (ExactVerifier(), RegexVerifier(), JsonSchemaVerifier())
+}
+
+
+async def verify_episode(
+    episode: Episode,
+    specs: list[VerifierSpec],
+    *,
+    timeout_s: float = 10.0,
+    registry: dict[str, Verifier] | None = None,
+) -> list[VerifierResult]:
+    """Run every verifier of the workflow on the episode, in parallel, failing closed."""
+    verifiers = registry or BUILTIN_VERIFIERS
+
+    async def one(spec: VerifierSpec) -> VerifierResult:
+        impl = verifiers.get(spec.kind)
+        version = impl.version if impl else "missing"
+        step = (
+            spec.step or episode.definition.get("output") or (episode.definition["steps"][-1]["id"])
+        )
+        subject = episode.outputs.get(step) if episode.succeeded or spec.step else None
+        if impl is None:
+            passed, evidence = False, f"no verifier of kind {spec.kind!r} is registered"
+        elif subject is None:
+            passed, evidence = False, f"step {step!r} produced no output"
+        else:
+            try:
+                passed, evidence = await asyncio.wait_for(
+                    impl.check(spec, episode, subject), timeout_s
+                )
+            except TimeoutError:
+                passed, evidence = False, f"verifier timed out after {timeout_s}s"
+            except Exception as exc:  # fail closed: an error is never a pass
+                passed, evidence = False, f"verifier raised {type(exc).__name__}: {exc}"
+        return VerifierResult(
+            verifier=spec.id,
+            kind=spec.kind,
+            verifier_version=version,
+            passed=passed,
+            evidence=evidence,
+        )
+
+    return list(await asyncio.gather(*(one(s) for s in specs)))

@@ -1,0 +1,44 @@
+"""A tiny, safe template language: `{{ task.field }}` and `{{ steps.ID.output }}`.
+
+Substitution only — no expressions, no attribute access on objects, never `eval`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from assay.kernel.errors import AssayError
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*)\s*\}\}")
+
+
+class TemplateError(AssayError):
+    """A placeholder names something the context does not hold."""
+
+
+def placeholders(template: str) -> list[tuple[str, ...]]:
+    """The dotted paths a template refers to, in order of appearance."""
+    return [tuple(m.group(1).split(".")) for m in _PLACEHOLDER.finditer(template)]
+
+
+def render(template: str, context: Mapping[str, Any]) -> str:
+    """Substitute every placeholder. Strings go in verbatim, anything else as JSON.
+
+    Raises:
+        TemplateError: a path does not resolve in `context`.
+    """
+
+    def lookup(match: re.Match[str]) -> str:
+        value: Any = context
+        path = match.group(1)
+        for part in path.split("."):
+            if isinstance(value, Mapping) and part in value:
+                value = value[part]
+            else:
+                raise TemplateError(f"template refers to {path!r}, which the input does not hold")
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+    return _PLACEHOLDER.sub(lookup, template)
