@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from assay.bus.partitioner import partition_for
@@ -30,34 +29,38 @@ _TAIL = 20_000
 
 
 class EmbeddedBus:
-    """`Transport` for embedded mode. One instance per data directory and process."""
+    """`Transport` for embedded mode. One instance per data directory and process.
+
+    Like the event logs, it does its SQLite work on the event loop's thread: a
+    publish is one transaction for the whole batch a relay hands over.
+    """
 
     def __init__(self, path: str | Path, partitions: int = 12) -> None:
         self.partitions = partitions
         self._path = Path(path)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="embedded-bus")
         self._conn: sqlite3.Connection | None = None
         self._next: dict[tuple[str, int], int] = {}
         self._tail: dict[tuple[str, int], list[BusMessage]] = defaultdict(list)
         self._wake: dict[tuple[str, int], asyncio.Event] = defaultdict(asyncio.Event)
-        self._lock = asyncio.Lock()
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"embedded bus {self._path} is not open")
+        return self._conn
 
     async def open(self) -> EmbeddedBus:
         """Open the file and load each partition's end offset and tail."""
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        loop = asyncio.get_running_loop()
-
-        def setup() -> list[tuple[str, int, int, str, bytes, bytes]]:
-            conn = self._conn = connect(self._path)
-            conn.executescript(_SCHEMA)
-            return conn.execute(
-                "SELECT r.topic, r.partition, r.offset, r.key, r.value, r.headers FROM records r "
-                "JOIN (SELECT topic, partition, MAX(offset) AS hi FROM records "
-                "GROUP BY topic, partition) m ON r.topic = m.topic AND r.partition = m.partition "
-                f"WHERE r.offset > m.hi - {_TAIL} ORDER BY r.topic, r.partition, r.offset"
-            ).fetchall()
-
-        for topic, part, off, key, value, headers in await loop.run_in_executor(self._pool, setup):
+        self._conn = connect(self._path)
+        self._conn.executescript(_SCHEMA)
+        rows = self._conn.execute(
+            "SELECT r.topic, r.partition, r.offset, r.key, r.value, r.headers FROM records r "
+            "JOIN (SELECT topic, partition, MAX(offset) AS hi FROM records "
+            "GROUP BY topic, partition) m ON r.topic = m.topic AND r.partition = m.partition "
+            f"WHERE r.offset > m.hi - {_TAIL} ORDER BY r.topic, r.partition, r.offset"
+        ).fetchall()
+        for topic, part, off, key, value, headers in rows:
             self._tail[(topic, part)].append(
                 BusMessage(topic, part, off, key, value, decode_headers(headers))
             )
@@ -67,35 +70,34 @@ class EmbeddedBus:
     async def publish(self, entries: list[OutboxEntry]) -> None:
         if not entries:
             return
-        async with self._lock:  # offsets are assigned in publish order
-            staged: list[BusMessage] = []
-            nxt = dict(self._next)
-            for e in entries:
-                part = partition_for(e.key.encode(), self.partitions)
-                off = nxt.get((e.topic, part), 0)
-                nxt[(e.topic, part)] = off + 1
-                staged.append(BusMessage(e.topic, part, off, e.key, e.value, e.headers))
-
-            def write() -> None:
-                assert self._conn is not None
-                self._conn.execute("BEGIN")
-                self._conn.executemany(
-                    "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (m.topic, m.partition, m.offset, m.key, m.value, encode_headers(m.headers))
-                        for m in staged
-                    ],
-                )
-                self._conn.execute("COMMIT")
-
-            await asyncio.get_running_loop().run_in_executor(self._pool, write)
-            self._next = nxt
-            for m in staged:
-                tail = self._tail[(m.topic, m.partition)]
-                tail.append(m)
-                if len(tail) > 2 * _TAIL:
-                    del tail[:_TAIL]
-                self._wake[(m.topic, m.partition)].set()
+        staged: list[BusMessage] = []
+        nxt = dict(self._next)
+        for e in entries:
+            part = partition_for(e.key.encode(), self.partitions)
+            off = nxt.get((e.topic, part), 0)
+            nxt[(e.topic, part)] = off + 1
+            staged.append(BusMessage(e.topic, part, off, e.key, e.value, e.headers))
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            db.executemany(
+                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (m.topic, m.partition, m.offset, m.key, m.value, encode_headers(m.headers))
+                    for m in staged
+                ],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._next = nxt
+        for m in staged:
+            tail = self._tail[(m.topic, m.partition)]
+            tail.append(m)
+            if len(tail) > 2 * _TAIL:
+                del tail[:_TAIL]
+            self._wake[(m.topic, m.partition)].set()
 
     async def fetch(
         self, topic: str, partition: int, offset: int, limit: int, timeout_s: float
@@ -112,24 +114,17 @@ class EmbeddedBus:
         if tail and tail[0].offset <= offset:
             start = offset - tail[0].offset
             return tail[start : start + limit]
-
-        def read() -> list[BusMessage]:
-            assert self._conn is not None
-            rows = self._conn.execute(
-                "SELECT offset, key, value, headers FROM records WHERE topic=? AND partition=? "
-                "AND offset>=? ORDER BY offset LIMIT ?",
-                (topic, partition, offset, limit),
-            ).fetchall()
-            return [BusMessage(topic, partition, o, k, v, decode_headers(h)) for o, k, v, h in rows]
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, read)
+        rows = self._db.execute(
+            "SELECT offset, key, value, headers FROM records WHERE topic=? AND partition=? "
+            "AND offset>=? ORDER BY offset LIMIT ?",
+            (topic, partition, offset, limit),
+        ).fetchall()
+        return [BusMessage(topic, partition, o, k, v, decode_headers(h)) for o, k, v, h in rows]
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: self._next.get((topic, p), 0) for p in range(self.partitions)}
 
     async def close(self) -> None:
         if self._conn is not None:
-            conn = self._conn
-            await asyncio.get_running_loop().run_in_executor(self._pool, conn.close)
+            self._conn.close()
             self._conn = None
-        self._pool.shutdown(wait=True)

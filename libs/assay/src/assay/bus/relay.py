@@ -82,7 +82,9 @@ class OutboxRelay:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead when the lock is free; ship until `stop` is set, then drain what is left."""
-        while not stop.is_set() and not self._lock.try_acquire():
+        while not self._lock.try_acquire():
+            if stop.is_set():
+                return  # never led: the leader ships what is committed
             await _sleep_or(stop, 1.0)
         try:
             backoff = self._poll_s
@@ -98,8 +100,11 @@ class OutboxRelay:
                     continue
                 self.wake.clear()
                 await _sleep_or(self.wake, self._poll_s)
-            while await self.ship_once():
-                pass
+            try:
+                while await self.ship_once():
+                    pass
+            except Exception:  # the transport is down at shutdown: rows wait for the next start
+                log.warning("relay %s: stopping with rows still in the outbox", self.stage)
         finally:
             self._lock.release()
 

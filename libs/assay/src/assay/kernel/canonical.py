@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import blake3
+import orjson
 
 
 def canonical_bytes(value: Any) -> bytes:
@@ -18,6 +19,28 @@ def canonical_bytes(value: Any) -> bytes:
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
+
+
+def document_bytes(value: dict[str, Any]) -> bytes:
+    """Canonical bytes of a derived-state document, fast (the commit path writes many).
+
+    Same canonical form as `canonical_bytes` (sorted keys, compact, UTF-8), but a
+    non-finite float is refused rather than silently written as null.
+    """
+    out = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    if b"null" in out and _has_non_finite(value):
+        raise ValueError("a derived document holds NaN or infinity")
+    return out
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return value != value or value in (float("inf"), float("-inf"))
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 def digest(data: bytes) -> str:

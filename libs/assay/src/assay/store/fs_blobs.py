@@ -11,7 +11,7 @@ from assay.kernel.canonical import digest
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 
-_REF = re.compile(r"^[0-9a-f]{64}$")
+_REF = re.compile(r"[0-9a-f]{64}")
 
 
 class BadBlobRef(AssayError):
@@ -20,7 +20,7 @@ class BadBlobRef(AssayError):
 
 def check_ref(ref: str) -> str:
     """Return `ref` if it is a well-formed blob ref, else raise `BadBlobRef`."""
-    if not _REF.match(ref):
+    if not _REF.fullmatch(ref):
         raise BadBlobRef(f"not a blob ref: {ref[:80]!r}")
     return ref
 

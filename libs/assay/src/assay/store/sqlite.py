@@ -9,15 +9,14 @@ so one failing batch never takes another down (batching across runs).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sqlite3
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from assay.kernel.canonical import canonical_bytes
+from assay.kernel.canonical import document_bytes
 from assay.kernel.ids import Lsn, MessageId, TenantId, tenant_id
 from assay.record.events import BranchKey, EventRegistry, LogRecord
 from assay.record.state import Delete, Fold, Patch, Put, StateDelta, StateKey
@@ -29,8 +28,6 @@ from assay.store.ports import (
     PendingOutbox,
     RebuildReport,
 )
-
-T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
@@ -53,7 +50,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     PRIMARY KEY (tenant, message_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox (
-    seq INTEGER PRIMARY KEY,
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
     topic TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, headers BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -62,6 +59,19 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     PRIMARY KEY (tenant, stream, branch, upto)
 ) WITHOUT ROWID;
 """
+
+
+def _others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether other callbacks are ready to run in this loop iteration (they might
+    commit too and share the fsync). Unknown loops are assumed busy."""
+    ready = getattr(loop, "_ready", None)
+    return ready is None or len(ready) > 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _t(tenant: TenantId) -> str:
+    """The stored form of a tenant id (cached: `str(UUID)` is hot on the commit path)."""
+    return str(tenant)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -74,40 +84,40 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 class SqliteEventLog:
-    """`EventLog` on one SQLite file (one per stage in embedded mode)."""
+    """`EventLog` on one SQLite file (one per stage in embedded mode).
+
+    All work runs on the event loop's thread: a commit is a few SQLite calls and
+    one fsync, cheaper than a hop to a worker thread and back. Commits issued in
+    the same loop iteration are written as one transaction (group commit), each
+    batch in its own savepoint so a failing batch never takes another down.
+    """
 
     def __init__(self, path: str | Path, registry: EventRegistry, fold: Fold) -> None:
         self._path = Path(path)
         self._registry = registry
         self._fold = fold
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"sqlite-{self._path.stem}")
         self._conn: sqlite3.Connection | None = None
-        self._queue: list[tuple[CommitBatch, asyncio.Future[list[Lsn]]]] = []
-        self._flushing = False
-        self._flush_task: asyncio.Task[None] | None = None
+        self._queue: list[tuple[CommitBatch, asyncio.Future[list[Lsn]] | None]] = []
+        self._scheduled = False
+        # Next LSN per branch, learnt from committed writes. This process is the
+        # file's only writer (the data directory is locked); the UNIQUE index
+        # on (tenant, stream, branch, lsn) would refuse a stale guess anyway.
+        self._next_lsn: dict[BranchKey, int] = {}
 
     async def open(self) -> SqliteEventLog:
         """Create the file and tables if missing."""
         self._path.parent.mkdir(parents=True, exist_ok=True)
-
-        def setup() -> None:
-            self._conn = connect(self._path)
-            self._conn.executescript(_SCHEMA)
-
-        await self._run(setup)
+        self._conn = connect(self._path)
+        self._conn.executescript(_SCHEMA)
         return self
 
     async def close(self) -> None:
-        """Finish queued work and close the connection."""
-        while self._flush_task is not None and not self._flush_task.done():
-            await self._flush_task
+        """Finish queued commits and close the connection."""
+        if self._queue:  # commits scheduled for this loop iteration: write them now
+            self._flush()
         if self._conn is not None:
-            await self._run(self._conn.close)
+            self._conn.close()
             self._conn = None
-        self._pool.shutdown(wait=True)
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -118,50 +128,61 @@ class SqliteEventLog:
     # -- commit -----------------------------------------------------------------
 
     async def commit(self, batch: CommitBatch) -> list[Lsn]:
-        fut: asyncio.Future[list[Lsn]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if not self._queue and not _others_ready(loop):
+            # Nothing else can commit before this write finishes: write it now
+            # rather than paying a loop iteration to discover there is no group.
+            outcome = self._write_group([(batch, None)])[0]
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        fut: asyncio.Future[list[Lsn]] = loop.create_future()
         self._queue.append((batch, fut))
-        if not self._flushing:
-            self._flushing = True
-            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
         return await fut
 
-    async def _flush(self) -> None:
+    def _flush(self) -> None:
+        self._scheduled = False
+        if not self._queue:
+            return
+        group: list[tuple[CommitBatch, asyncio.Future[list[Lsn]] | None]] = [*self._queue]
+        self._queue = []
         try:
-            while self._queue:
-                group, self._queue = self._queue, []
-                try:
-                    outcomes = await self._run(lambda g=group: self._write_group(g))  # type: ignore[misc]
-                except BaseException as exc:  # the COMMIT itself failed: every batch failed
-                    for _, fut in group:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
-                for (_, fut), outcome in zip(group, outcomes, strict=True):
-                    if fut.done():
-                        continue
-                    if isinstance(outcome, BaseException):
-                        fut.set_exception(outcome)
-                    else:
-                        fut.set_result(outcome)
-        finally:
-            self._flushing = False
+            outcomes = self._write_group(group)
+        except BaseException as exc:  # the COMMIT itself failed: every batch failed
+            for _, fut in group:
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, fut), outcome in zip(group, outcomes, strict=True):
+            if fut is None or fut.done():
+                continue
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
 
     def _write_group(
-        self, group: list[tuple[CommitBatch, asyncio.Future[list[Lsn]]]]
+        self, group: list[tuple[CommitBatch, asyncio.Future[list[Lsn]] | None]]
     ) -> list[list[Lsn] | BaseException]:
         db = self._db
         outcomes: list[list[Lsn] | BaseException] = []
+        learnt: dict[BranchKey, int] = {}  # next LSNs of the batches that succeeded
         db.execute("BEGIN IMMEDIATE")
         try:
             single = len(group) == 1
             for batch, _ in group:
                 if single:
-                    outcomes.append(self._write_batch(db, batch))
+                    outcomes.append(self._write_batch(db, batch, learnt))
                     continue
                 db.execute("SAVEPOINT b")
+                mine = dict(learnt)
                 try:
-                    outcomes.append(self._write_batch(db, batch))
+                    outcomes.append(self._write_batch(db, batch, mine))
                     db.execute("RELEASE b")
+                    learnt = mine
                 except Exception as exc:
                     db.execute("ROLLBACK TO b")
                     db.execute("RELEASE b")
@@ -173,33 +194,39 @@ class SqliteEventLog:
             if len(group) == 1 and isinstance(exc, DuplicateMessage):
                 return [exc]
             raise
+        if len(self._next_lsn) > 100_000:
+            self._next_lsn.clear()
+        self._next_lsn.update(learnt)
         return outcomes
 
-    def _write_batch(self, db: sqlite3.Connection, batch: CommitBatch) -> list[Lsn]:
+    def _write_batch(
+        self, db: sqlite3.Connection, batch: CommitBatch, next_lsn: dict[BranchKey, int]
+    ) -> list[Lsn]:
         if batch.inbox is not None:
             tenant, mid = batch.inbox
             try:
-                db.execute("INSERT INTO inbox VALUES (?, ?)", (str(tenant), mid))
+                db.execute("INSERT INTO inbox VALUES (?, ?)", (_t(tenant), mid))
             except sqlite3.IntegrityError as exc:
                 raise DuplicateMessage(f"message {mid} was already handled") from exc
         lsns: list[Lsn] = []
         now = int(time.time() * 1000)
-        next_lsn: dict[BranchKey, int] = {}
         for key, event in batch.records:
             lsn = next_lsn.get(key)
             if lsn is None:
+                lsn = self._next_lsn.get(key)
+            if lsn is None:
                 row = db.execute(
                     "SELECT MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?",
-                    (str(key.tenant), key.stream, key.branch),
+                    (_t(key.tenant), key.stream, key.branch),
                 ).fetchone()
                 lsn = 0 if row[0] is None else row[0] + 1
             next_lsn[key] = lsn + 1
-            payload = canonical_bytes(event.model_dump(mode="json"))
+            payload = event.model_dump_json().encode()
             db.execute(
                 "INSERT INTO log (tenant, stream, branch, lsn, type, schema_version, at_ms,"
                 " payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    str(key.tenant),
+                    _t(key.tenant),
                     key.stream,
                     key.branch,
                     lsn,
@@ -232,112 +259,88 @@ class SqliteEventLog:
     async def read(
         self, key: BranchKey, from_lsn: Lsn = Lsn(0), limit: int = 10_000
     ) -> list[LogRecord]:
-        rows = await self._run(
-            lambda: self._db.execute(
-                "SELECT lsn, type, schema_version, at_ms, payload FROM log "
-                "WHERE tenant=? AND stream=? AND branch=? AND lsn>=? ORDER BY lsn LIMIT ?",
-                (str(key.tenant), key.stream, key.branch, from_lsn, limit),
-            ).fetchall()
-        )
+        rows = self._db.execute(
+            "SELECT lsn, type, schema_version, at_ms, payload FROM log "
+            "WHERE tenant=? AND stream=? AND branch=? AND lsn>=? ORDER BY lsn LIMIT ?",
+            (_t(key.tenant), key.stream, key.branch, from_lsn, limit),
+        ).fetchall()
         return [
             LogRecord(key, Lsn(lsn), ver, at, self._registry.decode(typ, ver, json.loads(p)))
             for lsn, typ, ver, at, p in rows
         ]
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
-        def write() -> None:
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.execute(
-                    "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
-                    (str(key.tenant), key.stream, key.branch, upto, state),
-                )
-
-        await self._run(write)
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
+                (_t(key.tenant), key.stream, key.branch, upto, state),
+            )
 
     async def latest_checkpoint(self, key: BranchKey, upto: Lsn | None = None) -> Checkpoint | None:
         bound = (1 << 62) if upto is None else upto
-        row = await self._run(
-            lambda: self._db.execute(
-                "SELECT upto, state FROM checkpoints WHERE tenant=? AND stream=? AND branch=? "
-                "AND upto<=? ORDER BY upto DESC LIMIT 1",
-                (str(key.tenant), key.stream, key.branch, bound),
-            ).fetchone()
-        )
+        row = self._db.execute(
+            "SELECT upto, state FROM checkpoints WHERE tenant=? AND stream=? AND branch=? "
+            "AND upto<=? ORDER BY upto DESC LIMIT 1",
+            (_t(key.tenant), key.stream, key.branch, bound),
+        ).fetchone()
         return None if row is None else Checkpoint(key, Lsn(row[0]), row[1])
 
     async def delete_checkpoints(self, key: BranchKey) -> None:
-        def delete() -> None:
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.execute(
-                    "DELETE FROM checkpoints WHERE tenant=? AND stream=? AND branch=?",
-                    (str(key.tenant), key.stream, key.branch),
-                )
-
-        await self._run(delete)
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "DELETE FROM checkpoints WHERE tenant=? AND stream=? AND branch=?",
+                (_t(key.tenant), key.stream, key.branch),
+            )
 
     async def get(self, at: StateKey) -> dict[str, Any] | None:
-        row = await self._run(
-            lambda: self._db.execute(
-                "SELECT value FROM state WHERE tenant=? AND kind=? AND key=?",
-                (str(at.tenant), at.kind, at.key),
-            ).fetchone()
-        )
+        row = self._db.execute(
+            "SELECT value FROM state WHERE tenant=? AND kind=? AND key=?",
+            (_t(at.tenant), at.kind, at.key),
+        ).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
     async def scan(
         self, tenant: TenantId, kind: str, prefix: str = ""
     ) -> list[tuple[str, dict[str, Any]]]:
-        rows = await self._run(
-            lambda: self._db.execute(
-                "SELECT key, value FROM state WHERE tenant=? AND kind=? AND substr(key, 1, ?)=? "
-                "ORDER BY key",
-                (str(tenant), kind, len(prefix), prefix),
-            ).fetchall()
-        )
+        rows = self._db.execute(
+            "SELECT key, value FROM state WHERE tenant=? AND kind=? AND substr(key, 1, ?)=? "
+            "ORDER BY key",
+            (_t(tenant), kind, len(prefix), prefix),
+        ).fetchall()
         return [(k, dict(json.loads(v))) for k, v in rows]
 
     async def positions(self) -> dict[tuple[str, int], int]:
-        rows = await self._run(
-            lambda: self._db.execute(
-                "SELECT topic, partition, next_offset FROM positions"
-            ).fetchall()
-        )
+        rows = self._db.execute("SELECT topic, partition, next_offset FROM positions").fetchall()
         return {(t, p): o for t, p, o in rows}
 
     async def seen(self, tenant: TenantId, message_id: MessageId) -> bool:
-        row = await self._run(
-            lambda: self._db.execute(
-                "SELECT 1 FROM inbox WHERE tenant=? AND message_id=?", (str(tenant), message_id)
-            ).fetchone()
-        )
+        row = self._db.execute(
+            "SELECT 1 FROM inbox WHERE tenant=? AND message_id=?", (_t(tenant), message_id)
+        ).fetchone()
         return row is not None
 
     async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
-        rows = await self._run(
-            lambda: self._db.execute(
-                "SELECT seq, topic, key, value, headers FROM outbox ORDER BY seq LIMIT ?", (limit,)
-            ).fetchall()
-        )
+        rows = self._db.execute(
+            "SELECT seq, topic, key, value, headers FROM outbox ORDER BY seq LIMIT ?", (limit,)
+        ).fetchall()
         return [
             PendingOutbox(seq, OutboxEntry(topic, key, value, decode_headers(headers)))
             for seq, topic, key, value, headers in rows
         ]
 
     async def ack_outbox(self, seqs: list[int]) -> None:
-        def delete() -> None:
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.executemany("DELETE FROM outbox WHERE seq=?", [(s,) for s in seqs])
-
-        if seqs:
-            await self._run(delete)
+        if not seqs:
+            return
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM outbox WHERE seq=?", [(s,) for s in seqs])
 
     # -- rebuild ----------------------------------------------------------------
 
     async def rebuild(self, *, keep: bool) -> RebuildReport:
-        return await self._run(lambda: self._rebuild(keep))
+        return self._rebuild(keep)
 
     def _rebuild(self, keep: bool) -> RebuildReport:
         db = self._db
@@ -377,7 +380,7 @@ def _differences(before: list[Any], after: list[Any]) -> list[str]:
             what = (
                 "missing after rebuild"
                 if k not in new
-                else ("not derivable from the log" if k not in old else "differs")
+                else ("missing from the stored state" if k not in old else "differs")
             )
             out.append(f"{'/'.join(str(p) for p in k)}: {what}")
     return out
@@ -385,11 +388,11 @@ def _differences(before: list[Any], after: list[Any]) -> list[str]:
 
 def _apply(db: sqlite3.Connection, delta: StateDelta) -> None:
     at = delta.at
-    ident = (str(at.tenant), at.kind, at.key)
+    ident = (_t(at.tenant), at.kind, at.key)
     match delta:
         case Put(value=value):
             db.execute(
-                "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?)", (*ident, canonical_bytes(value))
+                "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?)", (*ident, document_bytes(value))
             )
         case Patch(fields=fields):
             row = db.execute(
@@ -398,7 +401,7 @@ def _apply(db: sqlite3.Connection, delta: StateDelta) -> None:
             merged = {**(json.loads(row[0]) if row else {}), **fields}
             db.execute(
                 "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?)",
-                (*ident, canonical_bytes(merged)),
+                (*ident, document_bytes(merged)),
             )
         case Delete():
             db.execute("DELETE FROM state WHERE tenant=? AND kind=? AND key=?", ident)
