@@ -226,6 +226,34 @@ def create_stage(deps: StageDeps) -> StageSpec:
         finish(uow, msg, episode, score, calls, order_index=index, was_parked=was_parked)
         return index + 1
 
+    async def release_parked(uow: UnitOfWork, msg: RunVerified) -> None:
+        """Grade the challengers parked on this task that waited for this current run."""
+        r = msg.run
+        index: int | None = None
+        for _, parked in await uow.scan("parked", f"{r.task_id}/"):
+            waiting = RunVerified.model_validate(parked)
+            if waiting.run.baseline_version != r.workflow_version:
+                continue
+            waiting_episode = await load(uow, waiting.episode)
+            fresh: dict[str, Any] = {
+                "run_id": r.run_id,
+                "episode": msg.episode,
+                "passed": msg.passed,
+            }
+            if waiting_episode is None:
+                finish(
+                    uow,
+                    waiting,
+                    None,
+                    Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
+                    0,
+                    was_parked=True,
+                )
+                continue
+            if index is None:
+                index = await next_index(uow, waiting.run.workflow_version)
+            index = await compare(uow, waiting, waiting_episode, fresh, index, was_parked=True)
+
     async def on_verified(msg: RunVerified, uow: UnitOfWork) -> None:
         r = msg.run
         if await uow.get("scored", r.run_id) is not None:
@@ -234,6 +262,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
         episode = await load(uow, msg.episode)
         if episode is None:
             finish(uow, msg, None, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE), 0)
+            if r.role is Role.CURRENT:
+                await release_parked(uow, msg)  # they waited for this run; do not strand them
             return
         own_ref = await uow.get("reference", f"{r.task_id}/{r.workflow_version}")
         rubric = list(WorkflowDef.model_validate(episode.definition).rubric)
@@ -252,30 +282,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if r.role is Role.CURRENT:
             reason = UngradedReason.NO_REFERENCE if own_ref is None else UngradedReason.BASELINE
             finish(uow, msg, episode, Ungraded(reason=reason), 0)
-            index: int | None = None
-            for _, parked in await uow.scan("parked", f"{r.task_id}/"):
-                waiting = RunVerified.model_validate(parked)
-                if waiting.run.baseline_version != r.workflow_version:
-                    continue
-                waiting_episode = await load(uow, waiting.episode)
-                fresh: dict[str, Any] = {
-                    "run_id": r.run_id,
-                    "episode": msg.episode,
-                    "passed": msg.passed,
-                }
-                if waiting_episode is None:
-                    finish(
-                        uow,
-                        waiting,
-                        None,
-                        Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
-                        0,
-                        was_parked=True,
-                    )
-                    continue
-                if index is None:
-                    index = await next_index(uow, waiting.run.workflow_version)
-                index = await compare(uow, waiting, waiting_episode, fresh, index, was_parked=True)
+            await release_parked(uow, msg)
             return
         if violations:
             finish(uow, msg, episode, Capped(violations=violations), 0)

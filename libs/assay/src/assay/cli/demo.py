@@ -13,7 +13,6 @@ import json
 import sys
 import time
 import uuid
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ DEMO_TENANT = TenantId(uuid.uuid5(uuid.NAMESPACE_URL, "assay:demo"))
 
 def _examples() -> Path:
     """The repository's `examples/` directory (the demo's default inputs)."""
-    here = Path(str(files("assay"))).resolve()
+    here = Path(__file__).resolve()  # `assay` is a namespace package: no files("assay") path
     for parent in here.parents:
         if (parent / "examples" / "workflows").is_dir():
             return parent / "examples"

@@ -27,6 +27,9 @@ from assay.record.events import BranchKey, Event, LogRecord
 from assay.workflow.ir import ModelStep, ToolStep, WorkflowDef
 from assay.workflow.templates import TemplateError, render
 
+MAX_INTERRUPTED = 3
+"""A step whose attempts kept dying with the worker stops being retried after this many."""
+
 
 class Journal(Protocol):
     """Where the driver reads history and durably appends (one commit per call)."""
@@ -147,7 +150,7 @@ class Driver:
         outputs: dict[str, str],
         totals: _Totals,
     ) -> bool:
-        counted = 0
+        counted = interrupted = 0
         attempt = sum(1 for a in totals.attempts if a.step == step.id)
         while True:
             attempt += 1
@@ -176,10 +179,14 @@ class Driver:
             if finished.state is AttemptState.SUCCEEDED and finished.output is not None:
                 outputs[step.id] = finished.output
                 return True
-            if not finished.interrupted:
+            if finished.interrupted:
+                interrupted += 1  # the worker's fault, not the step's: a separate bound
+            else:
                 counted += 1
-            if counted >= step.retry.max_attempts or (
-                totals.model_calls >= spec.definition.budget.max_model_calls
+            if (
+                counted >= step.retry.max_attempts
+                or interrupted >= MAX_INTERRUPTED
+                or (totals.model_calls >= spec.definition.budget.max_model_calls)
             ):
                 return False
             if step.retry.backoff_s:

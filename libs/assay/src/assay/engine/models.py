@@ -40,7 +40,7 @@ class Model(Protocol):
         ...
 
 
-_EXPR = re.compile(r"[-(\d][\d\s+\-*/()]*\d\)?")
+_EXPR = re.compile(r"[-(\d][\d\s+\-*/()]*\d\)*")
 
 
 class _Parser:
@@ -94,10 +94,13 @@ def solve(text: str) -> int | None:
     """The value of the longest arithmetic expression in `text`, or None."""
     candidates = sorted(_EXPR.findall(text), key=len, reverse=True)
     for cand in candidates:
-        try:
-            return _Parser(cand).parse()
-        except (ValueError, IndexError):
-            continue
+        while cand:
+            try:
+                return _Parser(cand).parse()
+            except (ValueError, IndexError):
+                if not cand.endswith(")"):
+                    break
+                cand = cand[:-1]  # a closing parenthesis that belongs to the prose
     return None
 
 

@@ -95,7 +95,7 @@ def open_envelope(value: bytes) -> Envelope:
         raise Refused(f"message of {len(value)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
     try:
         doc = json.loads(value)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise Refused(f"not JSON: {exc}") from exc
     try:
         return Envelope.model_validate(doc)

@@ -10,6 +10,7 @@ from assay.runtime.embedded import (
     discover_stages,
     stage_log,
 )
+from assay.runtime.harness import StageHarness
 from assay.runtime.stage import Handler, StageDeps, StageFactory, StageSpec, UnitOfWork
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "Handler",
     "StageDeps",
     "StageFactory",
+    "StageHarness",
     "StageMissing",
     "StageRunner",
     "StageSpec",

@@ -20,7 +20,7 @@ from assay.bus.topics import dlq
 from assay.bus.transport import BusMessage, Transport
 from assay.kernel.errors import Refused
 from assay.kernel.schema import UnknownSchema
-from assay.messages import MESSAGES, TaskSubmitted
+from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
 from assay.runtime.stage import StageSpec, UnitOfWork
 from assay.store.ports import (
@@ -41,27 +41,34 @@ def decode(m: BusMessage) -> tuple[Envelope, object]:
     """Envelope and payload of a record.
 
     A bare `TaskSubmitted` JSON object on `assay.tasks` (what a producer with
-    any Kafka client writes) is accepted and wrapped in an envelope.
+    any Kafka client writes) is accepted and wrapped in an envelope; the size
+    limit applies to it too.
 
     Raises:
-        Refused: the bytes are not a message this code can read.
+        Refused: the bytes are not a message this code can read, or the
+            payload's tenant is not the envelope's.
     """
     try:
         env = open_envelope(m.value)
     except Refused:
-        if m.topic != "assay.tasks":
+        if m.topic != "assay.tasks" or len(m.value) > MAX_MESSAGE_BYTES:
             raise
         env = _wrap_bare_task(m)
     try:
-        return env, MESSAGES.decode(env.type, env.schema_version, env.payload)
+        msg = MESSAGES.decode(env.type, env.schema_version, env.payload)
     except UnknownSchema as exc:
         raise Refused(str(exc)) from exc
+    run = getattr(msg, "run", None)
+    tenant = getattr(msg, "tenant", None) or getattr(run, "tenant", None)
+    if tenant is not None and tenant != env.tenant:
+        raise Refused(f"{env.type} tenant {tenant} differs from the envelope's tenant {env.tenant}")
+    return env, msg
 
 
 def _wrap_bare_task(m: BusMessage) -> Envelope:
     try:
         task = TaskSubmitted.model_validate(json.loads(m.value))
-    except (ValueError, ValidationError) as exc:
+    except (ValueError, ValidationError, RecursionError) as exc:
         raise Refused(
             f"neither an envelope nor a TaskSubmitted: {str(exc).splitlines()[0]}"
         ) from exc

@@ -134,16 +134,16 @@ class Embedded:
     async def publish(
         self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str = ""
     ) -> None:
-        """Produce a message as an outside producer would (tasks, workflow registrations)."""
-        spec = topic_for(topic, msg)
-        mid = message_id(
-            "producer", str(tenant), topic, idem or content_hash(msg.model_dump(mode="json"))
-        )
-        env = seal(msg, tenant=tenant, key=spec.key(msg), id=mid, causation=None)
-        await self.bus.publish([OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))])
+        """Produce a message as an outside producer would (tasks, workflow registrations).
+
+        The message id derives from `idem` (or the content), so producing the same
+        thing twice is deduplicated by the consumers' inboxes.
+        """
+        key = idem or content_hash(msg.model_dump(mode="json"))
+        await self.publish_many([(topic, msg, tenant, key)])
 
     async def publish_many(self, items: list[tuple[str, Versioned, TenantId, str]]) -> None:
-        """Produce many messages in one durable write."""
+        """Produce many messages in one durable write; each tuple ends with its `idem`."""
         entries = []
         for topic, msg, tenant, idem in items:
             spec = topic_for(topic, msg)

@@ -18,6 +18,7 @@ from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
+from assay.kernel.errors import Refused
 from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
@@ -95,7 +96,7 @@ class UnitOfWork:
     def record(self, key: BranchKey, event: Event) -> None:
         """Append `event` to a stream at the next commit. Tenant must match the message's."""
         if key.tenant != self.tenant:
-            raise PermissionError(
+            raise Refused(
                 f"stage {self.stage}: a {self.tenant} message cannot write to tenant {key.tenant}"
             )
         self._records.append((key, event))
@@ -128,7 +129,7 @@ class UnitOfWork:
     async def history(self, key: BranchKey) -> list[LogRecord]:
         """Every committed record of one stream of this tenant."""
         if key.tenant != self.tenant:
-            raise PermissionError(f"stage {self.stage}: cross-tenant read refused")
+            raise Refused(f"stage {self.stage}: a {self.tenant} message cannot read {key.tenant}")
         return await self.log.read(key)
 
     async def append(

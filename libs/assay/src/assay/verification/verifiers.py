@@ -88,6 +88,18 @@ class JsonSchemaVerifier:
         return True, "valid against the schema"
 
 
+def _checked(outcome: object) -> tuple[bool, str]:
+    """A verifier's `(passed, evidence)`; anything else raises, so only a real `True` passes."""
+    if (
+        isinstance(outcome, tuple)
+        and len(outcome) == 2
+        and isinstance(outcome[0], bool)
+        and isinstance(outcome[1], str)
+    ):
+        return outcome[0], outcome[1]
+    raise TypeError(f"a verifier returned {type(outcome).__name__}, not (bool, str)")
+
+
 BUILTIN_VERIFIERS: dict[str, Verifier] = {
     v.kind: v for v in (ExactVerifier(), RegexVerifier(), JsonSchemaVerifier())
 }
@@ -101,7 +113,7 @@ async def verify_episode(
     registry: dict[str, Verifier] | None = None,
 ) -> list[VerifierResult]:
     """Run every verifier of the workflow on the episode, in parallel, failing closed."""
-    verifiers = registry or BUILTIN_VERIFIERS
+    verifiers = BUILTIN_VERIFIERS if registry is None else registry
 
     async def one(spec: VerifierSpec) -> VerifierResult:
         impl = verifiers.get(spec.kind)
@@ -116,9 +128,10 @@ async def verify_episode(
             passed, evidence = False, f"step {step!r} produced no output"
         else:
             try:
-                passed, evidence = await asyncio.wait_for(
+                outcome: object = await asyncio.wait_for(
                     impl.check(spec, episode, subject), timeout_s
                 )
+                passed, evidence = _checked(outcome)
             except TimeoutError:
                 passed, evidence = False, f"verifier timed out after {timeout_s}s"
             except Exception as exc:  # fail closed: an error is never a pass

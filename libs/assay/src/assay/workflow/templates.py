@@ -24,6 +24,12 @@ def placeholders(template: str) -> list[tuple[str, ...]]:
     return [tuple(m.group(1).split(".")) for m in _PLACEHOLDER.finditer(template)]
 
 
+def malformed(template: str) -> list[str]:
+    """Text that opens a placeholder with `{{` but is not a well-formed one."""
+    rest = _PLACEHOLDER.sub("", template)
+    return re.findall(r"\{\{[^}]*\}?\}?", rest)
+
+
 def render(template: str, context: Mapping[str, Any]) -> str:
     """Substitute every placeholder. Strings go in verbatim, anything else as JSON.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import StepId
 from assay.workflow.ir import ModelStep, ToolStep, Transition, WorkflowDef
-from assay.workflow.templates import placeholders
+from assay.workflow.templates import malformed, placeholders
 
 
 class WorkflowInvalid(AssayError):
@@ -118,6 +118,12 @@ def _check_reachable(wf: WorkflowDef, edges: list[Transition]) -> None:
 def _check_templates(wf: WorkflowDef, step: ModelStep | ToolStep, declared: set[StepId]) -> None:
     texts = [step.prompt] if isinstance(step, ModelStep) else list(step.args.values())
     for text in texts:
+        bad = malformed(text)
+        if bad:
+            raise WorkflowInvalid(
+                f"workflow {wf.id!r}: step {step.id!r} has a malformed placeholder {bad[0]!r}; "
+                "write {{ task.<field> }} or {{ steps.<id>.output }}"
+            )
         for path in placeholders(text):
             _check_path(wf, f"step {step.id!r}", path, declared)
 
