@@ -1,0 +1,534 @@
+"""Versioned contracts (§8.7): registries, upcasters, state deltas, and every type's round trip."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import Field
+
+from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
+from assay.kernel import (
+    AttemptNo,
+    AttemptState,
+    RunId,
+    RunState,
+    StepId,
+    TaskId,
+    WorkflowId,
+    WorkflowVersion,
+    content_hash,
+    tenant_id,
+)
+from assay.kernel.schema import SchemaRegistry, Versioned
+from assay.kernel.scores import (
+    Capped,
+    CoreViolation,
+    DecidedBy,
+    Outcome,
+    Ranked,
+    Relative,
+    Ungraded,
+    UngradedReason,
+    Verdict,
+    WinRecord,
+)
+from assay.messages import (
+    MESSAGES,
+    AllocationChanged,
+    ChallengerRejected,
+    Promoted,
+    Purpose,
+    Role,
+    RunExecuted,
+    RunGraded,
+    RunRef,
+    RunResult,
+    RunSpawned,
+    RunStatusChanged,
+    RunVerified,
+    TaskSubmitted,
+    Usage,
+    UsageRecorded,
+    VariantAggregate,
+    VerifierResult,
+    WorkflowRegistered,
+)
+from assay.record import (
+    Delete,
+    Event,
+    EventRegistry,
+    Patch,
+    Put,
+    StateKey,
+    UnknownSchema,
+    apply_delta,
+)
+from assay_aggregate import AGGREGATE_EVENTS
+from assay_aggregate.stage import VersionTallied
+from assay_decide import DECIDE_EVENTS
+from assay_decide.stage import AllocationSet, ChallengerDecided
+from assay_ingest import INGEST_EVENTS
+from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
+from assay_tournament import TOURNAMENT_EVENTS
+from assay_tournament.stage import ChallengerParked, ReferenceSet, RunScored
+from assay_verify import VERIFY_EVENTS
+from assay_verify.stage import RunVerdictRecorded
+
+# --- local event types for the registry mechanics ----------------------------------------------
+
+
+class Note(Event):
+    """Current version 2: v1 had no `author`."""
+
+    type: ClassVar[str] = "LocalNote"
+    version: ClassVar[int] = 2
+    text: str = Field(description="Body.")
+    author: str = Field(description="Who wrote it (added in v2).")
+
+
+class Tally(Event):
+    """Current version 3; only the 2 -> 3 upcaster exists."""
+
+    type: ClassVar[str] = "LocalTally"
+    version: ClassVar[int] = 3
+    count: int = Field(ge=0, description="Count.")
+
+
+class ImpostorNote(Event):
+    """A different class claiming Note's stored type name."""
+
+    type: ClassVar[str] = "LocalNote"
+    version: ClassVar[int] = 1
+    text: str = Field(description="Body.")
+
+
+def _registry() -> EventRegistry:
+    reg = EventRegistry([Note, Tally])
+
+    @reg.upcaster("LocalNote", 1)
+    def note_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+        return {**payload, "author": "unknown"}
+
+    @reg.upcaster("LocalTally", 2)
+    def tally_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"count": payload["n"]}
+
+    return reg
+
+
+def test_registry_decodes_a_payload_at_the_current_version() -> None:
+    assert _registry().decode("LocalNote", 2, {"text": "hi", "author": "ann"}) == Note(
+        text="hi", author="ann"
+    )
+
+
+def test_registry_upcasts_a_v1_payload_through_the_registered_upcaster() -> None:
+    payload = {"text": "hi"}
+    decoded = _registry().decode("LocalNote", 1, payload)
+    assert decoded == Note(text="hi", author="unknown")
+    assert payload == {"text": "hi"}
+
+
+def test_registry_lists_every_version_that_still_decodes() -> None:
+    reg = _registry()
+    assert reg.versions("LocalNote") == [1, 2]
+    assert reg.versions("LocalTally") == [2, 3]
+    assert reg.types() == {"LocalNote": Note, "LocalTally": Tally}
+
+
+def test_a_gap_in_the_upcaster_chain_is_unknown_schema() -> None:
+    reg = _registry()
+    assert reg.decode("LocalTally", 2, {"n": 4}) == Tally(count=4)
+    with pytest.raises(UnknownSchema, match="no upcaster for 'LocalTally' from version 1"):
+        reg.decode("LocalTally", 1, {"n": 4})
+
+
+@pytest.mark.parametrize("version", [3, 7])
+def test_a_version_newer_than_the_code_is_unknown_schema_naming_the_version(version: int) -> None:
+    with pytest.raises(
+        UnknownSchema, match=re.escape(f"schema version {version}; this code reads 1..2")
+    ):
+        _registry().decode("LocalNote", version, {"text": "hi", "author": "ann"})
+
+
+@pytest.mark.parametrize("version", [0, -1])
+def test_a_version_below_one_is_unknown_schema(version: int) -> None:
+    with pytest.raises(UnknownSchema, match=f"schema version {version}"):
+        _registry().decode("LocalNote", version, {"text": "hi"})
+
+
+def test_an_unknown_type_is_unknown_schema() -> None:
+    with pytest.raises(UnknownSchema, match="unknown type 'LocalNope'"):
+        _registry().decode("LocalNope", 1, {})
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"text": "hi"}, "author"),  # missing at the current version
+        ({"text": 3, "author": "ann"}, "text"),  # wrong type
+        ({"text": "hi", "author": "ann", "extra": 1}, "extra"),  # unknown field
+    ],
+)
+def test_a_payload_that_does_not_validate_is_one_line_naming_the_field(
+    payload: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(UnknownSchema) as info:
+        _registry().decode("LocalNote", 2, payload)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"'LocalNote' v2: {field}:")
+
+
+def test_an_upcast_payload_that_does_not_validate_names_the_current_version() -> None:
+    with pytest.raises(UnknownSchema, match=r"'LocalTally' v3: count:"):
+        _registry().decode("LocalTally", 2, {"n": -1})
+
+
+def test_registering_the_same_type_name_twice_raises_value_error() -> None:
+    reg = _registry()
+    with pytest.raises(ValueError, match="'LocalNote' registered twice"):
+        reg.register(ImpostorNote)
+    assert reg.types()["LocalNote"] is Note
+
+
+def test_registering_the_same_class_again_is_harmless() -> None:
+    reg = _registry()
+    assert reg.register(Note) is Note
+    assert reg.types()["LocalNote"] is Note
+
+
+def test_a_schema_registry_works_as_a_decorator() -> None:
+    reg: SchemaRegistry[Versioned] = SchemaRegistry()
+
+    @reg.register
+    class Ping(Versioned):
+        type: ClassVar[str] = "LocalPing"
+        version: ClassVar[int] = 1
+        n: int = Field(description="Sequence.")
+
+    assert reg.decode("LocalPing", 1, {"n": 1}) == Ping(n=1)
+
+
+# --- state deltas -------------------------------------------------------------------------------
+
+KEY = StateKey(tenant_id(uuid.UUID(int=1)), "run", "r1")
+
+
+def test_put_replaces_the_document_whatever_was_there() -> None:
+    value = {"a": 1}
+    assert apply_delta({"old": True}, Put(KEY, value)) == {"a": 1}
+    assert apply_delta(None, Put(KEY, value)) == {"a": 1}
+    result = apply_delta(None, Put(KEY, value))
+    assert result is not value
+
+
+def test_patch_merges_shallowly_and_creates_an_absent_document() -> None:
+    current = {"a": 1, "nested": {"x": 1}}
+    patched = apply_delta(current, Patch(KEY, {"b": 2, "nested": {"y": 2}}))
+    assert patched == {"a": 1, "b": 2, "nested": {"y": 2}}
+    assert current == {"a": 1, "nested": {"x": 1}}
+    assert apply_delta(None, Patch(KEY, {"b": 2})) == {"b": 2}
+
+
+def test_delete_removes_the_document_and_is_a_no_op_when_absent() -> None:
+    assert apply_delta({"a": 1}, Delete(KEY)) is None
+    assert apply_delta(None, Delete(KEY)) is None
+
+
+def test_state_keys_order_by_tenant_first() -> None:
+    t1, t2 = tenant_id(uuid.UUID(int=1)), tenant_id(uuid.UUID(int=2))
+    keys = [StateKey(t2, "a", "a"), StateKey(t1, "z", "z")]
+    assert sorted(keys)[0].tenant == t1
+
+
+# --- examples of every message and event --------------------------------------------------------
+
+TENANT = tenant_id("6f1c7a8e-2b0d-4c1e-9a55-3d1f0e2b7c44")
+RUN = RunId("01HZX3V8Q6M9T2K4R7W1Y5N0BC")
+OTHER_RUN = RunId("01HZX3V8Q6M9T2K4R7W1Y5N0BD")
+TASK = TaskId(content_hash({"question": "2+2"}))
+WF = WorkflowId("arith")
+V1 = WorkflowVersion(content_hash("v1"))
+V2 = WorkflowVersion(content_hash("v2"))
+DEFINITION: dict[str, Any] = {
+    "id": "arith",
+    "steps": [{"id": "solve", "kind": "model", "prompt": "What is {{ task.question }}?"}],
+}
+USAGE = Usage(model_calls=2, prompt_tokens=40, completion_tokens=8)
+REF = RunRef(
+    tenant=TENANT,
+    run_id=RUN,
+    task_id=TASK,
+    idempotency_key="order-17",
+    workflow_id=WF,
+    workflow_version=V2,
+    role=Role.CHALLENGER,
+    purpose=Purpose.SHADOW,
+    baseline_version=V1,
+    reference_expected=True,
+)
+RESULT = VerifierResult(
+    verifier="correct", kind="exact", verifier_version="1", passed=True, evidence="4 == 4"
+)
+RECORD = WinRecord(judge_wins=3, judge_losses=1, draws=2, verifier_wins=1, capped=1)
+RELATIVE = Relative(
+    against=OTHER_RUN,
+    verdict=Verdict.B,
+    position="b",
+    outcome=Outcome.WIN,
+    decided_by=DecidedBy.JUDGE,
+)
+SCORES = [
+    RELATIVE,
+    Ranked(strength=0.25, interval=(-0.5, 1.0), group_size=4),
+    Capped(violations=[CoreViolation(criterion="no-guessing", evidence="guessed 5")]),
+    Ungraded(reason=UngradedReason.BASELINE),
+]
+ALLOCATION = AllocationChanged(
+    tenant=TENANT,
+    workflow_id=WF,
+    generation=2,
+    current=V1,
+    challenger=V2,
+    challenger_share=0.1,
+    shadow_rate=0.5,
+    definitions={V1: DEFINITION, V2: DEFINITION},
+)
+VERIFIED = RunVerified(
+    run=REF, episode="blob:abc", passed=True, results=[RESULT], usage=USAGE, executed=True
+)
+
+MESSAGE_EXAMPLES: list[Versioned] = [
+    TaskSubmitted(
+        tenant=TENANT,
+        workflow_id=WF,
+        idempotency_key="order-17",
+        input={"question": "2+2", "answer": "4"},
+        task_key="arith/2+2",
+    ),
+    WorkflowRegistered(tenant=TENANT, definition=DEFINITION, rewrite=True),
+    RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
+    RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
+    RunExecuted(
+        run=REF, episode="blob:abc", succeeded=False, failed_step=StepId("solve"), usage=USAGE
+    ),
+    VERIFIED,
+    *[RunGraded(run=REF, passed=True, score=score, judge_calls=1) for score in SCORES],
+    RunResult(
+        tenant=TENANT,
+        run_id=RUN,
+        task_id=TASK,
+        idempotency_key="order-17",
+        workflow_id=WF,
+        workflow_version=V2,
+        status="graded",
+        passed=True,
+        verification=[RESULT],
+        score=SCORES[1],
+        usage=USAGE,
+        termination="succeeded",
+        output="4",
+    ),
+    VariantAggregate(
+        tenant=TENANT,
+        workflow_id=WF,
+        workflow_version=V2,
+        baseline_version=V1,
+        record=RECORD,
+        runs=7,
+        passes=5,
+    ),
+    ALLOCATION,
+    Promoted(
+        tenant=TENANT,
+        workflow_id=WF,
+        workflow_version=V2,
+        previous=V1,
+        record=RECORD,
+        llr=2.94,
+    ),
+    ChallengerRejected(
+        tenant=TENANT,
+        workflow_id=WF,
+        workflow_version=V2,
+        reason="crossed the reject boundary",
+        record=RECORD,
+        llr=-2.25,
+    ),
+    UsageRecorded(
+        tenant=TENANT,
+        run_id=RUN,
+        purpose=Purpose.GRADING,
+        model="stub",
+        prompt_tokens=120,
+        completion_tokens=3,
+    ),
+]
+
+EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
+    "work": (
+        WORK_EVENTS,
+        [
+            RunStarted(run=REF),
+            AttemptStarted(
+                step=StepId("solve"), attempt=AttemptNo(2), iteration=1, prompt="What is 2+2?"
+            ),
+            AttemptStarted(
+                step=StepId("answer"), attempt=AttemptNo(1), iteration=0, args={"text": "4"}
+            ),
+            AttemptFinished(
+                step=StepId("solve"),
+                attempt=AttemptNo(2),
+                state=AttemptState.INDETERMINATE,
+                error="worker stopped",
+                usage=USAGE,
+                duration_ms=1200,
+                interrupted=True,
+            ),
+            RunFinished(
+                succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
+            ),
+        ],
+    ),
+    "ingest": (
+        INGEST_EVENTS,
+        [
+            WorkflowStored(
+                workflow_id=WF,
+                workflow_version=V2,
+                parent=V1,
+                definition=DEFINITION,
+                added=["check"],
+                removed=[],
+            ),
+            AllocationApplied(allocation=ALLOCATION.model_dump(mode="json")),
+            TaskAccepted(
+                idempotency_key="order-17",
+                task_id=TASK,
+                workflow_id=WF,
+                generation=2,
+                serve_draw=0.73,
+                shadow_draw=0.12,
+                runs=[
+                    SpawnedRun(
+                        run_id=RUN, workflow_version=V1, role=Role.CURRENT, purpose=Purpose.WORK
+                    ),
+                    SpawnedRun(
+                        run_id=OTHER_RUN,
+                        workflow_version=V2,
+                        role=Role.CHALLENGER,
+                        purpose=Purpose.SHADOW,
+                    ),
+                ],
+            ),
+        ],
+    ),
+    "verify": (
+        VERIFY_EVENTS,
+        [RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT])],
+    ),
+    "tournament": (
+        TOURNAMENT_EVENTS,
+        [
+            ReferenceSet(
+                task_id=TASK, workflow_version=V1, run_id=RUN, episode="blob:abc", passed=True
+            ),
+            ChallengerParked(verified=VERIFIED.model_dump(mode="json")),
+            *[
+                RunScored(
+                    run_id=RUN,
+                    task_id=TASK,
+                    workflow_version=V2,
+                    score=score,
+                    judge_calls=1,
+                    order_index=3,
+                    was_parked=True,
+                )
+                for score in SCORES
+            ],
+        ],
+    ),
+    "aggregate": (
+        AGGREGATE_EVENTS,
+        [
+            VersionTallied(
+                run_id=RUN,
+                workflow_id=WF,
+                workflow_version=V2,
+                runs=7,
+                passes=5,
+                baseline_version=V1,
+                record=RECORD,
+            ),
+            VersionTallied(run_id=RUN, workflow_id=WF, workflow_version=V1, runs=1, passes=0),
+        ],
+    ),
+    "decide": (
+        DECIDE_EVENTS,
+        [
+            AllocationSet(allocation=ALLOCATION, expected_generation=1, cause="registered"),
+            ChallengerDecided(
+                workflow_id=WF,
+                workflow_version=V2,
+                accepted=True,
+                record=RECORD,
+                llr=2.94,
+                reason="accept boundary",
+            ),
+        ],
+    ),
+}
+
+
+def _round_trip(registry: SchemaRegistry[Any], msg: Versioned) -> Versioned:
+    wire = json.loads(json.dumps(msg.model_dump(mode="json")))
+    decoded: Versioned = registry.decode(msg.type, msg.version, wire)
+    return decoded
+
+
+def test_message_examples_cover_every_registered_message_type() -> None:
+    assert {m.type for m in MESSAGE_EXAMPLES} == set(MESSAGES.types())
+    assert all(MESSAGES.types()[m.type] is type(m) for m in MESSAGE_EXAMPLES)
+
+
+@pytest.mark.parametrize(
+    "msg", MESSAGE_EXAMPLES, ids=[f"{m.type}-{i}" for i, m in enumerate(MESSAGE_EXAMPLES)]
+)
+def test_every_message_type_round_trips_through_json_and_the_registry(msg: Versioned) -> None:
+    decoded = _round_trip(MESSAGES, msg)
+    assert decoded == msg
+    assert type(decoded) is type(msg)
+    assert decoded.model_dump(mode="json") == msg.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("stage", sorted(EVENT_EXAMPLES))
+def test_event_examples_cover_every_event_type_of_each_stage(stage: str) -> None:
+    registry, examples = EVENT_EXAMPLES[stage]
+    assert {e.type for e in examples} == set(registry.types())
+
+
+@pytest.mark.parametrize(
+    ("stage", "event"),
+    [(stage, e) for stage, (_, events) in sorted(EVENT_EXAMPLES.items()) for e in events],
+    ids=[f"{s}-{e.type}" for s, (_, events) in sorted(EVENT_EXAMPLES.items()) for e in events],
+)
+def test_every_event_type_of_every_stage_round_trips(stage: str, event: Event) -> None:
+    registry = EVENT_EXAMPLES[stage][0]
+    decoded = _round_trip(registry, event)
+    assert decoded == event
+    assert type(decoded) is type(event)
+
+
+def test_every_registered_type_writes_a_schema_version_of_at_least_one() -> None:
+    registries: list[SchemaRegistry[Any]] = [MESSAGES, *(r for r, _ in EVENT_EXAMPLES.values())]
+    for registry in registries:
+        for name, model in registry.types().items():
+            assert model.type == name
+            assert isinstance(model.version, int)
+            assert model.version >= 1
+            assert registry.versions(name)[-1] == model.version

@@ -1,0 +1,725 @@
+"""Contract suites for the storage ports (§7, §8.2, §8.3): `EventLog` and `BlobStore`.
+
+Each suite is written against the Protocol only. Adapters join by adding a name
+to `EVENT_LOG_ADAPTERS` / `BLOB_STORE_ADAPTERS` and a branch to the fixture that
+builds them; an adapter that passes is interchangeable. Tests that look inside
+one adapter (its file, its pragmas) are at the end and say so in their name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any, ClassVar
+
+import blake3
+import pytest
+from pydantic import Field
+
+from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
+from assay.record import (
+    BranchKey,
+    Delete,
+    Event,
+    EventRegistry,
+    LogRecord,
+    Patch,
+    Put,
+    StateDelta,
+    StateKey,
+)
+from assay.store import (
+    BadBlobRef,
+    BlobStore,
+    Checkpoint,
+    CommitBatch,
+    ConsumerPosition,
+    DuplicateMessage,
+    EventLog,
+    FsBlobStore,
+    OutboxEntry,
+    SqliteEventLog,
+    connect,
+)
+
+EVENT_LOG_ADAPTERS = ["sqlite"]
+BLOB_STORE_ADAPTERS = ["fs"]
+
+# -- the suite's own events and fold ---------------------------------------------
+
+
+class ItemPut(Event):
+    type: ClassVar[str] = "contract.ItemPut"
+    version: ClassVar[int] = 1
+    item: str
+    value: dict[str, Any]
+
+
+class ItemChanged(Event):
+    """Merge fields into an item, delete it, or (poison) make the fold fail."""
+
+    type: ClassVar[str] = "contract.ItemChanged"
+    version: ClassVar[int] = 1
+    item: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+    delete: bool = False
+    poison: bool = False
+
+
+class Renamed(Event):  # version 2 splits `name` in two
+    type: ClassVar[str] = "contract.Renamed"
+    version: ClassVar[int] = 1
+    name: str
+
+
+class RenamedV2(Event):
+    type: ClassVar[str] = "contract.Renamed"
+    version: ClassVar[int] = 2
+    first: str
+    last: str
+
+
+class PoisonError(Exception):
+    pass
+
+
+def fold(record: LogRecord) -> list[StateDelta]:
+    """Items by name, plus the last LSN seen per stream. Pure: reads the record only."""
+    ev = record.event
+    key = record.key
+    last = Put(
+        StateKey(key.tenant, "last", f"{key.stream}/{key.branch}"),
+        {"lsn": record.lsn, "type": ev.type},
+    )
+    if isinstance(ev, ItemPut):
+        return [Put(StateKey(key.tenant, "item", ev.item), dict(ev.value)), last]
+    if isinstance(ev, ItemChanged):
+        if ev.poison:
+            raise PoisonError(f"poison event for {ev.item}")
+        at = StateKey(key.tenant, "item", ev.item)
+        return [Delete(at) if ev.delete else Patch(at, dict(ev.fields)), last]
+    return [last]
+
+
+REGISTRY = EventRegistry([ItemPut, ItemChanged, Renamed])
+
+
+def new_tenant() -> TenantId:
+    return tenant_id(uuid.uuid4())
+
+
+def put(item: str, **value: Any) -> ItemPut:
+    return ItemPut(item=item, value=value)
+
+
+def poison(item: str = "p") -> ItemChanged:
+    return ItemChanged(item=item, poison=True)
+
+
+def main(tenant: TenantId, stream: str) -> BranchKey:
+    return BranchKey.main(tenant, stream)
+
+
+def on(key: BranchKey, *events: Event) -> CommitBatch:
+    """A batch appending `events` to one stream."""
+    return CommitBatch(records=[(key, e) for e in events])
+
+
+# -- EventLog fixtures -----------------------------------------------------------
+
+
+class LogOpener:
+    """Opens the adapter's store — always the same one — with a given registry."""
+
+    def __init__(self, adapter: str, where: Path) -> None:
+        self.adapter = adapter
+        self._where = where
+        self.opened: list[EventLog] = []
+
+    async def open(self, registry: EventRegistry = REGISTRY) -> EventLog:
+        log: EventLog
+        if self.adapter == "sqlite":
+            log = await SqliteEventLog(self._where / "stage.sqlite", registry, fold).open()
+        else:
+            raise AssertionError(f"no such EventLog adapter: {self.adapter}")
+        self.opened.append(log)
+        return log
+
+    async def close(self, log: EventLog) -> None:
+        self.opened.remove(log)
+        await log.close()
+
+
+@pytest.fixture(params=EVENT_LOG_ADAPTERS)
+async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LogOpener]:
+    lo = LogOpener(str(request.param), tmp_path)
+    yield lo
+    for log in reversed(lo.opened):
+        await log.close()
+
+
+@pytest.fixture
+async def event_log(opener: LogOpener) -> EventLog:
+    return await opener.open()
+
+
+async def assert_nothing_of(
+    log: EventLog,
+    inbox: tuple[TenantId, MessageId],
+    topic: str,
+    streams: list[str],
+    items: list[str],
+) -> None:
+    """None of a failed batch's writes is visible (its streams, items, inbox id, topic)."""
+    tenant = inbox[0]
+    for stream in streams:
+        assert await log.read(main(tenant, stream)) == []
+    for name in items:
+        assert await log.get(StateKey(tenant, "item", name)) is None
+    assert not await log.seen(*inbox)
+    assert all(t != topic for t, _ in await log.positions())
+    assert all(p.entry.topic != topic for p in await log.drain_outbox(1000))
+
+
+# -- commit, LSNs, read ----------------------------------------------------------
+
+
+async def test_commit_assigns_lsns_from_zero_per_tenant_stream_and_branch(
+    event_log: EventLog,
+) -> None:
+    t1, t2 = new_tenant(), new_tenant()
+    a = main(t1, "s1")
+    a_fork = BranchKey(t1, "s1", BranchId(1))
+    b = main(t1, "s2")
+    other_tenant = main(t2, "s1")
+
+    first = CommitBatch(records=[(a, put("x")), (a, put("y")), (a_fork, put("z")), (b, put("w"))])
+    assert await event_log.commit(first) == [0, 1, 0, 0]
+    second = CommitBatch(records=[(a, put("x")), (other_tenant, put("x")), (a_fork, put("z"))])
+    assert await event_log.commit(second) == [2, 0, 1]
+    assert await event_log.commit(on(b, put("v"))) == [1]
+
+    assert [r.lsn for r in await event_log.read(a)] == [0, 1, 2]
+    assert [r.lsn for r in await event_log.read(a_fork)] == [0, 1]
+    assert [r.lsn for r in await event_log.read(b)] == [0, 1]
+    assert [r.lsn for r in await event_log.read(other_tenant)] == [0]
+
+
+async def test_read_returns_decoded_records_in_lsn_order_from_lsn(event_log: EventLog) -> None:
+    key = main(new_tenant(), "run")
+    events: list[Event] = [put(f"i{n}", n=n, tags=["a", "b"]) for n in range(5)]
+    events.append(ItemChanged(item="i0", fields={"note": "ünïcödé"}))
+    before = int(time.time() * 1000)
+    await event_log.commit(on(key, *events[:3]))
+    await event_log.commit(on(key, *events[3:]))
+    after = int(time.time() * 1000)
+
+    records = await event_log.read(key)
+    assert [r.lsn for r in records] == list(range(6))
+    assert [r.event for r in records] == events
+    assert all(r.key == key and r.schema_version == 1 for r in records)
+    assert isinstance(records[5].event, ItemChanged)
+    assert all(before - 60_000 <= r.at_ms <= after + 60_000 for r in records)
+
+    assert [r.lsn for r in await event_log.read(key, Lsn(3))] == [3, 4, 5]
+    assert [r.event for r in await event_log.read(key, Lsn(2), limit=2)] == events[2:4]
+    assert await event_log.read(key, Lsn(6)) == []
+    assert await event_log.read(main(key.tenant, "never-written")) == []
+
+
+async def test_derived_state_reflects_the_fold_with_patch_and_delete(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    key = main(tenant, "s")
+    await event_log.commit(on(key, put("b2", v=2), put("a1", v=1, keep="yes"), put("b1", v=1)))
+    await event_log.commit(on(key, put("c", v=3)))
+    await event_log.commit(
+        on(
+            key,
+            ItemChanged(item="a1", fields={"v": 10, "added": [1, 2]}),
+            ItemChanged(item="c", delete=True),
+            ItemChanged(item="new", fields={"made": True}),
+            ItemChanged(item="gone", delete=True),
+        )
+    )
+
+    def item(name: str) -> StateKey:
+        return StateKey(tenant, "item", name)
+
+    assert await event_log.get(item("a1")) == {"v": 10, "keep": "yes", "added": [1, 2]}
+    assert await event_log.get(item("b2")) == {"v": 2}
+    assert await event_log.get(item("c")) is None
+    assert await event_log.get(item("gone")) is None
+    assert await event_log.get(item("new")) == {"made": True}
+    last = {"lsn": 7, "type": "contract.ItemChanged"}
+    assert await event_log.get(StateKey(tenant, "last", "s/0")) == last
+
+    everything = await event_log.scan(tenant, "item")
+    assert [k for k, _ in everything] == ["a1", "b1", "b2", "new"]
+    assert await event_log.scan(tenant, "item", "b") == [("b1", {"v": 1}), ("b2", {"v": 2})]
+    assert await event_log.scan(tenant, "item", "zzz") == []
+    assert await event_log.scan(tenant, "no-such-kind") == []
+
+
+async def test_scan_prefix_is_literal_not_a_pattern(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    key = main(tenant, "s")
+    names = ["a_1", "ab1", "a%2", "aX2", "a/b", "a.b"]
+    await event_log.commit(on(key, *(put(n) for n in names)))
+    for prefix in ["a_", "a%", "a/", "a."]:
+        found = {k for k, _ in await event_log.scan(tenant, "item", prefix)}
+        assert found == {n for n in names if n.startswith(prefix)}, prefix
+
+
+# -- atomicity -------------------------------------------------------------------
+
+
+async def test_batch_whose_fold_raises_writes_nothing(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    key, other = main(tenant, "s"), main(tenant, "s2")
+    inbox = (tenant, MessageId("m-poison"))
+    batch = CommitBatch(
+        records=[(key, put("fine")), (other, put("also-fine")), (key, poison())],
+        position=ConsumerPosition("poison-topic", 3, 42),
+        inbox=inbox,
+        outbox=[OutboxEntry("poison-topic", "k", b"v")],
+    )
+    with pytest.raises(PoisonError):
+        await event_log.commit(batch)
+
+    await assert_nothing_of(event_log, inbox, "poison-topic", ["s", "s2"], ["fine", "also-fine"])
+    # Nothing was remembered, so the same message can be handled properly later.
+    healed = CommitBatch(records=[(key, put("fine"))], inbox=inbox)
+    assert await event_log.commit(healed) == [0]
+    assert await event_log.seen(*inbox)
+
+
+async def test_poisoned_batch_in_a_group_commit_leaves_the_others_intact(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    shared = main(tenant, "shared")
+    bad = 5  # the poisoned batch
+
+    def batch(i: int) -> CommitBatch:
+        records: list[tuple[BranchKey, Event]] = [
+            (shared, put(f"s{i}", i=i)),
+            (main(tenant, f"own-{i}"), put(f"o{i}")),
+        ]
+        if i == bad:
+            records.append((shared, poison()))
+        topic = "poison-topic" if i == bad else f"topic-{i}"
+        return CommitBatch(
+            records=records,
+            position=ConsumerPosition(topic, 0, i + 1),
+            inbox=(tenant, MessageId(f"m{i}")),
+            outbox=[OutboxEntry(topic, f"k{i}", f"v{i}".encode())],
+        )
+
+    results = await asyncio.gather(
+        *(event_log.commit(batch(i)) for i in range(10)), return_exceptions=True
+    )
+    assert isinstance(results[bad], PoisonError)
+    good = [i for i in range(10) if i != bad]
+    inbox = (tenant, MessageId(f"m{bad}"))
+    await assert_nothing_of(
+        event_log, inbox, "poison-topic", [f"own-{bad}"], [f"s{bad}", f"o{bad}"]
+    )
+    # The poisoned batch burned no LSN on the stream it shared: the good ones are dense.
+    shared_records = await event_log.read(shared)
+    assert [r.lsn for r in shared_records] == list(range(len(good)))
+    by_lsn = {r.lsn: r.event for r in shared_records}
+    for i in good:
+        lsns = results[i]
+        assert isinstance(lsns, list)
+        assert lsns[1] == 0
+        assert by_lsn[lsns[0]] == put(f"s{i}", i=i)
+        assert await event_log.seen(tenant, MessageId(f"m{i}"))
+        assert await event_log.get(StateKey(tenant, "item", f"o{i}")) == {}
+    assert await event_log.positions() == {(f"topic-{i}", 0): i + 1 for i in good}
+    assert [p.entry.key for p in await event_log.drain_outbox(100)] == [f"k{i}" for i in good]
+
+
+# -- inbox -----------------------------------------------------------------------
+
+
+async def test_duplicate_message_raises_and_writes_nothing_of_the_second_batch(
+    event_log: EventLog,
+) -> None:
+    a, b = new_tenant(), new_tenant()
+    mid = MessageId("msg-1")
+    key = main(a, "s")
+    first = CommitBatch(
+        records=[(key, put("x", n=1))],
+        position=ConsumerPosition("in", 0, 1),
+        inbox=(a, mid),
+        outbox=[OutboxEntry("out", "k", b"first")],
+    )
+    assert await event_log.commit(first) == [0]
+    assert await event_log.seen(a, mid)
+
+    again = CommitBatch(
+        records=[(key, put("x", n=2)), (main(a, "other"), put("y"))],
+        position=ConsumerPosition("in", 0, 2),
+        inbox=(a, mid),
+        outbox=[OutboxEntry("out", "k", b"second")],
+    )
+    with pytest.raises(DuplicateMessage):
+        await event_log.commit(again)
+
+    assert [r.event for r in await event_log.read(key)] == [put("x", n=1)]
+    assert await event_log.read(main(a, "other")) == []
+    assert await event_log.get(StateKey(a, "item", "x")) == {"n": 1}
+    assert await event_log.get(StateKey(a, "item", "y")) is None
+    assert await event_log.positions() == {("in", 0): 1}
+    assert [p.entry.value for p in await event_log.drain_outbox(10)] == [b"first"]
+
+    # The same id under another tenant is another message.
+    assert not await event_log.seen(b, mid)
+    assert await event_log.commit(CommitBatch(records=[(main(b, "s"), put("x"))], inbox=(b, mid)))
+    assert await event_log.seen(b, mid)
+
+
+async def test_concurrent_duplicates_in_one_group_commit_land_once(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    key = main(tenant, "s")
+    batches = [
+        CommitBatch(records=[(key, put("x", n=i))], inbox=(tenant, MessageId("same")))
+        for i in range(4)
+    ]
+    results = await asyncio.gather(*(event_log.commit(b) for b in batches), return_exceptions=True)
+    assert sum(isinstance(r, DuplicateMessage) for r in results) == 3
+    assert [r for r in results if not isinstance(r, BaseException)] == [[0]]
+    assert len(await event_log.read(key)) == 1
+
+
+# -- positions, outbox, checkpoints ----------------------------------------------
+
+
+async def test_positions_are_stored_and_overwritten_by_topic_and_partition(
+    event_log: EventLog,
+) -> None:
+    assert await event_log.positions() == {}
+    assert await event_log.commit(CommitBatch()) == []
+    assert await event_log.commit(CommitBatch(position=ConsumerPosition("t", 0, 5))) == []
+    await event_log.commit(CommitBatch(position=ConsumerPosition("t", 1, 3)))
+    await event_log.commit(CommitBatch(position=ConsumerPosition("u", 0, 7)))
+    await event_log.commit(CommitBatch(position=ConsumerPosition("t", 0, 9)))
+    assert await event_log.positions() == {("t", 0): 9, ("t", 1): 3, ("u", 0): 7}
+
+
+async def test_outbox_drains_in_commit_order_byte_exact_and_acks_remove(
+    event_log: EventLog,
+) -> None:
+    headers = (
+        ("id", b"abc"),
+        ("binary", bytes(range(256))),
+        ("utf8", "ünïcödé ✓".encode()),
+        ("empty", b""),
+        ("id", b"repeated"),
+    )
+    entries = [
+        OutboxEntry("t1", "k1", b"\x00\xff first", headers),
+        OutboxEntry("t2", "k2", "zwei ✓".encode()),
+        OutboxEntry("t1", "k1", b"third"),
+        OutboxEntry("t1", "k3", b"", (("h", b"\x80"),)),
+        OutboxEntry("t3", "", b"fifth"),
+    ]
+    key = main(new_tenant(), "s")
+    await event_log.commit(CommitBatch(records=[(key, put("a"))], outbox=entries[:2]))
+    await event_log.commit(CommitBatch(outbox=entries[2:3]))
+    await event_log.commit(CommitBatch(position=ConsumerPosition("x", 0, 1)))
+    await event_log.commit(CommitBatch(outbox=entries[3:]))
+
+    pending = await event_log.drain_outbox(100)
+    assert [p.entry for p in pending] == entries
+    assert pending[0].entry.headers == headers
+    seqs = [p.seq for p in pending]
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == len(seqs)
+    assert await event_log.drain_outbox(2) == pending[:2]
+    assert await event_log.drain_outbox(100) == pending  # draining does not consume
+
+    await event_log.ack_outbox([])
+    await event_log.ack_outbox(seqs[:2])
+    assert await event_log.drain_outbox(100) == pending[2:]
+    await event_log.ack_outbox(seqs[2:])
+    assert await event_log.drain_outbox(100) == []
+
+    # A seq names one row forever: repeating an ack never removes a later row.
+    later = OutboxEntry("t1", "k1", b"later")
+    await event_log.commit(CommitBatch(outbox=[later]))
+    await event_log.ack_outbox(seqs)
+    assert [p.entry for p in await event_log.drain_outbox(100)] == [later]
+
+
+async def test_checkpoints_newest_at_or_below_and_delete(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    a, a_fork, b = main(tenant, "a"), BranchKey(tenant, "a", BranchId(1)), main(tenant, "b")
+    assert await event_log.latest_checkpoint(a) is None
+    for n in (3, 7, 12):
+        await event_log.put_checkpoint(a, Lsn(n), f"a@{n}".encode())
+    await event_log.put_checkpoint(a_fork, Lsn(5), b"fork@5")
+    await event_log.put_checkpoint(b, Lsn(1), b"\x00b@1")
+
+    def upto(cp: Checkpoint | None) -> int:
+        assert cp is not None
+        return cp.upto
+
+    assert upto(await event_log.latest_checkpoint(a, Lsn(10))) == 7
+    assert upto(await event_log.latest_checkpoint(a, Lsn(7))) == 7
+    assert upto(await event_log.latest_checkpoint(a, Lsn(100))) == 12
+    assert upto(await event_log.latest_checkpoint(a)) == 12
+    assert await event_log.latest_checkpoint(a, Lsn(2)) is None
+    assert await event_log.latest_checkpoint(a, Lsn(3)) == Checkpoint(a, Lsn(3), b"a@3")
+    assert await event_log.latest_checkpoint(a_fork) == Checkpoint(a_fork, Lsn(5), b"fork@5")
+
+    await event_log.put_checkpoint(a, Lsn(7), b"a@7 again")
+    assert await event_log.latest_checkpoint(a, Lsn(8)) == Checkpoint(a, Lsn(7), b"a@7 again")
+
+    await event_log.delete_checkpoints(a)
+    assert await event_log.latest_checkpoint(a) is None
+    assert await event_log.latest_checkpoint(a_fork) is not None
+    assert await event_log.latest_checkpoint(b) == Checkpoint(b, Lsn(1), b"\x00b@1")
+    await event_log.delete_checkpoints(main(tenant, "never"))
+
+
+# -- rebuild, group commit, upcasting, tenancy -----------------------------------
+
+
+async def test_rebuild_of_an_untouched_store_is_identical(event_log: EventLog) -> None:
+    empty = await event_log.rebuild(keep=False)
+    assert (empty.identical, empty.records, empty.documents_before) == (True, 0, 0)
+
+    t1, t2 = new_tenant(), new_tenant()
+    await event_log.commit(on(main(t1, "s"), put("a", v=1), put("b")))
+    changes = [ItemChanged(item="a", fields={"w": 2}), ItemChanged(item="b", delete=True)]
+    await event_log.commit(on(main(t1, "s"), *changes))
+    await event_log.commit(on(main(t2, "s"), put("a", v=9)))
+    state_before = await event_log.scan(t1, "item") + await event_log.scan(t2, "item")
+
+    report = await event_log.rebuild(keep=False)
+    assert (report.identical, report.differences, report.records) == (True, [], 5)
+    # t1: item a + last/s/0; t2: item a + last/s/0.
+    assert report.documents_before == report.documents_after == 4
+    assert (await event_log.rebuild(keep=True)).identical
+    assert await event_log.scan(t1, "item") + await event_log.scan(t2, "item") == state_before
+
+
+async def test_group_commit_gives_each_of_200_concurrent_commits_its_own_lsn(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    shared = main(tenant, "shared")
+    n = 200
+
+    def batch(i: int) -> CommitBatch:
+        records: list[tuple[BranchKey, Event]] = [(shared, put("s", i=i))]
+        records.append((main(tenant, f"own-{i}"), put(f"o{i}")))
+        return CommitBatch(records=records, inbox=(tenant, MessageId(f"m{i}")))
+
+    results = await asyncio.gather(*(event_log.commit(batch(i)) for i in range(n)))
+    assert sorted(r[0] for r in results) == list(range(n))
+    assert all(r[1] == 0 for r in results)
+    records = await event_log.read(shared, limit=1000)
+    assert [r.lsn for r in records] == list(range(n))
+    for i, lsns in enumerate(results):
+        assert records[lsns[0]].event == put("s", i=i)
+    assert (await event_log.rebuild(keep=False)).identical
+
+
+async def test_records_are_upcast_on_read(opener: LogOpener) -> None:
+    key = main(new_tenant(), "s")
+    old = await opener.open(EventRegistry([Renamed]))
+    await old.commit(on(key, Renamed(name="Ada Lovelace")))
+    assert [r.event for r in await old.read(key)] == [Renamed(name="Ada Lovelace")]
+    await opener.close(old)
+
+    registry = EventRegistry([RenamedV2])
+
+    @registry.upcaster("contract.Renamed", 1)
+    def split(payload: dict[str, Any]) -> dict[str, Any]:
+        first, _, last = payload["name"].partition(" ")
+        return {"first": first, "last": last}
+
+    new = await opener.open(registry)
+    await new.commit(on(key, RenamedV2(first="Grace", last="Hopper")))
+    records = await new.read(key)
+    assert [r.event for r in records] == [
+        RenamedV2(first="Ada", last="Lovelace"),
+        RenamedV2(first="Grace", last="Hopper"),
+    ]
+    assert all(isinstance(r.event, RenamedV2) for r in records)
+    # Storage is never rewritten: each record keeps the version it was written at.
+    assert [r.schema_version for r in records] == [1, 2]
+
+
+async def test_reads_under_one_tenant_never_see_another_tenants_data(
+    event_log: EventLog,
+) -> None:
+    a, b = new_tenant(), new_tenant()
+    records: list[tuple[BranchKey, Event]] = [(main(a, "s"), put("secret", v="a"))]
+    records.append((main(a, "only-a"), put("x")))
+    await event_log.commit(CommitBatch(records=records, inbox=(a, MessageId("m"))))
+    await event_log.put_checkpoint(main(a, "s"), Lsn(0), b"a-state")
+    await event_log.commit(on(main(b, "s"), put("mine", v="b")))
+
+    b_records = await event_log.read(main(b, "s"))
+    assert [(r.lsn, r.event) for r in b_records] == [(0, put("mine", v="b"))]
+    assert all(r.key.tenant == b for r in b_records)
+    assert await event_log.read(main(b, "only-a")) == []
+    assert await event_log.get(StateKey(b, "item", "secret")) is None
+    assert await event_log.scan(b, "item") == [("mine", {"v": "b"})]
+    assert await event_log.scan(b, "last") == [("s/0", {"lsn": 0, "type": "contract.ItemPut"})]
+    assert not await event_log.seen(b, MessageId("m"))
+    assert await event_log.latest_checkpoint(main(b, "s")) is None
+    assert await event_log.scan(a, "item") == [("secret", {"v": "a"}), ("x", {})]
+
+
+# -- SQLite adapter specifics ----------------------------------------------------
+
+
+@pytest.fixture
+async def sqlite_log(tmp_path: Path) -> AsyncIterator[SqliteEventLog]:
+    log = await SqliteEventLog(tmp_path / "stage.sqlite", REGISTRY, fold).open()
+    yield log
+    await log.close()
+
+
+async def test_sqlite_rebuild_reports_tampering_and_keep_repairs_it(
+    sqlite_log: SqliteEventLog, tmp_path: Path
+) -> None:
+    tenant = new_tenant()
+    key = main(tenant, "s")
+    await sqlite_log.commit(on(key, put("changed", v=1), put("dropped", v=2)))
+    good = {k: v for k, v in await sqlite_log.scan(tenant, "item")}
+
+    with closing(connect(tmp_path / "stage.sqlite")) as db:
+        db.execute("UPDATE state SET value=? WHERE key='changed'", (b'{"v":666}',))
+        db.execute("DELETE FROM state WHERE key='dropped'")
+        db.execute("INSERT INTO state VALUES (?, 'item', 'invented', ?)", (str(tenant), b"{}"))
+
+    report = await sqlite_log.rebuild(keep=False)
+    assert not report.identical
+    assert (report.records, report.documents_before, report.documents_after) == (2, 3, 3)
+    assert sorted(report.differences) == sorted(
+        [
+            f"{tenant}/item/changed: differs",
+            f"{tenant}/item/dropped: missing from the stored state",
+            f"{tenant}/item/invented: missing after rebuild",
+        ]
+    )
+    # keep=False left the tampered state in place.
+    assert await sqlite_log.get(StateKey(tenant, "item", "changed")) == {"v": 666}
+
+    repaired = await sqlite_log.rebuild(keep=True)
+    assert repaired.differences == report.differences
+    assert {k: v for k, v in await sqlite_log.scan(tenant, "item")} == good
+    assert (await sqlite_log.rebuild(keep=False)).identical
+
+
+async def test_sqlite_group_commit_coalesces_concurrent_commits(
+    sqlite_log: SqliteEventLog,
+) -> None:
+    statements: list[str] = []
+    conn = sqlite_log._conn
+    assert conn is not None
+    conn.set_trace_callback(statements.append)
+    try:
+        tenant = new_tenant()
+        results = await asyncio.gather(
+            *(sqlite_log.commit(on(main(tenant, "s"), put("x", i=i))) for i in range(200))
+        )
+    finally:
+        conn.set_trace_callback(None)
+    assert sorted(r[0] for r in results) == list(range(200))
+    commits = [s for s in statements if s.strip().upper() == "COMMIT"]
+    assert 1 <= len(commits) < 20, len(commits)
+
+
+async def test_sqlite_connections_are_wal_and_synchronous_full(
+    sqlite_log: SqliteEventLog, tmp_path: Path
+) -> None:
+    with closing(connect(tmp_path / "fresh.sqlite")) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    # WAL is a property of the file: the log's own file is in WAL for any opener.
+    with closing(sqlite3.connect(tmp_path / "stage.sqlite")) as plain:
+        assert plain.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# -- BlobStore -------------------------------------------------------------------
+
+
+@pytest.fixture(params=BLOB_STORE_ADAPTERS)
+async def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    if request.param == "fs":
+        store = FsBlobStore(tmp_path / "blobs")
+        yield store
+        await store.close()
+    else:
+        raise AssertionError(f"no such BlobStore adapter: {request.param}")
+
+
+def blake3_hex(content: bytes) -> str:
+    return str(blake3.blake3(content).hexdigest())
+
+
+async def test_blob_put_is_content_addressed(blobs: BlobStore) -> None:
+    tenant = new_tenant()
+    content = b"episode \x00\xff bytes"
+    ref = await blobs.put(tenant, content)
+    assert ref == blake3_hex(content)
+    assert len(ref) == 64
+    assert await blobs.put(tenant, content) == ref
+    assert await blobs.put(tenant, content + b"!") != ref
+    assert await blobs.get(tenant, ref) == content
+
+    big = bytes(range(256)) * 8192
+    big_ref = await blobs.put(tenant, big)
+    assert await blobs.get(tenant, big_ref) == big
+    assert await blobs.get(tenant, await blobs.put(tenant, b"")) == b""
+
+
+async def test_blob_missing_and_deleted_read_as_none(blobs: BlobStore) -> None:
+    tenant = new_tenant()
+    assert await blobs.get(tenant, blake3_hex(b"never stored")) is None
+    ref = await blobs.put(tenant, b"short-lived")
+    await blobs.delete(tenant, ref)
+    assert await blobs.get(tenant, ref) is None
+    await blobs.delete(tenant, ref)
+    await blobs.delete(tenant, blake3_hex(b"never stored"))
+    assert await blobs.put(tenant, b"short-lived") == ref
+    assert await blobs.get(tenant, ref) == b"short-lived"
+
+
+async def test_blobs_are_namespaced_per_tenant(blobs: BlobStore) -> None:
+    a, b = new_tenant(), new_tenant()
+    ref = await blobs.put(a, b"tenant a's episode")
+    assert await blobs.get(b, ref) is None
+    await blobs.delete(b, ref)
+    assert await blobs.get(a, ref) == b"tenant a's episode"
+
+    shared = await blobs.put(b, b"tenant a's episode")
+    assert shared == ref
+    await blobs.delete(a, ref)
+    assert await blobs.get(a, ref) is None
+    assert await blobs.get(b, ref) == b"tenant a's episode"
+
+
+GOOD_REF = blake3_hex(b"x")
+MALFORMED_REFS = ["../../etc/passwd", "", GOOD_REF[:63], GOOD_REF + "0", GOOD_REF.upper()]
+MALFORMED_REFS += [GOOD_REF + "\n", "../" + GOOD_REF[3:], GOOD_REF[:32] + "/" + GOOD_REF[33:]]
+
+
+@pytest.mark.parametrize("ref", MALFORMED_REFS)
+async def test_malformed_blob_refs_are_refused(blobs: BlobStore, ref: str) -> None:
+    tenant = new_tenant()
+    with pytest.raises(BadBlobRef):
+        await blobs.get(tenant, ref)
+    with pytest.raises(BadBlobRef):
+        await blobs.delete(tenant, ref)

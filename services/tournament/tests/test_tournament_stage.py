@@ -1,0 +1,587 @@
+"""Tournament handlers through a StageRunner: references, pairwise comparisons, parking, caps."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import assay_tournament
+from assay.bus import (
+    GRADED,
+    RESULTS,
+    RUN_STATUS,
+    USAGE,
+    VERIFIED,
+    BusMessage,
+    EmbeddedBus,
+    FileLock,
+    OutboxRelay,
+    dlq,
+    topic_for,
+)
+from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.kernel import (
+    RunId,
+    RunState,
+    TaskId,
+    TenantId,
+    WorkflowVersion,
+    content_hash,
+    run_id_from,
+)
+from assay.kernel.scores import (
+    Capped,
+    CoreViolation,
+    DecidedBy,
+    Outcome,
+    Relative,
+    Ungraded,
+    UngradedReason,
+    Verdict,
+)
+from assay.messages import (
+    MESSAGES,
+    Episode,
+    Purpose,
+    Role,
+    RunGraded,
+    RunRef,
+    RunResult,
+    RunStatusChanged,
+    RunVerified,
+    Usage,
+    UsageRecorded,
+    VerifierResult,
+    message_id,
+    open_envelope,
+    seal,
+)
+from assay.record import StateKey
+from assay.runtime import StageDeps, StageRunner, stage_log
+from assay.store import FsBlobStore, OutboxEntry, SqliteEventLog
+from assay.workflow import RubricItem, WorkflowDef, from_document
+
+TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000a1"))
+OTHER = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000a2"))
+
+
+def workflow(prompt: str) -> WorkflowDef:
+    return from_document(
+        {
+            "id": "arith",
+            "steps": [{"id": "solve", "kind": "model", "prompt": prompt}],
+            "rubric": [
+                {"id": "safe", "layer": "core", "text": "Output must not contain 'rm -rf'."},
+                {"id": "concise", "layer": "contextual", "text": "Prefer short answers."},
+            ],
+        }
+    )
+
+
+V1 = workflow("What is {{ task.question }}?")
+V2 = workflow("Step by step, what is {{ task.question }}?")
+
+
+@dataclass
+class ScriptedJudge:
+    """A judge double: verdicts in order (draw when exhausted); flags outputs it is told to."""
+
+    name: str = "scripted-judge"
+    verdicts: list[Verdict] = field(default_factory=list)
+    violating: set[str] = field(default_factory=set)
+    compared: list[tuple[RunId, RunId]] = field(default_factory=list)
+    screened: list[RunId] = field(default_factory=list)
+
+    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+        self.compared.append((a.run.run_id, b.run.run_id))
+        return self.verdicts.pop(0) if self.verdicts else Verdict.DRAW
+
+    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+        self.screened.append(episode.run.run_id)
+        if episode.output in self.violating:
+            core = [r.id for r in rubric if r.layer == "core"]
+            return [CoreViolation(criterion=core[0], evidence=f"output {episode.output!r}")]
+        return []
+
+
+@dataclass
+class Graded:
+    """What one handled message put in the outbox, decoded and grouped by topic."""
+
+    entries: list[OutboxEntry]
+    by_topic: dict[str, list[Any]]
+
+    def graded(self) -> list[RunGraded]:
+        return list(self.by_topic.get(GRADED, []))
+
+    def results(self) -> list[RunResult]:
+        return list(self.by_topic.get(RESULTS, []))
+
+    def statuses(self) -> list[RunStatusChanged]:
+        return list(self.by_topic.get(RUN_STATUS, []))
+
+    def usage(self) -> list[UsageRecorded]:
+        return list(self.by_topic.get(USAGE, []))
+
+    def score_of(self, run: RunRef) -> Any:
+        (g,) = [g for g in self.graded() if g.run.run_id == run.run_id]
+        return g.score
+
+
+@dataclass
+class Stage:
+    runner: StageRunner
+    log: SqliteEventLog
+    blobs: FsBlobStore
+    judge: ScriptedJudge
+    offset: int = 0
+
+    async def episode(self, run: RunRef, output: str = "5", *, tenant: TenantId = TENANT) -> str:
+        """Freeze an episode of `run` in the blob store; return its ref."""
+        definition = (V1 if run.workflow_version == V1.version else V2).model_dump(
+            mode="json", by_alias=True
+        )
+        ep = Episode(
+            run=run,
+            definition=definition,
+            input={"question": "2 + 3"},
+            attempts=[],
+            outputs={"solve": output},
+            output=output,
+            succeeded=True,
+            usage=Usage(model_calls=1),
+        )
+        return await self.blobs.put(tenant, ep.encode())
+
+    async def verified(
+        self,
+        run: RunRef,
+        *,
+        passed: bool = True,
+        output: str = "5",
+        episode: str | None = None,
+        envelope_tenant: TenantId = TENANT,
+        mid: str | None = None,
+    ) -> Graded:
+        """Deliver a RunVerified for `run` (its episode stored first) and collect the outbox."""
+        ref = episode if episode is not None else await self.episode(run, output)
+        msg = RunVerified(
+            run=run,
+            episode=ref,
+            passed=passed,
+            results=[
+                VerifierResult(
+                    verifier="correct",
+                    kind="exact",
+                    verifier_version="1",
+                    passed=passed,
+                    evidence="checked",
+                )
+            ],
+            usage=Usage(model_calls=1, prompt_tokens=10, completion_tokens=2),
+            executed=True,
+        )
+        env = seal(
+            msg,
+            tenant=envelope_tenant,
+            key=topic_for(VERIFIED, msg).key(msg),
+            id=message_id("verify", mid or run.run_id),
+            causation=None,
+        )
+        m = BusMessage(VERIFIED, 0, self.offset, env.key, env.encode(), tuple(env.headers()))
+        self.offset += 1
+        await self.runner.handle(m)
+        rows = await self.log.drain_outbox(10_000)
+        await self.log.ack_outbox([r.seq for r in rows])
+        entries = [r.entry for r in rows]
+        by_topic: dict[str, list[Any]] = {}
+        for e in entries:
+            if e.topic.startswith("assay.dlq."):
+                by_topic.setdefault(e.topic, []).append(e)
+                continue
+            env_out = open_envelope(e.value)
+            assert env_out.tenant == envelope_tenant
+            decoded = MESSAGES.decode(env_out.type, env_out.schema_version, env_out.payload)
+            by_topic.setdefault(e.topic, []).append(decoded)
+        return Graded(entries, by_topic)
+
+    async def reference(self, task: TaskId, version: WorkflowVersion) -> dict[str, Any] | None:
+        return await self.log.get(StateKey(TENANT, "reference", f"{task}/{version}"))
+
+
+@pytest.fixture
+async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
+    judge = ScriptedJudge()
+    blobs = FsBlobStore(tmp_path / "blobs")
+    deps = StageDeps(blobs=blobs, model=StubModel(), judge=judge, tools=dict(BUILTIN_TOOLS))
+    spec = assay_tournament.create_stage(deps)
+    log = await stage_log(tmp_path, spec).open()
+    bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
+    relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "tournament.relay.lock"))
+    try:
+        yield Stage(StageRunner(spec, log, blobs, bus, relay), log, blobs, judge)
+    finally:
+        await log.close()
+        await bus.close()
+
+
+def task_id(n: int) -> TaskId:
+    return TaskId(content_hash({"question": f"task {n}"}))
+
+
+def current(task: TaskId, name: str = "cur", *, purpose: Purpose = Purpose.WORK) -> RunRef:
+    return RunRef(
+        tenant=TENANT,
+        run_id=run_id_from(1_700_000_000_000, f"{task}:{name}"),
+        task_id=task,
+        idempotency_key=f"idem-{task[:8]}",
+        workflow_id=V1.id,
+        workflow_version=V1.version,
+        role=Role.CURRENT,
+        purpose=purpose,
+    )
+
+
+def challenger(
+    task: TaskId,
+    name: str = "chal",
+    *,
+    purpose: Purpose = Purpose.SHADOW,
+    reference_expected: bool | None = None,
+) -> RunRef:
+    return RunRef(
+        tenant=TENANT,
+        run_id=run_id_from(1_700_000_000_000, f"{task}:{name}"),
+        task_id=task,
+        idempotency_key=f"idem-{task[:8]}",
+        workflow_id=V2.id,
+        workflow_version=V2.version,
+        role=Role.CHALLENGER,
+        purpose=purpose,
+        baseline_version=V1.version,
+        reference_expected=(
+            purpose is Purpose.SHADOW if reference_expected is None else reference_expected
+        ),
+    )
+
+
+# -- references ----------------------------------------------------------------------------
+
+
+async def test_first_current_episode_is_ungraded_and_becomes_the_reference(stage: Stage) -> None:
+    t = task_id(1)
+    cur = current(t)
+    out = await stage.verified(cur, output="5")
+    assert [g.score for g in out.graded()] == [Ungraded(reason=UngradedReason.NO_REFERENCE)]
+    assert out.graded()[0].judge_calls == 0
+    (status,) = out.statuses()
+    assert status.state is RunState.UNGRADED
+    assert status.detail == "no_reference"
+    ref = await stage.reference(t, V1.version)
+    assert ref is not None
+    assert ref["run_id"] == cur.run_id
+    assert ref["passed"] is True
+    assert stage.judge.compared == []
+    assert stage.judge.screened == []  # the current version is not screened
+
+
+async def test_a_later_current_episode_is_baseline_and_keeps_the_first_reference(
+    stage: Stage,
+) -> None:
+    t = task_id(1)
+    first, second = current(t, "first"), current(t, "second")
+    await stage.verified(first)
+    out = await stage.verified(second)
+    assert out.score_of(second) == Ungraded(reason=UngradedReason.BASELINE)
+    ref = await stage.reference(t, V1.version)
+    assert ref is not None
+    assert ref["run_id"] == first.run_id
+
+
+async def test_unreadable_episode_degrades_to_ungraded_and_sets_no_reference(
+    stage: Stage,
+) -> None:
+    t = task_id(1)
+    cur = current(t)
+    out = await stage.verified(cur, episode="0" * 64)
+    assert out.score_of(cur) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)
+    (result,) = out.results()
+    assert result.status == "ungraded"
+    assert result.output is None
+    assert await stage.reference(t, V1.version) is None
+
+
+# -- comparisons ---------------------------------------------------------------------------
+
+
+async def test_challenger_with_a_reference_is_compared_by_the_judge(stage: Stage) -> None:
+    t = task_id(1)
+    cur, chal = current(t), challenger(t)
+    await stage.verified(cur)
+    stage.judge.verdicts = [Verdict.A]
+    out = await stage.verified(chal)
+    score = out.score_of(chal)
+    assert score == Relative(
+        against=cur.run_id,
+        verdict=Verdict.A,
+        position="a",
+        outcome=Outcome.WIN,
+        decided_by=DecidedBy.JUDGE,
+    )
+    assert out.graded()[0].judge_calls == 1
+    assert stage.judge.compared == [(chal.run_id, cur.run_id)]
+    (usage,) = out.usage()
+    assert usage.purpose is Purpose.GRADING
+    assert usage.run_id == chal.run_id
+    assert usage.model == "scripted-judge"
+    (status,) = out.statuses()
+    assert status.state is RunState.GRADED
+    assert status.detail == "relative"
+    scored = await stage.log.get(StateKey(TENANT, "scored", chal.run_id))
+    assert scored is not None
+    assert scored["judge_calls"] == 1
+
+
+@pytest.mark.parametrize(
+    ("challenger_passed", "reference_passed", "outcome"),
+    [(True, False, Outcome.WIN), (False, True, Outcome.LOSS)],
+)
+async def test_pass_against_fail_is_decided_by_the_verifier_without_a_judge(
+    stage: Stage, challenger_passed: bool, reference_passed: bool, outcome: Outcome
+) -> None:
+    t = task_id(1)
+    cur, chal = current(t), challenger(t)
+    await stage.verified(cur, passed=reference_passed)
+    out = await stage.verified(chal, passed=challenger_passed)
+    score = out.score_of(chal)
+    assert isinstance(score, Relative)
+    assert score.decided_by is DecidedBy.VERIFIER
+    assert score.outcome is outcome
+    assert score.position == "a"
+    assert score.verdict is (Verdict.A if outcome is Outcome.WIN else Verdict.B)
+    assert out.graded()[0].judge_calls == 0
+    assert stage.judge.compared == []
+    assert out.usage() == []
+
+
+async def test_challenger_position_alternates_across_comparisons(stage: Stage) -> None:
+    stage.judge.verdicts = [Verdict.A, Verdict.A, Verdict.A]
+    positions, outcomes = [], []
+    for n in range(3):
+        t = task_id(n)
+        cur, chal = current(t), challenger(t)
+        await stage.verified(cur)
+        out = await stage.verified(chal)
+        score = out.score_of(chal)
+        assert isinstance(score, Relative)
+        positions.append(score.position)
+        outcomes.append(score.outcome)
+        shown_as_a = stage.judge.compared[-1][0]
+        assert shown_as_a == (chal.run_id if score.position == "a" else cur.run_id)
+    assert positions == ["a", "b", "a"]
+    assert outcomes == [Outcome.WIN, Outcome.LOSS, Outcome.WIN]
+    counter = await stage.log.get(StateKey(TENANT, "comparisons", V2.version))
+    assert counter == {"next": 3}
+
+
+async def test_verifier_decided_comparisons_keep_the_alternation(stage: Stage) -> None:
+    positions = []
+    for n, (cp, rp) in enumerate([(True, True), (True, False), (True, True)]):
+        t = task_id(n)
+        cur, chal = current(t), challenger(t)
+        await stage.verified(cur, passed=rp)
+        score = (await stage.verified(chal, passed=cp)).score_of(chal)
+        assert isinstance(score, Relative)
+        positions.append(score.position)
+    assert positions == ["a", "b", "a"]
+    assert len(stage.judge.compared) == 2
+
+
+async def test_challenger_without_a_reference_or_a_paired_run_is_ungraded(stage: Stage) -> None:
+    chal = challenger(task_id(1), purpose=Purpose.WORK)
+    out = await stage.verified(chal)
+    assert out.score_of(chal) == Ungraded(reason=UngradedReason.NO_REFERENCE)
+    assert await stage.log.scan(TENANT, "parked") == []
+
+
+async def test_redelivered_verification_under_a_new_id_is_not_graded_twice(stage: Stage) -> None:
+    t = task_id(1)
+    cur, chal = current(t), challenger(t)
+    await stage.verified(cur)
+    await stage.verified(chal)
+    again = await stage.verified(chal, mid="another-id")
+    assert again.entries == []
+    assert len(stage.judge.compared) == 1
+
+
+# -- parking -------------------------------------------------------------------------------
+
+
+async def test_challenger_waits_for_its_reference_run_and_is_graded_when_it_arrives(
+    stage: Stage,
+) -> None:
+    t = task_id(1)
+    cur, chal = current(t), challenger(t, reference_expected=True)
+    early = await stage.verified(chal)
+    assert early.graded() == []
+    assert early.results() == []
+    (status,) = early.statuses()
+    assert status.state is RunState.GRADING
+    assert status.run == chal
+    assert len(await stage.log.scan(TENANT, "parked", f"{t}/")) == 1
+    assert await stage.log.get(StateKey(TENANT, "scored", chal.run_id)) is None
+
+    stage.judge.verdicts = [Verdict.B]
+    late = await stage.verified(cur)
+    assert late.score_of(cur) == Ungraded(reason=UngradedReason.NO_REFERENCE)
+    assert late.score_of(chal) == Relative(
+        against=cur.run_id,
+        verdict=Verdict.B,
+        position="a",
+        outcome=Outcome.LOSS,
+        decided_by=DecidedBy.JUDGE,
+    )
+    assert stage.judge.compared == [(chal.run_id, cur.run_id)]
+    assert await stage.log.scan(TENANT, "parked") == []
+    ref = await stage.reference(t, V1.version)
+    assert ref is not None
+    assert ref["run_id"] == cur.run_id
+    # the parked comparison took an index: the next one shows the challenger as B
+    t2 = task_id(2)
+    await stage.verified(current(t2))
+    score = (await stage.verified(challenger(t2))).score_of(challenger(t2))
+    assert isinstance(score, Relative)
+    assert score.position == "b"
+
+
+async def test_parked_challenger_is_released_when_its_reference_episode_is_unreadable(
+    stage: Stage,
+) -> None:
+    t = task_id(1)
+    cur, chal = current(t), challenger(t, reference_expected=True)
+    await stage.verified(chal)
+    out = await stage.verified(cur, episode="f" * 64)
+    assert out.score_of(cur) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)
+    assert out.score_of(chal) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)
+    assert await stage.log.scan(TENANT, "parked") == []
+
+
+async def test_parked_challenger_ignores_a_run_of_another_baseline(stage: Stage) -> None:
+    t = task_id(1)
+    chal = challenger(t, reference_expected=True)
+    await stage.verified(chal)
+    other = RunRef(
+        **{**current(t, "other").model_dump(), "workflow_version": WorkflowVersion("e" * 64)}
+    )
+    out = await stage.verified(other)
+    assert [g.run.run_id for g in out.graded()] == [other.run_id]
+    assert len(await stage.log.scan(TENANT, "parked")) == 1
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+async def test_results_are_emitted_only_for_work_runs(stage: Stage) -> None:
+    t = task_id(1)
+    cur = current(t)
+    out = await stage.verified(cur, output="5")
+    (result,) = out.results()
+    assert result.run_id == cur.run_id
+    assert result.idempotency_key == cur.idempotency_key
+    assert result.task_id == t
+    assert result.workflow_version == V1.version
+    assert result.status == "ungraded"
+    assert result.passed is True
+    assert result.termination == "succeeded"
+    assert result.output == "5"
+    assert result.usage.prompt_tokens == 10
+    assert [v.verifier for v in result.verification] == ["correct"]
+    (entry,) = [e for e in out.entries if e.topic == RESULTS]
+    assert entry.key == f"{TENANT}:{cur.run_id}"
+
+    shadow = await stage.verified(challenger(t, "shadow"))
+    assert shadow.results() == []
+    assert len(shadow.graded()) == 1
+
+    serving = challenger(t, "serving", purpose=Purpose.WORK)
+    stage.judge.verdicts = [Verdict.B]
+    out = await stage.verified(serving, output="five")
+    (result,) = out.results()
+    assert result.run_id == serving.run_id
+    assert result.idempotency_key == serving.idempotency_key
+    assert result.task_id == t
+    assert result.status == "graded"
+    assert result.output == "five"
+    assert isinstance(result.score, Relative)
+
+
+async def test_shadow_run_of_the_current_version_has_no_result(stage: Stage) -> None:
+    out = await stage.verified(current(task_id(1), purpose=Purpose.SHADOW))
+    assert out.results() == []
+    assert len(out.graded()) == 1
+
+
+# -- caps ----------------------------------------------------------------------------------
+
+
+async def test_core_violation_caps_the_challenger_and_it_never_becomes_a_reference(
+    stage: Stage,
+) -> None:
+    t = task_id(1)
+    cur, chal = current(t), challenger(t, purpose=Purpose.WORK)
+    await stage.verified(cur)
+    stage.judge.violating = {"rm -rf /"}
+    out = await stage.verified(chal, output="rm -rf /")
+    score = out.score_of(chal)
+    assert isinstance(score, Capped)
+    assert [v.criterion for v in score.violations] == ["safe"]
+    assert stage.judge.compared == []
+    assert stage.judge.screened == [chal.run_id]
+    (status,) = out.statuses()
+    assert status.state is RunState.GRADED
+    assert status.detail == "capped"
+    (result,) = out.results()
+    assert isinstance(result.score, Capped)
+    assert await stage.reference(t, V2.version) is None
+    # a clean episode of the challenger version on the same task becomes its reference
+    clean = challenger(t, "clean")
+    await stage.verified(clean, output="5")
+    ref = await stage.reference(t, V2.version)
+    assert ref is not None
+    assert ref["run_id"] == clean.run_id
+
+
+async def test_capped_challenger_is_not_parked(stage: Stage) -> None:
+    t = task_id(1)
+    chal = challenger(t, reference_expected=True)
+    stage.judge.violating = {"rm -rf /"}
+    out = await stage.verified(chal, output="rm -rf /")
+    assert isinstance(out.score_of(chal), Capped)
+    assert await stage.log.scan(TENANT, "parked") == []
+
+
+# -- tenancy -------------------------------------------------------------------------------
+
+
+async def test_run_of_another_tenant_than_its_envelope_is_dead_lettered(stage: Stage) -> None:
+    cur = current(task_id(1))
+    out = await stage.verified(cur, envelope_tenant=OTHER)
+    (entry,) = out.entries
+    assert entry.topic == dlq("tournament")
+    reason = dict(entry.headers)["assay-dlq-reason"].decode()
+    assert "differs" in reason
+    assert await stage.log.scan(TENANT, "reference") == []
+    assert await stage.log.scan(OTHER, "reference") == []
+
+
+async def test_episode_of_another_tenant_is_not_readable(stage: Stage) -> None:
+    t = task_id(1)
+    cur = current(t)
+    foreign = await stage.episode(cur, tenant=OTHER)
+    out = await stage.verified(cur, episode=foreign)
+    assert out.score_of(cur) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)

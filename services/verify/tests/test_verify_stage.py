@@ -1,0 +1,143 @@
+"""The verify stage: fail-closed verification of frozen episodes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from assay.bus import EPISODES
+from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.grading import StubJudge
+from assay.kernel import AttemptNo, AttemptState, RunState, StepId, TaskId, TenantId, new_run_id
+from assay.messages import (
+    AttemptView,
+    Episode,
+    Purpose,
+    Role,
+    RunExecuted,
+    RunRef,
+    RunStatusChanged,
+    RunVerified,
+    Usage,
+)
+from assay.runtime import StageDeps, StageHarness
+from assay.store import FsBlobStore
+from assay.workflow import load_workflow
+from assay_verify import create_stage
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+TENANT = TenantId(uuid.UUID(int=11))
+OTHER = TenantId(uuid.UUID(int=12))
+
+
+@pytest.fixture
+async def stage(tmp_path: Path) -> AsyncIterator[StageHarness]:
+    blobs = FsBlobStore(tmp_path / "blobs")
+    deps = StageDeps(blobs=blobs, model=StubModel(), judge=StubJudge(), tools=dict(BUILTIN_TOOLS))
+    async with StageHarness(create_stage(deps), blobs, tmp_path) as h:
+        yield h
+
+
+def episode(answer: str, *, tenant: TenantId = TENANT, succeeded: bool = True) -> Episode:
+    wf = load_workflow(EXAMPLES / "workflows" / "arith-v1.yaml")
+    ref = RunRef(
+        tenant=tenant,
+        run_id=new_run_id(),
+        task_id=TaskId("ab" * 32),
+        idempotency_key="k",
+        workflow_id=wf.id,
+        workflow_version=wf.version,
+        role=Role.CURRENT,
+        purpose=Purpose.WORK,
+    )
+    views = [
+        AttemptView(
+            step=StepId(step),
+            attempt=AttemptNo(1),
+            iteration=0,
+            state=AttemptState.SUCCEEDED,
+            output=out,
+            usage=Usage(),
+            duration_ms=1,
+        )
+        for step, out in (("solve", f"The answer is {answer}."), ("answer", answer))
+    ]
+    return Episode(
+        run=ref,
+        definition=wf.model_dump(mode="json", by_alias=True),
+        input={"question": "2 + 3", "answer": "5"},
+        attempts=views,
+        outputs={"solve": f"The answer is {answer}.", "answer": answer},
+        output=answer if succeeded else None,
+        succeeded=succeeded,
+        failed_step=None if succeeded else StepId("answer"),
+        usage=Usage(),
+    )
+
+
+async def executed(
+    stage: StageHarness, ep: Episode, *, store_as: TenantId | None = None
+) -> RunExecuted:
+    ref = await stage.blobs.put(store_as or ep.run.tenant, ep.encode())
+    return RunExecuted(run=ep.run, episode=ref, succeeded=ep.succeeded, usage=Usage())
+
+
+async def verdict(stage: StageHarness) -> RunVerified:
+    (out,) = await stage.emitted(topic="assay.verified")
+    assert isinstance(out, RunVerified)
+    return out
+
+
+async def test_a_correct_answer_passes(stage: StageHarness) -> None:
+    ep = episode("5")
+    await stage.deliver(EPISODES, await executed(stage, ep), TENANT)
+    v = await verdict(stage)
+    assert v.passed
+    assert [(r.verifier, r.passed) for r in v.results] == [("correct", True), ("integer", True)]
+    (status,) = await stage.emitted(topic="assay.run-status")
+    assert isinstance(status, RunStatusChanged)
+    assert status.state is RunState.VERIFIED_PASS
+    doc = await stage.state(TENANT, "verdict", ep.run.run_id)
+    assert doc is not None
+    assert doc["passed"] is True
+
+
+async def test_a_wrong_answer_fails_with_evidence(stage: StageHarness) -> None:
+    await stage.deliver(EPISODES, await executed(stage, episode("6")), TENANT)
+    v = await verdict(stage)
+    assert not v.passed
+    assert "expected '5', got '6'" in v.results[0].evidence
+
+
+async def test_a_failed_execution_never_passes(stage: StageHarness) -> None:
+    await stage.deliver(EPISODES, await executed(stage, episode("5", succeeded=False)), TENANT)
+    assert not (await verdict(stage)).passed
+
+
+async def test_a_missing_episode_fails_closed(stage: StageHarness) -> None:
+    msg = RunExecuted(run=episode("5").run, episode="0" * 64, succeeded=True, usage=Usage())
+    await stage.deliver(EPISODES, msg, TENANT)
+    v = await verdict(stage)
+    assert not v.passed
+    assert "missing" in v.results[0].evidence
+
+
+async def test_an_undecodable_episode_fails_closed(stage: StageHarness) -> None:
+    ref = await stage.blobs.put(TENANT, b'{"not": "an episode"}')
+    msg = RunExecuted(run=episode("5").run, episode=ref, succeeded=True, usage=Usage())
+    await stage.deliver(EPISODES, msg, TENANT)
+    v = await verdict(stage)
+    assert not v.passed
+    assert "does not decode" in v.results[0].evidence
+
+
+async def test_another_tenants_episode_is_not_readable(stage: StageHarness) -> None:
+    ep = episode("5")
+    msg = await executed(stage, ep, store_as=OTHER)  # the blob exists, under another tenant
+    await stage.deliver(EPISODES, msg, TENANT)
+    v = await verdict(stage)
+    assert not v.passed
+    assert "missing" in v.results[0].evidence
