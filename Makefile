@@ -33,14 +33,14 @@ lint: sync  ## ruff, mypy --strict, import-linter layer contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(addprefix -p ,assay $(STAGE_PKGS))
-	$(VENV)/bin/mypy tests bench libs/assay/tests $(wildcard services/*/tests)
+	$(VENV)/bin/mypy tests bench libs/assay/tests $(wildcard services/*/tests/*.py)
 	$(VENV)/bin/lint-imports
 
 bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(VENV)/bin/python bench/run.py
 
 schemas: sync  ## regenerate JSON Schemas of every message
-	$(VENV)/bin/python -m assay.schemas schemas
+	$(VENV)/bin/assay schemas schemas
 
 clean:
 	rm -rf $(VENV) $(TOOLS) assay-data .mypy_cache .ruff_cache .pytest_cache

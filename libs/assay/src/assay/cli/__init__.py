@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare byte for byte and change nothing; exit 1 on a difference",
     )
+    schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
+    schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
     return p
 
 
@@ -102,4 +104,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.rebuild import rebuild
 
         return await rebuild(data_dir, check=args.check)
+    if args.command == "schemas":
+        from assay.cli.schemas import write
+
+        for path in write(args.directory):
+            print(path)
+        return 0
     raise UsageError(f"unknown command {args.command}")

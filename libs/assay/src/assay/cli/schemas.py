@@ -1,0 +1,71 @@
+"""`assay schemas DIR`: the wire contracts as JSON Schema files plus an AsyncAPI document.
+
+Generated from the pydantic models, so field descriptions are the documentation.
+A test regenerates them and fails on any drift from the committed copies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from assay.bus.topics import RUN_COMMANDS, TOPICS, dlq
+from assay.messages import MESSAGES, Envelope, Episode
+from assay.runtime.embedded import STAGES
+
+
+def render() -> dict[str, str]:
+    """File name -> content of every generated contract file."""
+    files: dict[str, str] = {}
+
+    def put(name: str, schema: dict[str, Any]) -> None:
+        files[name] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+    put("Envelope.schema.json", Envelope.model_json_schema())
+    put(f"Episode.v{Episode.version}.schema.json", Episode.model_json_schema())
+    for name, model in sorted(MESSAGES.types().items()):
+        put(f"{name}.v{model.version}.schema.json", model.model_json_schema())
+    channels: dict[str, Any] = {}
+    for topic in TOPICS.values():
+        channels[topic.name] = {
+            "description": f"Key: {topic.key_doc}. Partitioned with Kafka's murmur2.",
+            "messages": {
+                m.type: {"$ref": f"./{m.type}.v{m.version}.schema.json"} for m in topic.carries
+            },
+        }
+    channels[RUN_COMMANDS] = {"description": "Key: tenant:run_id. Operator commands (reserved)."}
+    for stage in STAGES:
+        channels[dlq(stage)] = {
+            "description": (
+                "The original bytes, key and headers of input the stage refused, plus headers "
+                "assay-dlq-reason, assay-dlq-stage and assay-dlq-source (topic/partition/offset)."
+            )
+        }
+    doc = {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Assay",
+            "version": "1",
+            "description": (
+                "Every message body is an Envelope (Envelope.schema.json) whose payload is the "
+                "message named by `type` at `schema_version`. Kafka headers mirror the envelope."
+            ),
+        },
+        "channels": channels,
+    }
+    files["asyncapi.yaml"] = yaml.safe_dump(doc, sort_keys=True, width=100)
+    return files
+
+
+def write(directory: Path) -> list[Path]:
+    """Write every contract file into `directory`; return the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, content in render().items():
+        path = directory / name
+        path.write_text(content)
+        out.append(path)
+    return out

@@ -1,0 +1,208 @@
+"""The `assay` command as a user runs it: JSON on success, one error line and exit 2.
+
+Every invocation is a real subprocess of the installed console script, started
+from a scratch working directory. They are launched together once per module
+(each with its own data directory) and each test checks one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from assay.bus import FileLock
+
+ROOT = Path(__file__).resolve().parents[1]
+ARITH_V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
+ASSAY = Path(sys.executable).parent / "assay"
+TASK = '{"question": "2 + 3", "answer": "5"}'
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Finished invocations by case name, and the directory they ran in."""
+
+    root: Path
+    done: dict[str, subprocess.CompletedProcess[str]]
+
+    def data(self, case: str) -> Path:
+        return self.root / case / "data"
+
+    def __getitem__(self, case: str) -> subprocess.CompletedProcess[str]:
+        return self.done[case]
+
+
+def _cases(root: Path) -> dict[str, list[str]]:
+    """Each case's arguments (before `--data-dir` is added), writing the files it needs."""
+    broken = root / "broken.yaml"
+    broken.write_text("id: arith\nsteps: [\n  {id: solve, kind: model\n")
+    dupes = root / "dupes.yaml"
+    dupes.write_text(
+        "id: arith\nsteps:\n"
+        "  - {id: solve, kind: model, prompt: a}\n"
+        "  - {id: solve, kind: model, prompt: b}\n"
+    )
+    toml = root / "arith.toml"
+    toml.write_text('id = "arith"\n')
+    bad_tasks = root / "bad-tasks.jsonl"
+    bad_tasks.write_text(
+        '{"idempotency_key": "a", "input": {"question": "1 + 1", "answer": "2"}}\n'
+        "\n"
+        '{"idempotency_key": "b", "input": \n'
+    )
+    no_input = root / "no-input.jsonl"
+    no_input.write_text('{"idempotency_key": "a"}\n')
+    (root / "rebuild_empty" / "data").mkdir(parents=True)
+    v2 = str(ARITH_V2)
+    return {
+        "run_ok": ["run", v2, "--input", TASK],
+        "run_wrong": ["run", v2, "--input", '{"question": "2 + 3", "answer": "-1000"}'],
+        "broken_yaml": ["run", str(broken), "--input", TASK],
+        "duplicate_steps": ["run", str(dupes), "--input", TASK],
+        "unknown_extension": ["run", str(toml), "--input", TASK],
+        "missing_file": ["run", str(root / "missing.yaml"), "--input", TASK],
+        "input_not_json": ["run", v2, "--input", "{question: 2 + 3}"],
+        "input_list": ["run", v2, "--input", '["2 + 3", "5"]'],
+        "rebuild_empty": ["rebuild", "--check"],
+        "demo_bad_tasks": ["demo", "--tasks", str(bad_tasks), "--no-progress"],
+        "demo_no_input": ["demo", "--tasks", str(no_input), "--no-progress"],
+        "demo_busy": ["demo", "--limit", "1", "--no-progress"],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    root = tmp_path_factory.mktemp("cli")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    cases = _cases(root)
+    held = FileLock(root / "demo_busy" / "data" / "assay.lock")  # another process's data dir
+    assert held.try_acquire()
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for name, args in cases.items():
+            cwd = root / name
+            cwd.mkdir(exist_ok=True)
+            procs[name] = subprocess.Popen(
+                [str(ASSAY), "--data-dir", str(cwd / "data"), *args],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        done = {}
+        for name, p in procs.items():
+            out, err = p.communicate(timeout=120)
+            done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    finally:
+        held.release()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return Runs(root, done)
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit code 2, one `assay: error:` line on stderr naming the problem, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith("assay: error: "), line
+    for needle in needles:
+        assert needle in line, line
+    assert proc.stdout == ""
+    return line
+
+
+def test_console_script_is_installed() -> None:
+    assert ASSAY.is_file(), f"no console script at {ASSAY}"
+
+
+# -- assay run -----------------------------------------------------------------------------
+
+
+def test_run_prints_the_episode_and_exits_by_verification(runs: Runs) -> None:
+    proc = runs["run_ok"]
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == (0 if doc["passed"] else 1), proc.stderr
+    episode = doc["episode"]
+    assert episode["input"] == json.loads(TASK)
+    assert episode["run"]["workflow_id"] == "arith"
+    assert episode["attempts"][-1]["step"] == "answer"
+    assert {v["verifier"] for v in doc["verification"]} == {"correct", "integer"}
+    assert doc["passed"] == (episode["succeeded"] and all(v["passed"] for v in doc["verification"]))
+    ref = doc["episode_ref"]
+    tenant = episode["run"]["tenant"]
+    assert (runs.data("run_ok") / "blobs" / tenant / ref[:2] / ref).is_file()
+    assert not (runs.root / "run_ok" / "assay-data").exists()  # --data-dir is honoured
+
+
+def test_run_that_fails_verification_exits_1(runs: Runs) -> None:
+    proc = runs["run_wrong"]
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["passed"] is False
+    (correct,) = [v for v in doc["verification"] if v["verifier"] == "correct"]
+    assert correct["passed"] is False
+    assert "-1000" in correct["evidence"]
+
+
+def test_run_with_broken_yaml_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["broken_yaml"], str(runs.root / "broken.yaml"), "not valid YAML")
+
+
+def test_run_with_an_invalid_workflow_names_the_check(runs: Runs) -> None:
+    assert_usage_error(runs["duplicate_steps"], "duplicate step ids ['solve']")
+
+
+def test_run_with_an_unknown_extension_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["unknown_extension"], "no workflow format handles '.toml' files")
+
+
+def test_run_with_a_missing_workflow_file_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["missing_file"], str(runs.root / "missing.yaml"), "No such file")
+
+
+def test_run_with_input_that_is_not_json_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["input_not_json"], "--input is not JSON")
+
+
+def test_run_with_input_that_is_a_json_list_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["input_list"], "--input must be a JSON object")
+
+
+# -- assay rebuild -------------------------------------------------------------------------
+
+
+def test_rebuild_check_on_an_empty_data_dir_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["rebuild_empty"], "no stage stores", str(runs.data("rebuild_empty")))
+
+
+# -- assay demo ----------------------------------------------------------------------------
+
+
+def test_demo_with_a_malformed_task_file_is_one_line(runs: Runs) -> None:
+    tasks = runs.root / "bad-tasks.jsonl"
+    assert_usage_error(runs["demo_bad_tasks"], f"{tasks}:3", "not a task line")
+    assert not runs.data("demo_bad_tasks").exists()  # refused before anything was written
+
+
+def test_demo_with_a_task_line_missing_its_input_is_one_line(runs: Runs) -> None:
+    tasks = runs.root / "no-input.jsonl"
+    assert_usage_error(runs["demo_no_input"], f"{tasks}:1", "not a task line")
+
+
+def test_demo_on_a_data_dir_held_by_another_process_is_one_line(runs: Runs) -> None:
+    data = runs.data("demo_busy")
+    assert_usage_error(runs["demo_busy"], str(data), "in use by another Assay process")
+    assert not (data / "bus.sqlite").exists()  # it touched nothing
