@@ -61,6 +61,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 """
 
 
+_Row = tuple[str, str, int]
+"""A branch key as stored: (tenant, stream, branch)."""
+
+
 def _others_ready(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether other callbacks are ready to run in this loop iteration (they might
     commit too and share the fsync). Unknown loops are assumed busy."""
@@ -97,18 +101,20 @@ class SqliteEventLog:
         self._registry = registry
         self._fold = fold
         self._conn: sqlite3.Connection | None = None
+        self._cursor: sqlite3.Cursor
         self._queue: list[tuple[CommitBatch, asyncio.Future[list[Lsn]] | None]] = []
         self._scheduled = False
         # Next LSN per branch, learnt from committed writes. This process is the
         # file's only writer (the data directory is locked); the UNIQUE index
         # on (tenant, stream, branch, lsn) would refuse a stale guess anyway.
-        self._next_lsn: dict[BranchKey, int] = {}
+        self._next_lsn: dict[_Row, int] = {}
 
     async def open(self) -> SqliteEventLog:
         """Create the file and tables if missing."""
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self._path)
         self._conn.executescript(_SCHEMA)
+        self._cursor = self._conn.cursor()
         return self
 
     async def close(self) -> None:
@@ -132,10 +138,7 @@ class SqliteEventLog:
         if not self._queue and not _others_ready(loop):
             # Nothing else can commit before this write finishes: write it now
             # rather than paying a loop iteration to discover there is no group.
-            outcome = self._write_group([(batch, None)])[0]
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
+            return self._write_one(batch)
         fut: asyncio.Future[list[Lsn]] = loop.create_future()
         self._queue.append((batch, fut))
         if not self._scheduled:
@@ -164,13 +167,32 @@ class SqliteEventLog:
             else:
                 fut.set_result(outcome)
 
+    def _write_one(self, batch: CommitBatch) -> list[Lsn]:
+        db = self._cursor
+        learnt: dict[_Row, int] = {}
+        db.execute("BEGIN")
+        try:
+            lsns = self._write_batch(db, batch, learnt)
+            db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        self._learn(learnt)
+        return lsns
+
+    def _learn(self, learnt: dict[_Row, int]) -> None:
+        if len(self._next_lsn) > 100_000:  # bounded: a miss costs one indexed MAX query
+            self._next_lsn.clear()
+        self._next_lsn.update(learnt)
+
     def _write_group(
         self, group: list[tuple[CommitBatch, asyncio.Future[list[Lsn]] | None]]
     ) -> list[list[Lsn] | BaseException]:
-        db = self._db
+        db = self._cursor  # one cursor for every write: Connection.execute makes a new one
         outcomes: list[list[Lsn] | BaseException] = []
-        learnt: dict[BranchKey, int] = {}  # next LSNs of the batches that succeeded
-        db.execute("BEGIN IMMEDIATE")
+        learnt: dict[_Row, int] = {}  # next LSNs of the batches that succeeded
+        db.execute("BEGIN")  # this process is the only writer: no need to lock early
         try:
             single = len(group) == 1
             for batch, _ in group:
@@ -189,18 +211,16 @@ class SqliteEventLog:
                     outcomes.append(exc)
             db.execute("COMMIT")
         except Exception as exc:
-            if db.in_transaction:
+            if self._db.in_transaction:
                 db.execute("ROLLBACK")
             if len(group) == 1 and isinstance(exc, DuplicateMessage):
                 return [exc]
             raise
-        if len(self._next_lsn) > 100_000:
-            self._next_lsn.clear()
-        self._next_lsn.update(learnt)
+        self._learn(learnt)
         return outcomes
 
     def _write_batch(
-        self, db: sqlite3.Connection, batch: CommitBatch, next_lsn: dict[BranchKey, int]
+        self, db: sqlite3.Cursor, batch: CommitBatch, next_lsn: dict[_Row, int]
     ) -> list[Lsn]:
         if batch.inbox is not None:
             tenant, mid = batch.inbox
@@ -211,30 +231,20 @@ class SqliteEventLog:
         lsns: list[Lsn] = []
         now = int(time.time() * 1000)
         for key, event in batch.records:
-            lsn = next_lsn.get(key)
+            row: _Row = (_t(key.tenant), key.stream, key.branch)
+            lsn = next_lsn.get(row)
             if lsn is None:
-                lsn = self._next_lsn.get(key)
+                lsn = self._next_lsn.get(row)
             if lsn is None:
-                row = db.execute(
-                    "SELECT MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?",
-                    (_t(key.tenant), key.stream, key.branch),
+                (top,) = db.execute(
+                    "SELECT MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?", row
                 ).fetchone()
-                lsn = 0 if row[0] is None else row[0] + 1
-            next_lsn[key] = lsn + 1
-            payload = event.model_dump_json().encode()
+                lsn = 0 if top is None else top + 1
+            next_lsn[row] = lsn + 1
             db.execute(
                 "INSERT INTO log (tenant, stream, branch, lsn, type, schema_version, at_ms,"
                 " payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    _t(key.tenant),
-                    key.stream,
-                    key.branch,
-                    lsn,
-                    event.type,
-                    event.version,
-                    now,
-                    payload,
-                ),
+                (*row, lsn, event.type, event.version, now, event.model_dump_json().encode()),
             )
             record = LogRecord(key, Lsn(lsn), event.version, now, event)
             for delta in self._fold(record):
@@ -344,6 +354,7 @@ class SqliteEventLog:
 
     def _rebuild(self, keep: bool) -> RebuildReport:
         db = self._db
+        cur = db.cursor()
         db.execute("BEGIN IMMEDIATE")
         try:
             before = db.execute(
@@ -358,7 +369,7 @@ class SqliteEventLog:
                 event = self._registry.decode(typ, ver, json.loads(payload))
                 key = BranchKey(tenant_id(tenant), stream, branch)
                 for delta in self._fold(LogRecord(key, Lsn(lsn), ver, at, event)):
-                    _apply(db, delta)
+                    _apply(cur, delta)
                 n += 1
             after = db.execute(
                 "SELECT tenant, kind, key, value FROM state ORDER BY tenant, kind, key"
@@ -386,7 +397,7 @@ def _differences(before: list[Any], after: list[Any]) -> list[str]:
     return out
 
 
-def _apply(db: sqlite3.Connection, delta: StateDelta) -> None:
+def _apply(db: sqlite3.Cursor, delta: StateDelta) -> None:
     at = delta.at
     ident = (_t(at.tenant), at.kind, at.key)
     match delta:
