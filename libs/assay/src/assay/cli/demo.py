@@ -24,6 +24,8 @@ from assay.runtime.embedded import Embedded
 from assay.workflow import WorkflowDef, load_workflow
 
 DEMO_TENANT = TenantId(uuid.uuid5(uuid.NAMESPACE_URL, "assay:demo"))
+IN_FLIGHT = 32
+"""Tasks the demo keeps awaiting a result at once."""
 
 
 def _examples() -> Path:
@@ -111,9 +113,8 @@ async def demo(
     async with Embedded(data_dir) as rt:
         rt.start()
         await _register(rt, v1, v2)
-        await rt.publish_many([(TASKS, t, DEMO_TENANT, t.idempotency_key) for t in todo])
         bar = _Bar(len(keys), progress)
-        results = await _follow_results(rt, keys, bar)
+        results = await _follow_results(rt, todo, bar)
         bar.end()
         await _wait_for(lambda: _settled(rt), 120, "every run to be graded")
         summary = await _summary(rt, v1, v2, results, time.monotonic() - t0)
@@ -146,10 +147,18 @@ async def _register(rt: Embedded, v1: WorkflowDef, v2: WorkflowDef) -> None:
         await _wait_for(done, 30, f"registration of {wf.version[:12]}")
 
 
-async def _follow_results(rt: Embedded, keys: set[str], bar: _Bar) -> dict[str, list[RunResult]]:
+async def _follow_results(
+    rt: Embedded, todo: list[TaskSubmitted], bar: _Bar
+) -> dict[str, list[RunResult]]:
+    """Submit tasks with at most `IN_FLIGHT` awaiting a result, like a producer that
+    paces itself, and collect every result. Routing follows the allocation as it
+    changes, so after a promotion the old version stops receiving tasks."""
+    keys = {t.idempotency_key for t in todo}
     results: dict[str, list[RunResult]] = {}
     offsets = dict.fromkeys(range(rt.partitions), 0)
     seen_ids: set[str] = set()
+    queue = list(todo)
+    in_flight: set[str] = set()
     while len(results) < len(keys):
         got = 0
         for p in range(rt.partitions):
@@ -163,10 +172,19 @@ async def _follow_results(rt: Embedded, keys: set[str], bar: _Bar) -> dict[str, 
                 assert isinstance(res, RunResult)
                 if res.idempotency_key in keys:
                     results.setdefault(res.idempotency_key, []).append(res)
+                    in_flight.discard(res.idempotency_key)
                     got += 1
+        batch = []
+        while queue and len(in_flight) < IN_FLIGHT:
+            task = queue.pop(0)
+            if task.idempotency_key not in results:  # done before a restart: not resent
+                in_flight.add(task.idempotency_key)
+                batch.append((TASKS, task, DEMO_TENANT, task.idempotency_key))
+        if batch:
+            await rt.publish_many(batch)
         bar.show(len(results))
-        if not got:
-            await asyncio.sleep(0.05)
+        if not got and not batch:
+            await asyncio.sleep(0.02)
     return results
 
 
