@@ -19,6 +19,7 @@ from typing import Any
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, WorkflowId
+from assay.kernel.schema import Versioned
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.runtime.embedded import Embedded
 from assay.workflow import WorkflowDef, load_workflow
@@ -174,7 +175,7 @@ async def _follow_results(
                     results.setdefault(res.idempotency_key, []).append(res)
                     in_flight.discard(res.idempotency_key)
                     got += 1
-        batch = []
+        batch: list[tuple[str, Versioned, TenantId, str]] = []
         while queue and len(in_flight) < IN_FLIGHT:
             task = queue.pop(0)
             if task.idempotency_key not in results:  # done before a restart: not resent

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ class Embedded:
         key = idem or content_hash(msg.model_dump(mode="json"))
         await self.publish_many([(topic, msg, tenant, key)])
 
-    async def publish_many(self, items: list[tuple[str, Versioned, TenantId, str]]) -> None:
+    async def publish_many(self, items: Sequence[tuple[str, Versioned, TenantId, str]]) -> None:
         """Produce many messages in one durable write; each tuple ends with its `idem`."""
         entries = []
         for topic, msg, tenant, idem in items:
