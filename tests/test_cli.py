@@ -73,6 +73,7 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "demo_bad_tasks": ["demo", "--tasks", str(bad_tasks), "--no-progress"],
         "demo_no_input": ["demo", "--tasks", str(no_input), "--no-progress"],
         "demo_busy": ["demo", "--limit", "1", "--no-progress"],
+        "demo_bad_sprt": ["demo", "--p1", "0.4", "--no-progress"],
     }
 
 
@@ -206,3 +207,7 @@ def test_demo_on_a_data_dir_held_by_another_process_is_one_line(runs: Runs) -> N
     data = runs.data("demo_busy")
     assert_usage_error(runs["demo_busy"], str(data), "in use by another Assay process")
     assert not (data / "bus.sqlite").exists()  # it touched nothing
+
+
+def test_demo_with_an_inconsistent_sprt_policy_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["demo_bad_sprt"], "invalid SPRT policy", "p1 must exceed p0")

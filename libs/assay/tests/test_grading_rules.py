@@ -395,3 +395,10 @@ async def test_stub_judge_screen_flags_core_items_only() -> None:
     contextual_only = [item for item in RUBRIC if item.layer != "core"]
     assert await judge.screen(guilty, contextual_only) == []
     assert await judge.screen(guilty, []) == []
+
+
+def test_sprt_policy_reads_its_environment_overrides() -> None:
+    policy = SprtPolicy.from_env({"ASSAY_SPRT_P1": "0.65", "ASSAY_SPRT_ALPHA": "0.01", "X": "1"})
+    assert (policy.p0, policy.p1, policy.alpha) == (0.5, 0.65, 0.01)
+    with pytest.raises(ValueError, match="p1 must exceed p0"):
+        SprtPolicy.from_env({"ASSAY_SPRT_P1": "0.4"})

@@ -43,6 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--limit", type=int, default=None, help="submit only the first N tasks")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for name, what in [
+        ("p0", "win rate under H0"),
+        ("p1", "win rate under H1"),
+        ("alpha", "false-accept rate"),
+        ("beta", "false-reject rate"),
+        ("draw-ceiling", "reject above this draw rate"),
+    ]:
+        demo.add_argument(
+            f"--{name}",
+            type=float,
+            default=None,
+            help=f"SPRT {what} (else ASSAY_SPRT_{name.upper().replace('-', '_')})",
+        )
 
     run = sub.add_parser("run", help="one durable run of a workflow; prints the episode")
     run.add_argument("workflow", type=Path, help="workflow file (YAML or JSON)")
@@ -83,8 +96,14 @@ async def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from assay.cli.demo import demo
 
+        overrides = {
+            k: getattr(args, k)
+            for k in ("p0", "p1", "alpha", "beta", "draw_ceiling")
+            if getattr(args, k) is not None
+        }
         return await demo(
             data_dir,
+            sprt=overrides,
             tasks=args.tasks,
             workflows=args.workflows,
             limit=args.limit,

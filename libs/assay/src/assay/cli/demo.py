@@ -16,12 +16,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
+from assay.grading.sprt import SprtPolicy
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, WorkflowId
-from assay.kernel.schema import Versioned
+from assay.kernel.schema import Versioned, one_line
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
-from assay.runtime.embedded import Embedded
+from assay.runtime.embedded import Embedded, sprt_from_env
 from assay.workflow import WorkflowDef, load_workflow
 
 DEMO_TENANT = TenantId(uuid.uuid5(uuid.NAMESPACE_URL, "assay:demo"))
@@ -99,8 +102,16 @@ async def demo(
     workflows: list[Path] | None,
     limit: int | None,
     progress: bool,
+    sprt: dict[str, float] | None = None,
 ) -> int:
-    """Run the demo; return 0 when every task has exactly one result."""
+    """Run the demo; return 0 when every task has exactly one result.
+
+    `sprt` overrides fields of the sequential test's policy (else `ASSAY_SPRT_*`).
+    """
+    try:
+        policy = SprtPolicy.model_validate({**sprt_from_env().model_dump(), **(sprt or {})})
+    except ValidationError as exc:
+        raise AssayError(f"invalid SPRT policy: {one_line(exc)}") from exc
     if workflows is None:
         workflows = [_examples() / "workflows" / f"arith-v{n}.yaml" for n in (1, 2)]
     v1_path, v2_path = workflows
@@ -111,7 +122,7 @@ async def demo(
     todo = todo[:limit] if limit else todo
     keys = {t.idempotency_key for t in todo}
     t0 = time.monotonic()
-    async with Embedded(data_dir) as rt:
+    async with Embedded(data_dir, sprt=policy) as rt:
         rt.start()
         await _register(rt, v1, v2)
         bar = _Bar(len(keys), progress)

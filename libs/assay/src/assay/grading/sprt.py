@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,6 +44,20 @@ class SprtPolicy(BaseModel):
         if self.p1 <= self.p0:
             raise ValueError("p1 must exceed p0")
         return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SprtPolicy:
+        """The policy with any `ASSAY_SPRT_<FIELD>` variables applied (e.g. ASSAY_SPRT_P1).
+
+        Raises:
+            ValueError: a variable does not parse or the policy is inconsistent.
+        """
+        fields = {
+            name: environ[f"ASSAY_SPRT_{name.upper()}"]
+            for name in cls.model_fields
+            if f"ASSAY_SPRT_{name.upper()}" in environ
+        }
+        return cls.model_validate(fields)
 
     @property
     def upper(self) -> float:

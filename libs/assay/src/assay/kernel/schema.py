@@ -14,6 +14,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from assay.kernel.errors import AssayError
 
 
+def one_line(exc: ValidationError) -> str:
+    """A pydantic validation error as one line: where, what, and how many more."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top)"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
 class UnknownSchema(AssayError):
     """A record or message of a type or version this code cannot decode."""
 
@@ -88,6 +96,4 @@ class SchemaRegistry(Generic[V]):
         try:
             return model.model_validate(payload)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top)"
-            raise UnknownSchema(f"{type_!r} v{version}: {where}: {first['msg']}") from exc
+            raise UnknownSchema(f"{type_!r} v{version}: {one_line(exc)}") from exc

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from assay.kernel.canonical import canonical_bytes, digest
 from assay.kernel.errors import Refused
 from assay.kernel.ids import MessageId, TenantId
-from assay.kernel.schema import Versioned
+from assay.kernel.schema import Versioned, one_line
 
 MAX_MESSAGE_BYTES = 1_000_000
 """Larger payloads are refused; large content travels as blobs."""
@@ -100,6 +100,4 @@ def open_envelope(value: bytes) -> Envelope:
     try:
         return Envelope.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top)"
-        raise Refused(f"not an envelope: {where}: {first['msg']}") from exc
+        raise Refused(f"not an envelope: {one_line(exc)}") from exc

@@ -13,6 +13,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from assay.bus.embedded import EmbeddedBus
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import topic_for
@@ -23,7 +25,7 @@ from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
-from assay.kernel.schema import Versioned
+from assay.kernel.schema import Versioned, one_line
 from assay.messages.envelope import message_id, seal
 from assay.runtime.consumer import StageRunner
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
@@ -48,6 +50,26 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("ASSAY_DATA_DIR", "assay-data"))
 
 
+def sprt_from_env() -> SprtPolicy:
+    """The sequential test's policy: defaults, overridden by `ASSAY_SPRT_*` variables."""
+    try:
+        return SprtPolicy.from_env(os.environ)
+    except ValidationError as exc:
+        raise AssayError(f"invalid ASSAY_SPRT_* setting: {one_line(exc)}") from exc
+
+
+def shadow_rate_from_env() -> float:
+    """Share of current-served tasks re-run on the challenger (`ASSAY_SHADOW_RATE`, 1.0)."""
+    raw = os.environ.get("ASSAY_SHADOW_RATE", "1.0")
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 <= rate <= 1.0:
+        raise AssayError(f"ASSAY_SHADOW_RATE must be a number in [0, 1], not {raw!r}")
+    return rate
+
+
 def discover_stages() -> dict[str, StageFactory]:
     """Stage factories registered under the `assay.stages` entry-point group."""
     return {ep.name: ep.load() for ep in entry_points(group="assay.stages")}
@@ -69,7 +91,7 @@ class Embedded:
         model: Model | None = None,
         judge: Judge | None = None,
         sprt: SprtPolicy | None = None,
-        shadow_rate: float = 1.0,
+        shadow_rate: float | None = None,
         stages: tuple[str, ...] = STAGES,
     ) -> None:
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -81,8 +103,8 @@ class Embedded:
             model=model or StubModel(),
             judge=judge or StubJudge(),
             tools=dict(BUILTIN_TOOLS),
-            sprt=sprt or SprtPolicy(),
-            shadow_rate=shadow_rate,
+            sprt=sprt or sprt_from_env(),
+            shadow_rate=shadow_rate_from_env() if shadow_rate is None else shadow_rate,
         )
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")

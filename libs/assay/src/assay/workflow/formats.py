@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import ValidationError
 
+from assay.kernel.schema import one_line
 from assay.workflow.ir import WorkflowDef
 from assay.workflow.validate import WorkflowInvalid, validate
 
@@ -31,10 +32,7 @@ def from_document(doc: Any, origin: str = "workflow") -> WorkflowDef:
     try:
         return WorkflowDef.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top)"
-        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise WorkflowInvalid(f"{origin}: {where}: {first['msg']}{more}") from exc
+        raise WorkflowInvalid(f"{origin}: {one_line(exc)}") from exc
 
 
 class YamlFormat:
