@@ -17,6 +17,7 @@ from assay.bus import (
     WORKFLOWS,
     BusMessage,
     EmbeddedBus,
+    EmbeddedSource,
     FileLock,
     OutboxRelay,
     dlq,
@@ -136,7 +137,7 @@ async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
     bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "decide.relay.lock"))
     try:
-        yield Stage(StageRunner(spec, log, deps.blobs, bus, relay), log, {})
+        yield Stage(StageRunner(spec, log, deps.blobs, relay, EmbeddedSource(bus)), log, {})
     finally:
         await log.close()
         await bus.close()

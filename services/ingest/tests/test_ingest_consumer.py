@@ -27,6 +27,7 @@ from assay.bus import (
     WORKFLOWS,
     BusMessage,
     EmbeddedBus,
+    EmbeddedSource,
     FileLock,
     OutboxRelay,
     dlq,
@@ -218,7 +219,7 @@ async def open_harness(tmp_path: Path, spec: StageSpec) -> Harness:
     bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
     blobs = FsBlobStore(tmp_path / "blobs")
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / f"{spec.name}.relay.lock"))
-    return Harness(StageRunner(spec, log, blobs, bus, relay), log, bus, relay)
+    return Harness(StageRunner(spec, log, blobs, relay, EmbeddedSource(bus)), log, bus, relay)
 
 
 def ingest_spec(tmp_path: Path) -> StageSpec:

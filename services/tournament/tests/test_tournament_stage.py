@@ -19,6 +19,7 @@ from assay.bus import (
     VERIFIED,
     BusMessage,
     EmbeddedBus,
+    EmbeddedSource,
     FileLock,
     OutboxRelay,
     dlq,
@@ -224,7 +225,7 @@ async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
     bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "tournament.relay.lock"))
     try:
-        yield Stage(StageRunner(spec, log, blobs, bus, relay), log, blobs, judge)
+        yield Stage(StageRunner(spec, log, blobs, relay, EmbeddedSource(bus)), log, blobs, judge)
     finally:
         await log.close()
         await bus.close()

@@ -1,6 +1,6 @@
 """The bus: topics, Kafka's partitioner, the transport port, the embedded transport, the relay."""
 
-from assay.bus.embedded import EmbeddedBus
+from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.partitioner import murmur2, partition_for
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import (
@@ -23,7 +23,7 @@ from assay.bus.topics import (
     dlq,
     topic_for,
 )
-from assay.bus.transport import BusMessage, Transport
+from assay.bus.transport import BusMessage, Handle, Positions, Source, Transport
 
 __all__ = [
     "AGGREGATES",
@@ -41,8 +41,12 @@ __all__ = [
     "WORKFLOWS",
     "BusMessage",
     "EmbeddedBus",
+    "EmbeddedSource",
     "FileLock",
+    "Handle",
     "OutboxRelay",
+    "Positions",
+    "Source",
     "Topic",
     "Transport",
     "UnknownTopic",

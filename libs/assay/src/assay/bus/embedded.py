@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from assay.bus.partitioner import partition_for
-from assay.bus.transport import BusMessage
+from assay.bus.transport import BusMessage, Handle, Positions
 from assay.store.ports import OutboxEntry
 from assay.store.sqlite import connect, decode_headers, encode_headers
 
@@ -128,3 +128,27 @@ class EmbeddedBus:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class EmbeddedSource:
+    """`Source` over the embedded bus: one process holds every partition."""
+
+    def __init__(self, bus: EmbeddedBus, poll_s: float = 0.25) -> None:
+        self.bus = bus
+        self._poll_s = poll_s
+
+    async def consume(
+        self, topics: list[str], handle: Handle, positions: Positions, stop: asyncio.Event
+    ) -> None:
+        stored = await positions()
+
+        async def partition(topic: str, p: int) -> None:
+            offset = stored.get((topic, p), 0)
+            while not stop.is_set():
+                for m in await self.bus.fetch(topic, p, offset, 100, self._poll_s):
+                    if stop.is_set():
+                        return
+                    await handle(m)
+                    offset = m.offset + 1
+
+        await asyncio.gather(*(partition(t, p) for t in topics for p in range(self.bus.partitions)))

@@ -1,7 +1,9 @@
-"""The transport port: what a stage's consumer and relay need from a broker."""
+"""The transport ports: what a relay needs to publish, and what a stage needs to consume."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,25 +22,35 @@ class BusMessage:
     headers: tuple[tuple[str, bytes], ...]
 
 
-class Transport(Protocol):
-    """Kafka semantics: topics, partitions, murmur2 keys, per-partition order."""
+Handle = Callable[[BusMessage], Awaitable[None]]
+"""Handle one record completely (its commit included) before the next of its partition."""
 
-    partitions: int
+Positions = Callable[[], Awaitable[dict[tuple[str, int], int]]]
+"""The stage's stored positions: (topic, partition) -> next offset to read."""
+
+
+class Transport(Protocol):
+    """The producing side, Kafka semantics: murmur2 keys, per-partition order."""
 
     async def publish(self, entries: list[OutboxEntry]) -> None:
-        """Append entries, in order per key; returns once they are durable (acks=all)."""
-        ...
-
-    async def fetch(
-        self, topic: str, partition: int, offset: int, limit: int, timeout_s: float
-    ) -> list[BusMessage]:
-        """Up to `limit` records from `offset`, waiting up to `timeout_s` for the first."""
-        ...
-
-    async def end_offsets(self, topic: str) -> dict[int, int]:
-        """Next offset to be written, per partition (lag = end - position)."""
+        """Append entries, in order per key; return once they are durable (acks=all)."""
         ...
 
     async def close(self) -> None:
         """Release the transport."""
+        ...
+
+
+class Source(Protocol):
+    """The consuming side of one stage.
+
+    Delivers each assigned partition's records in offset order, one at a time,
+    starting from the stage's stored position (never from broker-side offsets,
+    which are a hint at most); partitions run concurrently.
+    """
+
+    async def consume(
+        self, topics: list[str], handle: Handle, positions: Positions, stop: asyncio.Event
+    ) -> None:
+        """Consume until `stop` is set."""
         ...

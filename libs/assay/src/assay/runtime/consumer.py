@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 
 from pydantic import ValidationError
 
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import dlq
-from assay.bus.transport import BusMessage, Transport
+from assay.bus.transport import BusMessage, Source
 from assay.kernel.errors import Refused
 from assay.kernel.schema import UnknownSchema
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
@@ -82,53 +81,34 @@ def _wrap_bare_task(m: BusMessage) -> Envelope:
 
 
 class StageRunner:
-    """Consumes a stage's topics and relays its outbox."""
+    """Consumes a stage's topics from a `Source` and relays its outbox."""
 
     def __init__(
         self,
         spec: StageSpec,
         log_: EventLog,
         blobs: BlobStore,
-        transport: Transport,
         relay: OutboxRelay,
-        partitions: Callable[[str], list[int]] | None = None,
+        source: Source | None = None,
     ) -> None:
         self.spec = spec
         self.log = log_
         self.blobs = blobs
-        self.transport = transport
         self.relay = relay
-        self._partitions = partitions or (lambda _t: list(range(transport.partitions)))
+        self.source = source
         self.handled = 0
         self.dead_lettered = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume and relay until `stop` is set."""
-        positions = await self.log.positions()
-        tasks = [asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")]
-        for topic in self.spec.topics:
-            for p in self._partitions(topic):
-                tasks.append(
-                    asyncio.create_task(
-                        self._consume(topic, p, positions.get((topic, p), 0), stop),
-                        name=f"{self.spec.name}-{topic}-{p}",
-                    )
-                )
+        if self.source is None:
+            raise RuntimeError(f"stage {self.spec.name} has no source to consume from")
+        relay = asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")
         try:
-            await asyncio.gather(*tasks)
+            await self.source.consume(self.spec.topics, self.handle, self.log.positions, stop)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _consume(self, topic: str, partition: int, offset: int, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            batch = await self.transport.fetch(topic, partition, offset, 100, 0.25)
-            for m in batch:
-                if stop.is_set():
-                    return
-                await self.handle(m)
-                offset = m.offset + 1
+            stop.set()
+            await relay
 
     async def handle(self, m: BusMessage) -> None:
         """Handle one record exactly once at the fold; never raises for bad input."""

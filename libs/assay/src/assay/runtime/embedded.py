@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from assay.bus.embedded import EmbeddedBus
+from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import topic_for
 from assay.engine.models import Model, StubModel
@@ -130,7 +130,7 @@ class Embedded:
             log = await stage_log(self.data_dir, spec).open()
             relay = OutboxRelay(name, log, self.bus, FileLock(self.data_dir / f"{name}.relay.lock"))
             self.logs[name] = log
-            self.runners[name] = StageRunner(spec, log, self.blobs, self.bus, relay)
+            self.runners[name] = StageRunner(spec, log, self.blobs, relay, EmbeddedSource(self.bus))
         return self
 
     async def __aexit__(self, *exc: object) -> None:

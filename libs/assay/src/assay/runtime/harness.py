@@ -45,7 +45,7 @@ class StageHarness:
         relay = OutboxRelay(
             self.spec.name, self.log, self.bus, FileLock(self.directory / "relay.lock")
         )
-        self.runner = StageRunner(self.spec, self.log, self.blobs, self.bus, relay)
+        self.runner = StageRunner(self.spec, self.log, self.blobs, relay)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
