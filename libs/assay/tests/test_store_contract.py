@@ -9,18 +9,21 @@ one adapter (its file, its pragmas) are at the end and say so in their name.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import blake3
 import pytest
 from pydantic import Field
 
+from assay.devstack import Service
+from assay.devstack.postgres import create_database, drop_database
 from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
 from assay.record import (
     BranchKey,
@@ -43,12 +46,14 @@ from assay.store import (
     EventLog,
     FsBlobStore,
     OutboxEntry,
+    S3BlobStore,
     SqliteEventLog,
     connect,
 )
+from assay.store.postgres import PostgresEventLog
 
-EVENT_LOG_ADAPTERS = ["sqlite"]
-BLOB_STORE_ADAPTERS = ["fs"]
+EVENT_LOG_ADAPTERS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+BLOB_STORE_ADAPTERS = ["fs", pytest.param("s3", marks=pytest.mark.s3)]
 
 # -- the suite's own events and fold ---------------------------------------------
 
@@ -134,17 +139,26 @@ def on(key: BranchKey, *events: Event) -> CommitBatch:
 
 
 class LogOpener:
-    """Opens the adapter's store — always the same one — with a given registry."""
+    """Opens the adapter's store — always the same one — with a given registry.
 
-    def __init__(self, adapter: str, where: Path) -> None:
+    `where` is a directory for SQLite and a database DSN for Postgres (each opener
+    gets a schema of its own there).
+    """
+
+    def __init__(self, adapter: str, where: Path | str) -> None:
         self.adapter = adapter
         self._where = where
+        self._schema = f"contract_{uuid.uuid4().hex[:12]}"
         self.opened: list[EventLog] = []
 
     async def open(self, registry: EventRegistry = REGISTRY) -> EventLog:
         log: EventLog
         if self.adapter == "sqlite":
+            assert isinstance(self._where, Path)
             log = await SqliteEventLog(self._where / "stage.sqlite", registry, fold).open()
+        elif self.adapter == "postgres":
+            assert isinstance(self._where, str)
+            log = await PostgresEventLog(self._where, self._schema, registry, fold).open()
         else:
             raise AssertionError(f"no such EventLog adapter: {self.adapter}")
         self.opened.append(log)
@@ -155,9 +169,30 @@ class LogOpener:
         await log.close()
 
 
+T = TypeVar("T")
+
+
+def run_apart(coro: Coroutine[object, object, T]) -> T:
+    """Run a coroutine to completion on a loop of its own (callers may be inside one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="module")
+def contract_database(postgres: Service) -> Iterator[str]:
+    """A database of this module's own on the Postgres server (dropped at the end)."""
+    name = f"assay_contract_{uuid.uuid4().hex[:10]}"
+    dsn = run_apart(create_database(postgres.address, name))
+    yield dsn
+    run_apart(drop_database(postgres.address, name))
+
+
 @pytest.fixture(params=EVENT_LOG_ADAPTERS)
 async def opener(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LogOpener]:
-    lo = LogOpener(str(request.param), tmp_path)
+    where: Path | str = tmp_path
+    if request.param == "postgres":
+        where = str(request.getfixturevalue("contract_database"))
+    lo = LogOpener(str(request.param), where)
     yield lo
     for log in reversed(lo.opened):
         await log.close()
@@ -661,8 +696,43 @@ async def blobs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         store = FsBlobStore(tmp_path / "blobs")
         yield store
         await store.close()
+    elif request.param == "s3":
+        s3: Service = request.getfixturevalue("s3")
+        bucket = f"assay-contract-{uuid.uuid4().hex}"
+        s3_store = S3BlobStore(
+            s3.address,
+            bucket,
+            access_key_id=s3.details["access_key_id"],
+            secret_access_key=s3.details["secret_access_key"],
+            region=s3.details["region"],
+        )
+        await s3_store.open()
+        yield s3_store
+        await s3_store.close()
+        await drop_bucket(s3.address, s3.details, bucket)
     else:
         raise AssertionError(f"no such BlobStore adapter: {request.param}")
+
+
+async def drop_bucket(endpoint: str, details: dict[str, str], bucket: str) -> None:
+    """Empty and remove a test's bucket, so a shared S3 endpoint is left as it was."""
+    import aioboto3
+    from aiobotocore.config import AioConfig
+
+    session = aioboto3.Session(
+        aws_access_key_id=details["access_key_id"],
+        aws_secret_access_key=details["secret_access_key"],
+        region_name=details["region"],
+    )
+    path_style = AioConfig(s3={"addressing_style": "path"})
+    async with session.client("s3", endpoint_url=endpoint, config=path_style) as client:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        async for page in pages:
+            if contents := page.get("Contents", []):
+                await client.delete_objects(
+                    Bucket=bucket, Delete={"Objects": [{"Key": o["Key"]} for o in contents]}
+                )
+        await client.delete_bucket(Bucket=bucket)
 
 
 def blake3_hex(content: bytes) -> str:

@@ -1,8 +1,9 @@
 """The outbox relay (§9.3): ships committed rows in order, marks them shipped.
 
-One relay leads per stage (a file lock in embedded mode). It is woken after
-commits that enqueue rows, with a short poll as the fallback. A transport
-outage stalls only the relay: rows stay in the outbox until they ship.
+One relay leads per stage (a `Leadership`: a file lock in embedded mode, a
+Postgres advisory lock in distributed mode). It is woken after commits that
+enqueue rows, with a short poll as the fallback. A transport outage stalls only
+the relay: rows stay in the outbox until they ship.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import fcntl
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
 from assay.bus.transport import Transport
 from assay.store.ports import EventLog
@@ -49,22 +51,52 @@ class FileLock:
             self._fd = None
 
 
+class Leadership(Protocol):
+    """The right to ship one stage's outbox: at most one holder at a time (§9.3)."""
+
+    async def try_acquire(self) -> bool:
+        """Take leadership if free, never waiting; True if this holder now has it."""
+        ...
+
+    async def release(self) -> None:
+        """Give leadership up (harmless when not held)."""
+        ...
+
+
+class FileLeadership:
+    """`Leadership` over a `FileLock`: one leader per stage among local processes."""
+
+    def __init__(self, lock: FileLock) -> None:
+        self.lock = lock
+
+    async def try_acquire(self) -> bool:
+        """See `Leadership.try_acquire`."""
+        return self.lock.try_acquire()
+
+    async def release(self) -> None:
+        """See `Leadership.release`."""
+        self.lock.release()
+
+
 class OutboxRelay:
-    """Moves one stage's outbox onto the transport."""
+    """Moves one stage's outbox onto the transport.
+
+    `lock` decides who leads: any `Leadership`, or a `FileLock` (used as one).
+    """
 
     def __init__(
         self,
         stage: str,
         log_: EventLog,
         transport: Transport,
-        lock: FileLock,
+        lock: Leadership | FileLock,
         batch: int = 500,
         poll_s: float = 0.1,
     ) -> None:
         self.stage = stage
         self._log = log_
         self._transport = transport
-        self._lock = lock
+        self._lock: Leadership = FileLeadership(lock) if isinstance(lock, FileLock) else lock
         self._batch = batch
         self._poll_s = poll_s
         self.wake = asyncio.Event()
@@ -82,7 +114,7 @@ class OutboxRelay:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead when the lock is free; ship until `stop` is set, then drain what is left."""
-        while not self._lock.try_acquire():
+        while not await self._lock.try_acquire():
             if stop.is_set():
                 return  # never led: the leader ships what is committed
             await _sleep_or(stop, 1.0)
@@ -106,7 +138,7 @@ class OutboxRelay:
             except Exception:  # the transport is down at shutdown: rows wait for the next start
                 log.warning("relay %s: stopping with rows still in the outbox", self.stage)
         finally:
-            self._lock.release()
+            await self._lock.release()
 
 
 async def _sleep_or(event: asyncio.Event, seconds: float) -> None:

@@ -1,0 +1,304 @@
+"""The Postgres event log's schema: versioned, idempotent migrations (§7, §8.3).
+
+A stage owns one schema. Its tables mirror the SQLite adapter's; the commit of
+§8.3 is one server-side function, `assay_commit`, so that one commit is one
+round trip. Migrations are an ordered list of SQL texts with `{s}` (the quoted
+schema) and `{channel}` (the outbox notification channel) to fill in; version n
+is the n-th text. Each applied version is recorded in `<schema>.assay_migrations`
+in the same transaction that applies it, under a transaction-scoped advisory
+lock, so replicas starting together apply each version exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+
+DUPLICATE_MESSAGE = "AS001"
+"""SQLSTATE `assay_commit` raises when a batch's inbox id was committed before."""
+STALE_GUESS = "AS002"
+"""SQLSTATE for a patch whose base document changed since the writer read it."""
+
+
+class Outcome:
+    """Per-batch outcomes `assay_commit` returns for a group of batches."""
+
+    COMMITTED = 0
+    DUPLICATE = 1
+    STALE = 2
+    FAILED = 3
+    SKIPPED = 4  # an earlier batch it built on failed; it was not attempted
+
+
+_TABLES = """
+CREATE TABLE {s}.log (
+    seq bigserial NOT NULL,
+    tenant uuid NOT NULL,
+    stream text COLLATE "C" NOT NULL,
+    branch integer NOT NULL,
+    lsn bigint NOT NULL,
+    type text NOT NULL,
+    schema_version integer NOT NULL,
+    at_ms bigint NOT NULL,
+    payload bytea NOT NULL,
+    PRIMARY KEY (tenant, stream, branch, lsn)
+);
+CREATE TABLE {s}.state (
+    tenant uuid NOT NULL,
+    kind text COLLATE "C" NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    value bytea,  -- NULL: deleted (a tombstone; see the commit protocol below)
+    PRIMARY KEY (tenant, kind, key)
+);
+CREATE TABLE {s}.positions (
+    topic text COLLATE "C" NOT NULL,
+    partition integer NOT NULL,
+    next_offset bigint NOT NULL,
+    PRIMARY KEY (topic, partition)
+);
+CREATE TABLE {s}.inbox (
+    tenant uuid NOT NULL,
+    message_id text COLLATE "C" NOT NULL,
+    PRIMARY KEY (tenant, message_id)
+);
+CREATE TABLE {s}.outbox (
+    seq bigserial PRIMARY KEY,
+    topic text NOT NULL,
+    key text NOT NULL,
+    value bytea NOT NULL,
+    headers bytea NOT NULL
+);
+CREATE TABLE {s}.checkpoints (
+    tenant uuid NOT NULL,
+    stream text COLLATE "C" NOT NULL,
+    branch integer NOT NULL,
+    upto bigint NOT NULL,
+    state bytea NOT NULL,
+    PRIMARY KEY (tenant, stream, branch, upto)
+);
+"""
+
+# The commit protocol. The fold ran in the client, which also assigned the LSNs
+# and computed each document's canonical bytes; the server only checks and writes.
+# State rows: op 0 puts (a NULL value deletes), op 2 puts only if the document
+# still holds `expected` (NULL: absent) — the base a patch was merged onto.
+#
+# Replicas may write the same document at once; `rebuild` re-folds in `seq`
+# order, so a transaction must take its log rows' `seq` only after it holds the
+# rows of the documents it writes. Hence: state before log, and a delete is an
+# upsert to NULL (a tombstone), so that even deleting an absent document waits for
+# a concurrent insert of it. Whoever writes a document second takes a higher seq.
+#
+# `assay_commit` takes a group of batches, each under a savepoint; a batch
+# committed alone takes the faster single statement of `pg_batch_sql`, which
+# ends with `assay_check`.
+_COMMIT = """
+CREATE TYPE {s}.commit_batch AS (
+    inbox_tenant uuid, inbox_id text, pos_topic text, pos_partition integer, pos_offset bigint,
+    n_log integer, n_state integer, n_out integer, deps integer[], follows integer[]
+);
+CREATE TYPE {s}.log_row AS (
+    tenant uuid, stream text, branch integer, lsn bigint, type text, schema_version integer,
+    at_ms bigint, payload bytea
+);
+CREATE TYPE {s}.state_row AS (
+    op smallint, tenant uuid, kind text, key text, value bytea, expected bytea
+);
+CREATE TYPE {s}.outbox_row AS (topic text, key text, value bytea, headers bytea);
+
+CREATE FUNCTION {s}.assay_check(inbox_ok boolean, patches_ok boolean, notify boolean)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NOT inbox_ok THEN
+        RAISE EXCEPTION 'the message was already handled' USING ERRCODE = 'AS001';
+    END IF;
+    IF NOT patches_ok THEN
+        RAISE EXCEPTION 'a patched document changed' USING ERRCODE = 'AS002';
+    END IF;
+    IF notify THEN
+        PERFORM pg_notify('{channel}', '');
+    END IF;
+END
+$fn$;
+
+CREATE FUNCTION {s}.assay_apply(
+    b {s}.commit_batch, logs {s}.log_row[], states {s}.state_row[], outs {s}.outbox_row[]
+) RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+    r {s}.state_row;
+BEGIN
+    IF b.inbox_id IS NOT NULL THEN
+        INSERT INTO {s}.inbox VALUES (b.inbox_tenant, b.inbox_id) ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'message % was already handled', b.inbox_id USING ERRCODE = 'AS001';
+        END IF;
+    END IF;
+    FOREACH r IN ARRAY states LOOP
+        IF r.op <> 2 THEN
+            INSERT INTO {s}.state VALUES (r.tenant, r.kind, r.key, r.value)
+            ON CONFLICT (tenant, kind, key) DO UPDATE SET value = excluded.value;
+        ELSIF r.expected IS NULL THEN
+            INSERT INTO {s}.state VALUES (r.tenant, r.kind, r.key, r.value)
+            ON CONFLICT (tenant, kind, key) DO UPDATE SET value = excluded.value
+            WHERE {s}.state.value IS NULL;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'document %/% appeared', r.kind, r.key USING ERRCODE = 'AS002';
+            END IF;
+        ELSE
+            UPDATE {s}.state SET value = r.value
+            WHERE tenant = r.tenant AND kind = r.kind AND key = r.key AND value = r.expected;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'document %/% changed', r.kind, r.key USING ERRCODE = 'AS002';
+            END IF;
+        END IF;
+    END LOOP;
+    IF cardinality(logs) > 0 THEN
+        INSERT INTO {s}.log (tenant, stream, branch, lsn, type, schema_version, at_ms, payload)
+        SELECT * FROM unnest(logs);
+    END IF;
+    IF b.pos_topic IS NOT NULL THEN
+        INSERT INTO {s}.positions VALUES (b.pos_topic, b.pos_partition, b.pos_offset)
+        ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset;
+    END IF;
+    IF cardinality(outs) > 0 THEN
+        INSERT INTO {s}.outbox (topic, key, value, headers) SELECT * FROM unnest(outs);
+    END IF;
+END
+$fn$;
+
+CREATE FUNCTION {s}.assay_commit(
+    batches {s}.commit_batch[], logs {s}.log_row[], states {s}.state_row[], outs {s}.outbox_row[]
+) RETURNS smallint[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    b {s}.commit_batch;
+    i integer := 0;
+    li integer := 1;
+    si integer := 1;
+    oi integer := 1;
+    outcome smallint[] := '{{}}';
+    failed integer[] := '{{}}';   -- batches that wrote nothing
+    again integer[] := '{{}}';    -- batches that will be tried again
+    notify boolean := false;
+BEGIN
+    IF cardinality(batches) = 1 THEN
+        -- One batch: no savepoint; any error aborts the whole statement.
+        PERFORM {s}.assay_apply(batches[1], logs, states, outs);
+        IF cardinality(outs) > 0 THEN
+            PERFORM pg_notify('{channel}', '');
+        END IF;
+        RETURN NULL;
+    END IF;
+    FOREACH b IN ARRAY batches LOOP
+        i := i + 1;
+        -- Not attempted: it was computed on what a failed batch would have written,
+        -- or it must land after a batch that will be tried again.
+        IF b.deps && failed OR b.follows && again THEN
+            outcome := outcome || 4::smallint;
+            failed := failed || i;
+            again := again || i;
+        ELSE
+            BEGIN  -- a savepoint per batch: a failing batch never takes the others down
+                PERFORM {s}.assay_apply(
+                    b, logs[li:li + b.n_log - 1], states[si:si + b.n_state - 1],
+                    outs[oi:oi + b.n_out - 1]);
+                outcome := outcome || 0::smallint;
+                notify := notify OR b.n_out > 0;
+            EXCEPTION
+                WHEN SQLSTATE 'AS001' THEN
+                    outcome := outcome || 1::smallint;
+                    failed := failed || i;
+                WHEN unique_violation OR SQLSTATE 'AS002' THEN
+                    outcome := outcome || 2::smallint;
+                    failed := failed || i;
+                    again := again || i;
+                WHEN OTHERS THEN
+                    outcome := outcome || 3::smallint;
+                    failed := failed || i;
+                    again := again || i;
+            END;
+        END IF;
+        li := li + b.n_log;
+        si := si + b.n_state;
+        oi := oi + b.n_out;
+    END LOOP;
+    IF notify THEN
+        PERFORM pg_notify('{channel}', '');
+    END IF;
+    RETURN outcome;
+END
+$fn$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_TABLES, _COMMIT)
+"""The event log's migrations, in order: version n is `MIGRATIONS[n - 1]`."""
+
+
+def checked_schema(schema: str) -> str:
+    """`schema` if it is a plain lower-case identifier of at most 48 characters that
+    does not start with `pg_` (reserved by Postgres).
+
+    Raises:
+        ValueError: anything else (it is spliced into SQL and a channel name).
+    """
+    if not _SCHEMA_NAME.match(schema) or schema.startswith("pg_"):
+        raise ValueError(f"not a plain schema name (a-z, 0-9, _; at most 48): {schema!r}")
+    return schema
+
+
+def quoted(schema: str) -> str:
+    """The schema as a quoted SQL identifier."""
+    return f'"{checked_schema(schema)}"'
+
+
+def outbox_channel(schema: str) -> str:
+    """The channel `assay_commit` notifies after a commit that added outbox rows."""
+    return f"{checked_schema(schema)}_outbox"
+
+
+def lock_key(purpose: str, schema: str) -> int:
+    """A stable 64-bit advisory-lock key for one purpose on one schema."""
+    digest = hashlib.blake2b(f"assay:{purpose}:{schema}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+Connection = asyncpg.Connection | PoolConnectionProxy
+"""A connection of its own or one borrowed from a pool: either runs queries."""
+
+
+async def migrate(
+    conn: Connection, schema: str, migrations: Sequence[str] = MIGRATIONS
+) -> list[int]:
+    """Bring `schema` up to `len(migrations)`; return the versions applied now.
+
+    Creates the schema if it is missing (a provisioned stage role finds its own
+    schema already there). Applying the same list again is a no-op. Versions the
+    database holds beyond the list are left alone (a newer replica migrated).
+
+    Raises:
+        asyncpg.PostgresError: a migration failed; none of this call's versions stick.
+    """
+    s = quoted(schema)
+    applied_now: list[int] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key("migrate", schema))
+        exists = await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
+        if not exists:
+            await conn.execute(f"CREATE SCHEMA {s}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.assay_migrations ("
+            " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r[0] for r in await conn.fetch(f"SELECT version FROM {s}.assay_migrations")}
+        for version, text in enumerate(migrations, start=1):
+            if version in done:
+                continue
+            await conn.execute(text.format(s=s, channel=outbox_channel(schema)))
+            await conn.execute(f"INSERT INTO {s}.assay_migrations (version) VALUES ($1)", version)
+            applied_now.append(version)
+    return applied_now

@@ -1,0 +1,506 @@
+"""The Postgres event log beyond the shared contract (DESIGN §3, §5, §9; seed §7–§9.3).
+
+Stage provisioning and role isolation, versioned migrations, the commit's round
+trips, replicas sharing one schema, relay leadership by advisory lock and the
+outbox notification. The `EventLog` contract itself runs over Postgres in
+`test_store_contract.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import asyncpg
+import pytest
+from asyncpg.connection import LoggedQuery
+
+from assay.bus.embedded import EmbeddedBus
+from assay.bus.relay import OutboxRelay
+from assay.devstack import InfraUnavailable, Service
+from assay.devstack.base import port_open
+from assay.devstack.postgres import (
+    DATABASE_URL_ENV,
+    create_database,
+    drop_database,
+    resolve_postgres,
+    start_cluster,
+)
+from assay.kernel.ids import MessageId, TenantId, tenant_id
+from assay.record import (
+    BranchKey,
+    Delete,
+    Event,
+    EventRegistry,
+    LogRecord,
+    Patch,
+    Put,
+    StateDelta,
+    StateKey,
+)
+from assay.store import CommitBatch, OutboxEntry, PostgresEventLog
+from assay.store.pg_provision import provision_stage, stage_role
+from assay.store.pg_relay import PgAdvisoryLeader, listen_for_outbox
+from assay.store.pg_schema import MIGRATIONS, migrate
+
+pytestmark = pytest.mark.postgres
+
+
+class ItemPut(Event):
+    type: ClassVar[str] = "pgtest.ItemPut"
+    version: ClassVar[int] = 1
+    item: str
+    value: dict[str, Any]
+
+
+class ItemChanged(Event):
+    type: ClassVar[str] = "pgtest.ItemChanged"
+    version: ClassVar[int] = 1
+    item: str
+    fields: dict[str, Any]
+    delete: bool = False
+
+
+def fold(record: LogRecord) -> list[StateDelta]:
+    """Items by name: put, patched, deleted."""
+    ev = record.event
+    at = StateKey(record.key.tenant, "item", getattr(ev, "item", ""))
+    if isinstance(ev, ItemPut):
+        return [Put(at, dict(ev.value))]
+    assert isinstance(ev, ItemChanged)
+    return [Delete(at) if ev.delete else Patch(at, dict(ev.fields))]
+
+
+REGISTRY = EventRegistry([ItemPut, ItemChanged])
+
+
+def put(item: str, **value: Any) -> ItemPut:
+    return ItemPut(item=item, value=value)
+
+
+def main(tenant: TenantId, stream: str) -> BranchKey:
+    return BranchKey.main(tenant, stream)
+
+
+def on(key: BranchKey, *events: Event) -> CommitBatch:
+    return CommitBatch(records=[(key, e) for e in events])
+
+
+T = TypeVar("T")
+
+
+def run_apart(coro: Coroutine[object, object, T]) -> T:
+    """Run a coroutine on a loop of its own (fixtures may be set up inside one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="module")
+def admin_dsn(postgres: Service) -> Iterator[str]:
+    """A superuser DSN of a database of this module's own (dropped at the end)."""
+    name = f"assay_pgtest_{uuid.uuid4().hex[:10]}"
+    dsn = run_apart(create_database(postgres.address, name))
+    yield dsn
+    run_apart(drop_database(postgres.address, name))
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def new_tenant() -> TenantId:
+    return tenant_id(uuid.uuid4())
+
+
+@pytest.fixture
+async def pg_log(admin_dsn: str) -> AsyncIterator[PostgresEventLog]:
+    log = await PostgresEventLog(admin_dsn, unique("log"), REGISTRY, fold).open()
+    yield log
+    await log.close()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+# -- provisioning ----------------------------------------------------------------
+
+
+@pytest.fixture
+async def stages(admin_dsn: str, postgres: Service) -> AsyncIterator[dict[str, str]]:
+    """Two provisioned stages, `ingest` and `verify` (suffixed: roles are cluster-wide);
+    stage name -> its role's DSN. The roles are dropped afterwards."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {"ingest": f"ingest_{suffix}", "verify": f"verify_{suffix}"}
+    dsns: dict[str, str] = {}
+    try:
+        for stage, name in names.items():
+            dsns[stage] = await provision_stage(admin_dsn, name, f"secret-{stage}")
+        dsns.update({f"{stage}:schema": name for stage, name in names.items()})
+        yield dsns
+    finally:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            for name in names.values():
+                role = stage_role(name)
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+                if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+                    await conn.execute(f'DROP OWNED BY "{role}"')
+                    await conn.execute(f'DROP ROLE "{role}"')
+        finally:
+            await conn.close()
+
+
+async def test_a_stage_opened_with_its_own_role_migrates_and_uses_its_schema(
+    stages: dict[str, str], admin_dsn: str
+) -> None:
+    schema = stages["ingest:schema"]
+    log = await PostgresEventLog(stages["ingest"], schema, REGISTRY, fold).open()
+    try:
+        tenant = new_tenant()
+        batch = on(main(tenant, "s"), put("a", v=1))
+        batch.inbox = (tenant, MessageId("m1"))
+        batch.outbox = [OutboxEntry("t", "k", b"v")]
+        assert await log.commit(batch) == [0]
+        assert await log.get(StateKey(tenant, "item", "a")) == {"v": 1}
+        assert (await log.rebuild(keep=True)).identical
+    finally:
+        await log.close()
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        owners = await conn.fetch(
+            "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1",
+            schema,
+        )
+    finally:
+        await conn.close()
+    assert [o[0] for o in owners] == [stage_role(schema)]
+
+
+async def test_a_stage_role_cannot_read_or_write_another_stages_schema(
+    stages: dict[str, str],
+) -> None:
+    ingest = stages["ingest:schema"]
+    log = await PostgresEventLog(stages["ingest"], ingest, REGISTRY, fold).open()
+    await log.close()
+
+    verify = await asyncpg.connect(stages["verify"])
+    try:
+        for sql in (
+            f'SELECT * FROM "{ingest}".log',
+            f'SELECT * FROM "{ingest}".state',
+            f"INSERT INTO \"{ingest}\".inbox VALUES (gen_random_uuid(), 'forged')",
+            f'DELETE FROM "{ingest}".outbox',
+            f'CREATE TABLE "{ingest}".intruder (x int)',
+            "CREATE TABLE public.intruder (x int)",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await verify.execute(sql)
+    finally:
+        await verify.close()
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await PostgresEventLog(stages["verify"], ingest, REGISTRY, fold).open()
+
+
+async def test_provisioning_again_is_harmless_and_keeps_the_stages_data(
+    stages: dict[str, str], admin_dsn: str
+) -> None:
+    schema = stages["ingest:schema"]
+    tenant = new_tenant()
+    log = await PostgresEventLog(stages["ingest"], schema, REGISTRY, fold).open()
+    await log.commit(on(main(tenant, "s"), put("kept")))
+    await log.close()
+
+    again = await provision_stage(admin_dsn, schema, "rotated")
+    assert again != stages["ingest"]  # the new password is in the DSN
+    log = await PostgresEventLog(again, schema, REGISTRY, fold).open()
+    try:
+        assert await log.get(StateKey(tenant, "item", "kept")) == {}
+        assert await log.commit(on(main(tenant, "s"), put("more"))) == [1]
+    finally:
+        await log.close()
+
+
+# -- migrations ------------------------------------------------------------------
+
+
+async def versions(conn: asyncpg.Connection, schema: str) -> list[tuple[int, object]]:
+    rows = await conn.fetch(
+        f'SELECT version, applied_at FROM "{schema}".assay_migrations ORDER BY version'
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def test_migrations_are_versioned_and_applying_them_twice_is_a_no_op(
+    admin_dsn: str,
+) -> None:
+    schema = unique("mig")
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        assert await migrate(conn, schema) == list(range(1, len(MIGRATIONS) + 1))
+        first = await versions(conn, schema)
+        assert await migrate(conn, schema) == []
+        assert await versions(conn, schema) == first  # same versions, same applied_at
+
+        extra = "CREATE TABLE {s}.extra (x integer)"
+        assert await migrate(conn, schema, [*MIGRATIONS, extra]) == [len(MIGRATIONS) + 1]
+        assert await conn.fetchval(f'SELECT count(*) FROM "{schema}".extra') == 0
+
+        broken = [*MIGRATIONS, extra, "CREATE TABLE {s}.half (x integer)", "NOT SQL"]
+        with pytest.raises(asyncpg.PostgresSyntaxError):
+            await migrate(conn, schema, broken)
+        assert len(await versions(conn, schema)) == len(MIGRATIONS) + 1  # nothing half-applied
+        assert await conn.fetchval("SELECT to_regclass($1)", f"{schema}.half") is None
+    finally:
+        await conn.close()
+
+
+async def test_replicas_opening_together_apply_each_migration_once(admin_dsn: str) -> None:
+    schema = unique("race")
+    logs = await asyncio.gather(
+        *(PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open() for _ in range(4))
+    )
+    try:
+        tenant = new_tenant()
+        assert await logs[0].commit(on(main(tenant, "s"), put("a"))) == [0]
+        assert await logs[3].commit(on(main(tenant, "s"), put("b"))) == [1]
+    finally:
+        for log in logs:
+            await log.close()
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        assert [v for v, _ in await versions(conn, schema)] == [1, 2]
+    finally:
+        await conn.close()
+
+
+# -- the commit ------------------------------------------------------------------
+
+
+async def test_a_commit_is_one_round_trip_and_concurrent_commits_share_one(
+    pg_log: PostgresEventLog,
+) -> None:
+    tenant = new_tenant()
+    key = main(tenant, "s")
+
+    def batch(i: int) -> CommitBatch:
+        patch = ItemChanged(item="warm", fields={f"f{i}": i})  # a patch of a known document
+        b = on(key, put(f"i{i}"), patch)
+        b.inbox = (tenant, MessageId(f"m{i}"))
+        b.outbox = [OutboxEntry("t", "k", b"%d" % i)]
+        return b
+
+    await pg_log.commit(on(key, put("warm")))  # learns the branch's next LSN
+    await pg_log.commit(batch(-1))  # prepares the statement of this batch's shape
+    await asyncio.gather(*(pg_log.commit(on(key, put(f"w{i}"))) for i in range(3)))  # a group
+    conn = pg_log.writer.connection
+    assert conn is not None
+    queries: list[str] = []
+
+    def logged(query: LoggedQuery) -> None:
+        queries.append(query.query)
+
+    conn.add_query_logger(logged)
+    try:
+        for i in range(20):
+            await pg_log.commit(batch(i))
+        await asyncio.sleep(0)  # query loggers are called soon after the query
+        assert len(queries) == 20, queries
+        queries.clear()
+        results = await asyncio.gather(*(pg_log.commit(on(key, put(f"c{i}"))) for i in range(100)))
+        await asyncio.sleep(0)
+        assert sorted(r[0] for r in results) == list(range(46, 146))
+        assert len(queries) <= 3, queries
+    finally:
+        conn.remove_query_logger(logged)
+    assert (await pg_log.rebuild(keep=False)).identical
+
+
+def tally(record: LogRecord) -> list[StateDelta]:
+    """Each event patches its own field into one shared document."""
+    assert isinstance(record.event, ItemChanged)
+    at = StateKey(record.key.tenant, "tally", record.key.stream)
+    return [Patch(at, dict(record.event.fields))]
+
+
+async def test_replicas_sharing_a_schema_keep_lsns_dense_and_patches_whole(
+    admin_dsn: str,
+) -> None:
+    schema = unique("replicas")
+    registry = EventRegistry([ItemChanged])
+    a = await PostgresEventLog(admin_dsn, schema, registry, tally).open()
+    b = await PostgresEventLog(admin_dsn, schema, registry, tally).open()
+    try:
+        tenant = new_tenant()
+        key = main(tenant, "shared")
+
+        def change(side: str, i: int) -> CommitBatch:
+            return on(key, ItemChanged(item="x", fields={f"{side}{i}": i}))
+
+        # Each replica's cached next LSN and cached document go stale at every turn.
+        for i in range(10):
+            await a.commit(change("a", i))
+            await b.commit(change("b", i))
+        both = await asyncio.gather(
+            *(
+                log.commit(change(f"{side}-c", i))
+                for i in range(20)
+                for side, log in [("a", a), ("b", b)]
+            )
+        )
+        assert sorted(r[0] for r in both) == list(range(20, 60))
+        records = await a.read(key, limit=1000)
+        assert [r.lsn for r in records] == list(range(60))
+        doc = await b.get(StateKey(tenant, "tally", "shared"))
+        assert doc is not None
+        assert len(doc) == 60
+        assert (await a.rebuild(keep=False)).identical
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_rebuild_reports_tampering_and_keep_repairs_it(
+    pg_log: PostgresEventLog, admin_dsn: str
+) -> None:
+    tenant = new_tenant()
+    await pg_log.commit(on(main(tenant, "s"), put("changed", v=1), put("dropped", v=2)))
+    good = dict(await pg_log.scan(tenant, "item"))
+    s = f'"{pg_log.schema}"'
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f"UPDATE {s}.state SET value = $1 WHERE key = 'changed'", b'{"v":666}')
+        await conn.execute(f"DELETE FROM {s}.state WHERE key = 'dropped'")
+        await conn.execute(f"INSERT INTO {s}.state VALUES ($1, 'item', 'invented', '{{}}')", tenant)
+    finally:
+        await conn.close()
+
+    report = await pg_log.rebuild(keep=False)
+    assert (report.records, report.documents_before, report.documents_after) == (2, 2, 2)
+    assert sorted(report.differences) == [
+        f"{tenant}/item/changed: differs",
+        f"{tenant}/item/dropped: missing from the stored state",
+        f"{tenant}/item/invented: missing after rebuild",
+    ]
+    assert await pg_log.get(StateKey(tenant, "item", "changed")) == {"v": 666}
+    assert (await pg_log.rebuild(keep=True)).differences == report.differences
+    assert dict(await pg_log.scan(tenant, "item")) == good
+    # A patch after the repair merges onto the repaired document, not a cached one.
+    await pg_log.commit(on(main(tenant, "s"), ItemChanged(item="changed", fields={"w": 2})))
+    assert await pg_log.get(StateKey(tenant, "item", "changed")) == {"v": 1, "w": 2}
+    assert (await pg_log.rebuild(keep=False)).identical
+
+
+# -- relay: leadership and notification ------------------------------------------
+
+
+async def test_one_advisory_leader_per_schema(admin_dsn: str) -> None:
+    schema = unique("lead")
+    first, second = PgAdvisoryLeader(admin_dsn, schema), PgAdvisoryLeader(admin_dsn, schema)
+    other_schema = PgAdvisoryLeader(admin_dsn, unique("lead"))
+    try:
+        assert await first.try_acquire()
+        assert await first.try_acquire()  # already held by this instance
+        assert not await second.try_acquire()
+        assert await other_schema.try_acquire()
+        await first.release()
+        assert await second.try_acquire()
+        assert not await first.try_acquire()
+    finally:
+        for leader in (first, second, other_schema):
+            await leader.release()
+    await second.release()  # releasing twice is harmless
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[EmbeddedBus]:
+    b = await EmbeddedBus(tmp_path / "bus.sqlite", 2).open()
+    yield b
+    await b.close()
+
+
+async def published(bus: EmbeddedBus, topic: str) -> int:
+    return sum((await bus.end_offsets(topic)).values())
+
+
+async def test_two_relays_on_one_schema_one_leads_and_a_notify_wakes_it(
+    pg_log: PostgresEventLog, admin_dsn: str, bus: EmbeddedBus
+) -> None:
+    topic = unique("topic")
+    relays = [
+        OutboxRelay("s", pg_log, bus, PgAdvisoryLeader(admin_dsn, pg_log.schema), poll_s=60)
+        for _ in range(2)
+    ]
+    listeners = [await listen_for_outbox(admin_dsn, pg_log.schema, r.wake) for r in relays]
+    stop = asyncio.Event()
+    running = [asyncio.create_task(r.run(stop)) for r in relays]
+    # Another replica commits: nothing in this process wakes the relay but the notification.
+    other = await PostgresEventLog(admin_dsn, pg_log.schema, REGISTRY, fold).open()
+    try:
+        await asyncio.sleep(0.2)  # both relays started; the leader is idle, polling every 60 s
+        for n in range(3):
+            await other.commit(CommitBatch(outbox=[OutboxEntry(topic, "k", b"%d" % n)]))
+
+            async def shipped(n: int = n) -> bool:
+                return await published(bus, topic) == n + 1
+
+            await eventually(shipped, timeout_s=3.0)
+        assert sorted(r.shipped for r in relays) == [0, 3]
+        assert all(listener.notified >= 3 for listener in listeners)
+    finally:
+        stop.set()
+        for relay in relays:
+            relay.wake.set()  # the leader sleeps on its wake event, not on `stop`
+        await asyncio.wait_for(asyncio.gather(*running), 5.0)
+        for listener in listeners:
+            await listener.close()
+        await other.close()
+    assert await pg_log.drain_outbox(10) == []
+    free = PgAdvisoryLeader(admin_dsn, pg_log.schema)  # the leader let go when it stopped
+    assert await free.try_acquire()
+    await free.release()
+
+
+# -- the server itself -----------------------------------------------------------
+
+
+def test_an_address_in_the_environment_is_borrowed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, postgres: Service
+) -> None:
+    monkeypatch.setenv(DATABASE_URL_ENV, postgres.address)
+    service = resolve_postgres(tmp_path)
+    assert (service.address, service.process) == (postgres.address, None)
+    service.stop()  # a borrowed server is left alone
+
+
+def test_a_throwaway_cluster_starts_takes_writes_and_stops(tmp_path: Path) -> None:
+    try:
+        service = start_cluster(tmp_path)
+    except InfraUnavailable as exc:
+        pytest.skip(f"no local Postgres binaries: {exc}")
+
+    async def write() -> str:
+        conn = await asyncpg.connect(service.address)
+        try:
+            await conn.execute("CREATE TABLE t (x integer); INSERT INTO t VALUES (1)")
+            return str(await conn.fetchval("SHOW fsync"))
+        finally:
+            await conn.close()
+
+    port = int(service.address.rsplit(":", 1)[1].split("/")[0])
+    try:
+        assert asyncio.run(write()) == "on"
+    finally:
+        service.stop()
+    assert service.process is not None
+    assert service.process.poll() is not None
+    assert not port_open("127.0.0.1", port)
