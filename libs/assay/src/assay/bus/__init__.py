@@ -1,4 +1,10 @@
-"""The bus: topics, Kafka's partitioner, the transport port, the embedded transport, the relay."""
+"""The bus: topics, Kafka's partitioner, the transport port, the embedded and Kafka
+transports, the relay.
+
+The Kafka names are imported on first use, so embedded mode never loads aiokafka.
+"""
+
+from typing import TYPE_CHECKING, Any
 
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.partitioner import murmur2, partition_for
@@ -25,6 +31,26 @@ from assay.bus.topics import (
 )
 from assay.bus.transport import BusMessage, Handle, Positions, Source, Transport
 
+if TYPE_CHECKING:
+    from assay.bus.kafka import (
+        KafkaSource,
+        KafkaTransport,
+        PublishFailed,
+        TopicMismatch,
+        ensure_topics,
+    )
+
+_KAFKA = ("KafkaSource", "KafkaTransport", "PublishFailed", "TopicMismatch", "ensure_topics")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KAFKA:
+        from assay.bus import kafka
+
+        return getattr(kafka, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AGGREGATES",
     "DECISIONS",
@@ -44,14 +70,19 @@ __all__ = [
     "EmbeddedSource",
     "FileLock",
     "Handle",
+    "KafkaSource",
+    "KafkaTransport",
     "OutboxRelay",
     "Positions",
+    "PublishFailed",
     "Source",
     "Topic",
+    "TopicMismatch",
     "Transport",
     "UnknownTopic",
     "all_topics",
     "dlq",
+    "ensure_topics",
     "murmur2",
     "partition_for",
     "topic_for",
