@@ -9,7 +9,7 @@ ASSAY_DATA_DIR ?= $(CURDIR)/assay-data
 export ASSAY_DATA_DIR
 STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
 
-.PHONY: run test lint bench sync schemas clean
+.PHONY: run test lint bench sync schemas clean up down
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -33,11 +33,17 @@ lint: sync  ## ruff, mypy --strict, import-linter layer contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(addprefix -p ,assay $(STAGE_PKGS))
-	$(VENV)/bin/mypy tests bench libs/assay/tests $(wildcard services/*/tests/*.py)
+	$(VENV)/bin/mypy conftest.py tests bench libs/assay/tests $(wildcard services/*/tests/*.py)
 	$(VENV)/bin/lint-imports
 
 bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(VENV)/bin/python bench/run.py
+
+up: sync  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
+	$(VENV)/bin/assay up
+
+down:  ## stop what `make up` started
+	@if [ -x $(VENV)/bin/assay ]; then $(VENV)/bin/assay down; else echo "nothing to stop"; fi
 
 schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas

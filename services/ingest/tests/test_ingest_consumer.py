@@ -281,7 +281,7 @@ async def test_json_that_is_not_an_envelope_is_dead_lettered(h: Harness) -> None
 
 async def test_garbage_on_the_tasks_topic_is_neither_envelope_nor_task(h: Harness) -> None:
     m = await h.feed(TASKS, b"\xff\xfe\x00garbage")
-    await assert_dead_lettered(h, m, "neither an envelope nor a TaskSubmitted")
+    await assert_dead_lettered(h, m, "not JSON")
     m = await h.feed(TASKS, b'{"workflow_id": "arith"}')
     await assert_dead_lettered(h, m, "neither an envelope nor a TaskSubmitted")
     assert await h.position(TASKS) == 2

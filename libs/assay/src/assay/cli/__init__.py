@@ -67,6 +67,27 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare byte for byte and change nothing; exit 1 on a difference",
     )
+    serve = sub.add_parser("serve", help="run one stage against Kafka, Postgres and S3")
+    serve.add_argument("stage", help="ingest, execute, verify, tournament, aggregate or decide")
+    db = sub.add_parser("db", help="database administration")
+    db.add_argument("action", choices=["provision"], help="create each stage's role and schema")
+    topics = sub.add_parser("topics", help="Kafka topic administration")
+    topics.add_argument("action", choices=["create"], help="create every topic if missing")
+    register = sub.add_parser("register", help="register a workflow version on assay.workflows")
+    register.add_argument("workflow", type=Path, help="workflow file (YAML or JSON)")
+    register.add_argument("--tenant", default=None, help="tenant UUID (default: local)")
+    register.add_argument("--rewrite", action="store_true", help="allow retaining no step id")
+    submit = sub.add_parser("submit", help="produce tasks from a JSONL file onto assay.tasks")
+    submit.add_argument("file", type=Path, help="one TaskSubmitted JSON object per line")
+    submit.add_argument("--tenant", default=None, help="tenant for lines without one")
+    submit.add_argument("--workflow", default=None, help="workflow for lines without one")
+    results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
+    results.add_argument("--follow", action="store_true", help="keep waiting for new results")
+    results.add_argument("--tenant", default=None, help="only this tenant's results")
+    up = sub.add_parser("up", help="start a local distributed deployment, without Docker")
+    up.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
+    down = sub.add_parser("down", help="stop what `assay up` started")
+    down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
     schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
     return p
@@ -123,6 +144,28 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.rebuild import rebuild
 
         return await rebuild(data_dir, check=args.check)
+    if args.command in ("serve", "db", "topics", "register", "submit", "results"):
+        from assay.cli import distributed as d
+
+        if args.command == "serve":
+            return await d.serve_command(args.stage)
+        if args.command == "db":
+            return await d.provision_command()
+        if args.command == "topics":
+            return await d.topics_command()
+        if args.command == "register":
+            return await d.register_command(
+                args.workflow, args.tenant or d.default_tenant(), args.rewrite
+            )
+        if args.command == "submit":
+            return await d.submit_command(args.file, args.tenant, args.workflow)
+        return await d.results_command(args.follow, args.tenant)
+    if args.command in ("up", "down"):
+        from assay.devstack import stack
+
+        if args.command == "up":
+            return await stack.up(args.dir)
+        return await stack.down(args.dir)
     if args.command == "schemas":
         from assay.cli.schemas import write
 

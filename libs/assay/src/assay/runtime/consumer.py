@@ -18,7 +18,7 @@ from assay.bus.relay import OutboxRelay
 from assay.bus.topics import dlq
 from assay.bus.transport import BusMessage, Source
 from assay.kernel.errors import Refused
-from assay.kernel.schema import UnknownSchema
+from assay.kernel.schema import UnknownSchema, one_line
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
 from assay.runtime.stage import StageSpec, UnitOfWork
@@ -66,11 +66,13 @@ def decode(m: BusMessage) -> tuple[Envelope, object]:
 
 def _wrap_bare_task(m: BusMessage) -> Envelope:
     try:
-        task = TaskSubmitted.model_validate(json.loads(m.value))
-    except (ValueError, ValidationError, RecursionError) as exc:
-        raise Refused(
-            f"neither an envelope nor a TaskSubmitted: {str(exc).splitlines()[0]}"
-        ) from exc
+        doc = json.loads(m.value)
+    except (ValueError, RecursionError) as exc:
+        raise Refused(f"not JSON: {exc}") from exc
+    try:
+        task = TaskSubmitted.model_validate(doc)
+    except ValidationError as exc:
+        raise Refused(f"neither an envelope nor a TaskSubmitted: {one_line(exc)}") from exc
     return seal(
         task,
         tenant=task.tenant,

@@ -1,0 +1,185 @@
+"""CLI commands of distributed mode: serve a stage, provision, topics, submit, results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from assay.bus.kafka import KafkaTransport
+from assay.bus.topics import RESULTS, TASKS, WORKFLOWS, topic_for
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId, tenant_id
+from assay.kernel.schema import Versioned, one_line
+from assay.messages import MESSAGES, TaskSubmitted, WorkflowRegistered, open_envelope
+from assay.messages.envelope import message_id, seal
+from assay.runtime.embedded import STAGES
+from assay.runtime.settings import Settings
+from assay.store.pg_provision import provision_stage
+from assay.store.ports import OutboxEntry
+from assay.workflow import load_workflow
+
+
+async def serve_command(stage: str) -> int:
+    """`assay serve STAGE`: run until SIGTERM or SIGINT, then stop cleanly."""
+    from assay.runtime.distributed import serve
+
+    settings = Settings.from_env()
+    logging.getLogger().setLevel(settings.log_level.upper())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(stage, settings, stop)
+    return 0
+
+
+async def provision_command() -> int:
+    """`assay db provision`: each stage's role and schema, idempotently; prints nothing secret."""
+    settings = Settings.from_env()
+    settings.require("admin_database_url")
+    assert settings.admin_database_url is not None
+    for stage in STAGES:
+        await provision_stage(
+            settings.admin_database_url, stage, settings.stage_password_for(stage)
+        )
+        print(f"provisioned role assay_{stage} and schema {stage}")
+    return 0
+
+
+async def topics_command() -> int:
+    """`assay topics create`: every topic, with the configured partition count."""
+    from assay.runtime.distributed import create_topics
+
+    settings = Settings.from_env()
+    for name in await create_topics(settings):
+        print(name)
+    return 0
+
+
+def _entry(topic: str, msg: Versioned, tenant: TenantId, idem: str) -> OutboxEntry:
+    spec = topic_for(topic, msg)
+    env = seal(
+        msg,
+        tenant=tenant,
+        key=spec.key(msg),
+        id=message_id("producer", str(tenant), topic, idem),
+        causation=None,
+    )
+    return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
+
+
+async def _produce(entries: list[OutboxEntry]) -> None:
+    settings = Settings.from_env()
+    settings.require("kafka_bootstrap")
+    assert settings.kafka_bootstrap is not None
+    transport = KafkaTransport(settings.kafka_bootstrap, client_id="assay-cli")
+    await transport.open()
+    try:
+        await transport.publish(entries)
+    finally:
+        await transport.close()
+
+
+async def register_command(path: Path, tenant: str, rewrite: bool) -> int:
+    """`assay register WORKFLOW --tenant T`: put the definition on `assay.workflows`."""
+    wf = load_workflow(path)
+    t = _tenant(tenant)
+    msg = WorkflowRegistered(
+        tenant=t, definition=wf.model_dump(mode="json", by_alias=True), rewrite=rewrite
+    )
+    await _produce([_entry(WORKFLOWS, msg, t, wf.version)])
+    print(f"registered {wf.id} version {wf.version}")
+    return 0
+
+
+def _tenant(value: str) -> TenantId:
+    try:
+        return tenant_id(value)
+    except ValueError as exc:
+        raise AssayError(f"--tenant must be a UUID, not {value!r}") from exc
+
+
+async def submit_command(path: Path, tenant: str | None, workflow: str | None) -> int:
+    """`assay submit FILE.jsonl`: one `TaskSubmitted` per line onto `assay.tasks`.
+
+    A line is a whole TaskSubmitted, or `{"idempotency_key", "input"}` completed
+    by `--tenant` and `--workflow`.
+    """
+    entries = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise AssayError(f"{path}: {exc.strerror}") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            doc: dict[str, Any] = json.loads(line)
+            if tenant is not None:
+                doc.setdefault("tenant", str(_tenant(tenant)))
+            if workflow is not None:
+                doc.setdefault("workflow_id", workflow)
+            task = TaskSubmitted.model_validate(doc)
+        except json.JSONDecodeError as exc:
+            raise AssayError(f"{path}:{n}: not JSON: {exc}") from exc
+        except ValidationError as exc:
+            raise AssayError(f"{path}:{n}: not a task: {one_line(exc)}") from exc
+        entries.append(_entry(TASKS, task, task.tenant, task.idempotency_key))
+    await _produce(entries)
+    print(f"submitted {len(entries)} task(s)")
+    return 0
+
+
+async def results_command(follow: bool, tenant: str | None) -> int:
+    """`assay results [--follow]`: print `RunResult`s as JSON lines, from the beginning."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    settings = Settings.from_env()
+    settings.require("kafka_bootstrap")
+    only = _tenant(tenant) if tenant else None
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        enable_auto_commit=False,
+        client_id=f"assay-results-{uuid.uuid4().hex[:8]}",
+    )
+    await consumer.start()
+    try:
+        await consumer.topics()  # fetches the cluster's metadata
+        parts = [
+            TopicPartition(RESULTS, p)
+            for p in sorted(consumer.partitions_for_topic(RESULTS) or set())
+        ]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        end = await consumer.end_offsets(parts)
+        seen: set[str] = set()
+        while True:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for r in records:
+                    env = open_envelope(r.value)
+                    if env.id in seen or (only is not None and env.tenant != only):
+                        continue  # a relay re-publish carries the same id: one result
+                    seen.add(env.id)
+                    msg = MESSAGES.decode(env.type, env.schema_version, env.payload)
+                    sys.stdout.write(msg.model_dump_json() + "\n")
+            sys.stdout.flush()
+            if not follow:
+                positions = [await consumer.position(tp) for tp in parts]
+                if all(pos >= end[tp] for pos, tp in zip(positions, parts, strict=True)):
+                    return 0
+    finally:
+        await consumer.stop()
+
+
+def default_tenant() -> str:
+    """The tenant of CLI conveniences when --tenant is not given."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "assay:local"))

@@ -1,0 +1,112 @@
+"""Distributed mode: one stage per process on Postgres, Kafka and S3 (DESIGN §3).
+
+The same `StageSpec` and `StageRunner` as embedded mode; only the adapters
+differ: the stage's own Postgres schema and role, a Kafka consumer group per
+stage, an S3 bucket for blobs, and an outbox relay led by one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from contextlib import AsyncExitStack
+
+from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
+from assay.bus.relay import OutboxRelay
+from assay.bus.topics import all_topics
+from assay.engine.models import StubModel
+from assay.engine.tools import BUILTIN_TOOLS
+from assay.grading.judges import StubJudge
+from assay.kernel.errors import AssayError
+from assay.runtime.consumer import StageRunner
+from assay.runtime.embedded import STAGES, discover_stages, shadow_rate_from_env, sprt_from_env
+from assay.runtime.http import StatusServer
+from assay.runtime.metrics import stage_registry
+from assay.runtime.settings import Settings
+from assay.runtime.stage import StageDeps
+from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
+from assay.store.s3_blobs import S3BlobStore
+
+log = logging.getLogger(__name__)
+
+
+def blob_store(settings: Settings) -> S3BlobStore:
+    """The S3 blob store the settings describe."""
+    return S3BlobStore(
+        settings.s3_endpoint,
+        settings.s3_bucket,
+        access_key_id=settings.s3_access_key_id,
+        secret_access_key=settings.s3_secret_access_key,
+        region=settings.s3_region,
+    )
+
+
+async def create_topics(settings: Settings) -> list[str]:
+    """Create every topic (and each stage's dead-letter topic) if missing."""
+    settings.require("kafka_bootstrap")
+    assert settings.kafka_bootstrap is not None
+    names = all_topics(list(STAGES))
+    await ensure_topics(settings.kafka_bootstrap, names, settings.partitions)
+    return names
+
+
+async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
+    """Run one stage until `stop` is set: migrate its schema, consume, relay, report.
+
+    Raises:
+        AssayError: unknown stage, or missing settings.
+    """
+    factories = discover_stages()
+    if stage not in factories:
+        raise AssayError(f"no stage {stage!r} is installed (have: {', '.join(sorted(factories))})")
+    settings.require("kafka_bootstrap", "database_url")
+    assert settings.kafka_bootstrap is not None
+    assert settings.database_url is not None
+    await create_topics(settings)
+    async with AsyncExitStack() as stack:
+        blobs = blob_store(settings)
+        await blobs.open()
+        stack.push_async_callback(blobs.close)
+        deps = StageDeps(
+            blobs=blobs,
+            model=StubModel(),
+            judge=StubJudge(),
+            tools=dict(BUILTIN_TOOLS),
+            sprt=sprt_from_env(),
+            shadow_rate=shadow_rate_from_env(),
+        )
+        spec = factories[stage](deps)
+        event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)
+        await event_log.open()
+        stack.push_async_callback(event_log.close)
+        transport = KafkaTransport(settings.kafka_bootstrap, client_id=f"assay-{stage}")
+        await transport.open()
+        stack.push_async_callback(transport.close)
+        leader = PgAdvisoryLeader(settings.database_url, stage)
+        relay = OutboxRelay(stage, event_log, transport, leader)
+        listener = await listen_for_outbox(settings.database_url, stage, relay.wake)
+        stack.push_async_callback(listener.close)
+        source = KafkaSource(
+            settings.kafka_bootstrap,
+            group_id=f"assay-{stage}",
+            client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
+        )
+        runner = StageRunner(spec, event_log, blobs, relay, source)
+        started = asyncio.Event()
+
+        def health() -> dict[str, object]:
+            return {
+                "ok": started.is_set() and not stop.is_set(),
+                "stage": stage,
+                "handled": runner.handled,
+                "dead_lettered": runner.dead_lettered,
+            }
+
+        status = StatusServer(stage_registry(runner), health, settings.http_port)
+        await status.start()
+        stack.push_async_callback(status.close)
+        log.info("stage %s serving; status on port %d", stage, status.port)
+        started.set()
+        await runner.run(stop)

@@ -1,0 +1,70 @@
+"""`/healthz` and Prometheus `/metrics` for one stage process, on plain asyncio.
+
+Two read-only endpoints do not justify a web framework; this serves HTTP/1.0
+style request/response and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+Health = Callable[[], dict[str, object]]
+"""Returns a JSON-able status; `"ok": False` makes /healthz answer 503."""
+
+
+class StatusServer:
+    """Serves /healthz and /metrics until closed."""
+
+    def __init__(self, registry: CollectorRegistry, health: Health, port: int) -> None:
+        self.registry = registry
+        self.health = health
+        self.port = port
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str = "0.0.0.0") -> int:
+        """Listen; return the bound port (useful with port 0)."""
+        self._server = await asyncio.start_server(self._serve, host, self.port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        """Stop listening."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) >= 2 else ""
+            if path == "/healthz":
+                status = self.health()
+                body = json.dumps(status).encode()
+                code = "200 OK" if status.get("ok") else "503 Service Unavailable"
+                ctype = "application/json"
+            elif path == "/metrics":
+                body, code, ctype = generate_latest(self.registry), "200 OK", CONTENT_TYPE_LATEST
+            else:
+                body, code, ctype = b"not found\n", "404 Not Found", "text/plain"
+            writer.write(
+                f"HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        except Exception:  # a status endpoint never takes the stage down
+            log.warning("status request failed", exc_info=True)
+        finally:
+            writer.close()

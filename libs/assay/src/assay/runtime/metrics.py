@@ -1,0 +1,59 @@
+"""Prometheus metrics of one stage process, read from the runner at scrape time.
+
+Nothing is added to the commit path: a collector reads the counters the runner
+and relay already keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from assay.runtime.consumer import StageRunner
+
+
+class StageCollector(Collector):
+    """Counters and gauges of one `StageRunner`."""
+
+    def __init__(self, runner: StageRunner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stage = self.runner.spec.name
+        handled = CounterMetricFamily(
+            "assay_messages_handled", "Messages a stage handled and committed.", labels=["stage"]
+        )
+        handled.add_metric([stage], self.runner.handled)
+        yield handled
+        dead = CounterMetricFamily(
+            "assay_dead_letters",
+            "Messages refused to the stage's dead-letter topic.",
+            labels=["stage"],
+        )
+        dead.add_metric([stage], self.runner.dead_lettered)
+        yield dead
+        shipped = CounterMetricFamily(
+            "assay_outbox_shipped", "Outbox rows the relay published.", labels=["stage"]
+        )
+        shipped.add_metric([stage], self.runner.relay.shipped)
+        yield shipped
+        lag_of = getattr(self.runner.source, "lag", None)
+        if callable(lag_of):
+            lag = GaugeMetricFamily(
+                "assay_stage_lag",
+                "Records not yet handled, per assigned partition.",
+                labels=["stage", "topic", "partition"],
+            )
+            for (topic, partition), behind in sorted(lag_of().items()):
+                lag.add_metric([stage, topic, str(partition)], behind)
+            yield lag
+
+
+def stage_registry(runner: StageRunner) -> CollectorRegistry:
+    """A registry exposing one runner's metrics."""
+    registry = CollectorRegistry()
+    registry.register(StageCollector(runner))
+    return registry

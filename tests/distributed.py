@@ -1,0 +1,133 @@
+"""A distributed deployment for end-to-end tests: the six stages as OS processes on a
+broker, a database and an S3 bucket of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from assay.devstack import Service, free_port
+from assay.devstack.kafka import start_tansu
+from assay.devstack.postgres import create_database
+from assay.runtime.embedded import STAGES
+from assay.runtime.settings import Settings
+from assay.store.pg_provision import provision_stage
+
+ASSAY = str(Path(sys.executable).parent / "assay")
+
+
+@dataclass
+class Deployment:
+    """Six `assay serve` processes and what they run on."""
+
+    workdir: Path
+    broker: Service
+    admin_dsn: str
+    env: dict[str, str]
+    dsns: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bootstrap(self) -> str:
+        """The broker's bootstrap address."""
+        return self.broker.address
+
+    def start(self, stage: str) -> None:
+        """Start (or restart) one stage process and wait until it is healthy."""
+        port = free_port()
+        env = {**self.env, "ASSAY_DATABASE_URL": self.dsns[stage], "ASSAY_HTTP_PORT": str(port)}
+        out = open(self.workdir / f"{stage}.log", "ab")  # noqa: SIM115
+        self.procs[stage] = subprocess.Popen(
+            [ASSAY, "serve", stage], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        self.ports[stage] = port
+
+    def wait_healthy(self, timeout_s: float = 60) -> None:
+        """Block until every running stage answers /healthz with ok."""
+        deadline = time.monotonic() + timeout_s
+        for stage, port in self.ports.items():
+            while True:
+                proc = self.procs[stage]
+                if proc.poll() is not None:
+                    raise AssertionError(f"{stage} exited: {self.log(stage)[-2000:]}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                        if json.loads(r.read()).get("ok"):
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{stage} not healthy: {self.log(stage)[-2000:]}")
+                time.sleep(0.1)
+
+    def kill(self, stage: str) -> None:
+        """SIGKILL one stage process."""
+        proc = self.procs[stage]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def log(self, stage: str) -> str:
+        """What a stage printed."""
+        return (self.workdir / f"{stage}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Terminate every stage, then the broker."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.broker.stop()
+
+    async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        """Run a query as the database's superuser."""
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            return list(await conn.fetch(sql, *args))
+        finally:
+            await conn.close()
+
+
+async def deploy(workdir: Path, postgres: Service, s3: Service, partitions: int = 4) -> Deployment:
+    """Provision a fresh database, broker and bucket, and start the six stages."""
+    broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
+    admin = await create_database(postgres.address, f"e2e_{uuid.uuid4().hex[:10]}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    env.update(
+        {
+            "ASSAY_KAFKA_BOOTSTRAP": broker.address,
+            "ASSAY_S3_ENDPOINT": s3.address,
+            "ASSAY_S3_BUCKET": f"e2e-{uuid.uuid4().hex[:10]}",
+            "ASSAY_S3_ACCESS_KEY_ID": s3.details["access_key_id"],
+            "ASSAY_S3_SECRET_ACCESS_KEY": s3.details["secret_access_key"],
+            "ASSAY_S3_REGION": s3.details.get("region", "us-east-1"),
+            "ASSAY_PARTITIONS": str(partitions),
+            "ASSAY_LOG_LEVEL": "WARNING",
+        }
+    )
+    from assay.runtime.distributed import create_topics
+
+    await create_topics(Settings.from_env(env))
+    dsns = {s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}") for s in STAGES}
+    d = Deployment(workdir, broker, admin, env, dsns)
+    for stage in STAGES:
+        d.start(stage)
+    await asyncio.to_thread(d.wait_healthy)
+    return d

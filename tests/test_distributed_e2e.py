@@ -1,0 +1,260 @@
+"""End to end in distributed mode: six stage processes on a real broker, Postgres and S3.
+
+Producers and consumers here are plain aiokafka clients writing and reading JSON,
+as a user's would be — not Assay's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from assay.devstack import Service
+from assay.devstack.kafka import broker_outage
+from tests.distributed import ASSAY, Deployment, deploy
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.kafka,
+    pytest.mark.postgres,
+    pytest.mark.s3,
+    pytest.mark.timeout(420),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+V1 = ROOT / "examples" / "workflows" / "arith-v1.yaml"
+V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
+TASKS = [json.loads(line) for line in (ROOT / "examples" / "tasks" / "arith.jsonl").open()]
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    postgres: Service, s3: Service, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
+    d = asyncio.run(deploy(tmp_path_factory.mktemp("e2e"), postgres, s3))
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def register(d: Deployment, tenant: str, path: Path) -> None:
+    done = subprocess.run(
+        [ASSAY, "register", str(path), "--tenant", tenant],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+async def allocation(d: Deployment, tenant: str) -> dict[str, Any] | None:
+    rows = await d.query(
+        "SELECT value FROM ingest.state "
+        "WHERE tenant = $1 AND kind = 'allocation' AND key = 'arith'",
+        uuid.UUID(tenant),
+    )
+    return json.loads(rows[0]["value"]) if rows else None
+
+
+async def wait_for(what: str, check: Any, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def set_up_tenant(d: Deployment, *, challenger: bool) -> str:
+    tenant = str(uuid.uuid4())
+    register(d, tenant, V1)
+
+    async def current() -> bool:
+        return await allocation(d, tenant) is not None
+
+    await wait_for("v1 to become current", current)
+    if challenger:
+        register(d, tenant, V2)
+
+        async def has_challenger() -> bool:
+            a = await allocation(d, tenant)
+            return a is not None and a.get("challenger") is not None
+
+        await wait_for("v2 to become the challenger", has_challenger)
+    return tenant
+
+
+async def produce(bootstrap: str, records: list[tuple[str, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send("assay.tasks", value, key=key.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def task_records(tenant: str, tasks: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
+    return [
+        (
+            f"{tenant}:{t['idempotency_key']}",
+            json.dumps({"tenant": tenant, "workflow_id": "arith", **t}).encode(),
+        )
+        for t in tasks
+    ]
+
+
+async def read_topic(bootstrap: str, topic: str, until: Any, timeout_s: float) -> list[Any]:
+    """Every record of a topic from the beginning, until `until(records)` or the timeout."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        await consumer.topics()  # fetches the cluster's metadata
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        deadline = time.monotonic() + timeout_s
+        while not until(records) and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=300)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    return records
+
+
+def results_by_task(records: list[Any], tenants: set[str]) -> dict[tuple[str, str], set[str]]:
+    """(tenant, idempotency key) -> distinct result ids (a re-publish keeps its id)."""
+    found: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in records:
+        body = json.loads(r.value)
+        payload = body["payload"]
+        if payload["tenant"] in tenants:
+            found[(payload["tenant"], payload["idempotency_key"])].add(body["id"])
+    return found
+
+
+async def await_results(
+    d: Deployment, expected: set[tuple[str, str]], timeout_s: float = 180
+) -> list[Any]:
+    tenants = {t for t, _ in expected}
+
+    def complete(records: list[Any]) -> bool:
+        return expected <= set(results_by_task(records, tenants))
+
+    records = await read_topic(d.bootstrap, "assay.results", complete, timeout_s)
+    missing = expected - set(results_by_task(records, tenants))
+    assert not missing, f"{len(missing)} task(s) without a result, e.g. {sorted(missing)[:3]}"
+    return records
+
+
+async def test_two_tenants_each_get_one_result_per_task_and_v2_is_promoted(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    tenants = [await set_up_tenant(d, challenger=True) for _ in range(2)]
+    tasks = TASKS[:40]
+    await produce(d.bootstrap, [r for t in tenants for r in task_records(t, tasks)])
+    expected = {(t, task["idempotency_key"]) for t in tenants for task in tasks}
+    records = await await_results(d, expected)
+    by_task = results_by_task(records, set(tenants))
+    assert all(len(ids) == 1 for ids in by_task.values()), "a task got two different results"
+    for r in records:
+        payload = json.loads(r.value)["payload"]
+        if payload["tenant"] in tenants:
+            assert payload["verification"], "a result without its verification"
+            assert payload["score"]["kind"] in ("relative", "ungraded", "capped", "ranked")
+            assert payload["task_id"]
+            assert payload["run_id"]
+    for tenant in tenants:
+
+        async def promoted(tenant: str = tenant) -> bool:
+            rows = await d.query(
+                "SELECT value FROM decide.state WHERE tenant = $1 AND kind = 'decision'",
+                uuid.UUID(tenant),
+            )
+            return any(json.loads(row["value"])["accepted"] for row in rows)
+
+        await wait_for(f"v2 promoted for {tenant}", promoted, 60)
+
+
+async def test_poison_on_the_task_topic_is_dead_lettered_and_the_pipeline_goes_on(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    invalid = json.dumps({"tenant": tenant, "workflow_id": "arith"}).encode()  # no key, no input
+    await produce(
+        d.bootstrap,
+        [
+            (f"{tenant}:poison-1", b"\x00not json at all"),
+            (f"{tenant}:poison-2", invalid),
+            *task_records(tenant, TASKS[:3]),
+        ],
+    )
+    await await_results(d, {(tenant, t["idempotency_key"]) for t in TASKS[:3]})
+
+    def both(records: list[Any]) -> bool:
+        return {r.key for r in records} >= {
+            f"{tenant}:poison-1".encode(),
+            f"{tenant}:poison-2".encode(),
+        }
+
+    dead = await read_topic(d.bootstrap, "assay.dlq.ingest", both, 30)
+    reasons = {
+        r.key.decode(): dict(r.headers)["assay-dlq-reason"].decode()
+        for r in dead
+        if r.key.decode().startswith(tenant)
+    }
+    assert "not JSON" in reasons[f"{tenant}:poison-1"]
+    assert "TaskSubmitted" in reasons[f"{tenant}:poison-2"]
+
+
+async def test_a_ten_second_broker_outage_loses_and_duplicates_nothing(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    tasks = TASKS[40:80]
+    await produce(d.bootstrap, task_records(tenant, tasks[:20]))
+    with broker_outage(d.broker):
+        await asyncio.sleep(10)
+    await produce(d.bootstrap, task_records(tenant, tasks[20:]))
+    expected = {(tenant, t["idempotency_key"]) for t in tasks}
+    records = await await_results(d, expected, timeout_s=240)
+    assert all(len(ids) == 1 for ids in results_by_task(records, {tenant}).values())
+
+
+async def test_a_stage_killed_mid_run_resumes_without_loss_or_duplicates(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    tasks = TASKS[80:140]
+    await produce(d.bootstrap, task_records(tenant, tasks))
+    await asyncio.sleep(1.0)
+    d.kill("execute")
+    d.start("execute")
+    await asyncio.to_thread(d.wait_healthy)
+    expected = {(tenant, t["idempotency_key"]) for t in tasks}
+    records = await await_results(d, expected, timeout_s=240)
+    assert all(len(ids) == 1 for ids in results_by_task(records, {tenant}).values())
+    rows = await d.query(
+        "SELECT stream, branch, convert_from(payload, 'UTF8')::jsonb->>'step' AS step, "
+        "convert_from(payload, 'UTF8')::jsonb->>'attempt' AS attempt, "
+        "count(*) AS n FROM execute.log WHERE tenant = $1 AND type = 'AttemptStarted' "
+        "GROUP BY 1, 2, 3, 4 HAVING count(*) > 1",
+        uuid.UUID(tenant),
+    )
+    assert rows == [], "an attempt was recorded twice"
