@@ -13,14 +13,23 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from assay.bus import TASKS as TASKS_TOPIC
+from assay.bus import WORKFLOWS
 from assay.devstack import Service
 from assay.devstack.kafka import broker_outage
+from assay.kernel import WorkflowId, tenant_id
+from assay.messages import TaskSubmitted, WorkflowRegistered, message_id, seal
+from assay.record import StateKey
+from assay.runtime import Embedded
+from assay.store import OutboxEntry, S3BlobStore
+from assay.workflow import load_workflow
 from tests.distributed import ASSAY, Deployment, deploy
 
 pytestmark = [
@@ -258,3 +267,91 @@ async def test_a_stage_killed_mid_run_resumes_without_loss_or_duplicates(
         uuid.UUID(tenant),
     )
     assert rows == [], "an attempt was recorded twice"
+
+
+def _comparable(episode: dict[str, Any]) -> dict[str, Any]:
+    """An episode without wall-clock durations, the one thing two executions may differ in."""
+    return {
+        **episode,
+        "attempts": [
+            {k: v for k, v in a.items() if k != "duration_ms"} for a in episode["attempts"]
+        ],
+    }
+
+
+async def test_the_same_task_gives_the_same_episode_embedded_and_distributed(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    task = TaskSubmitted(
+        tenant=tenant_id(tenant),
+        workflow_id=WorkflowId("arith"),
+        idempotency_key="same-1",
+        input={"question": "(17 + 25) * 3", "answer": "126"},
+    )
+    env = seal(
+        task,
+        tenant=task.tenant,
+        key=f"{tenant}:same-1",
+        id=message_id("test", tenant, "same-1"),
+        causation=None,
+        occurred_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+    )
+    await produce(d.bootstrap, [(env.key, env.encode())])
+    records = await await_results(d, {(tenant, "same-1")})
+    run_id = next(
+        json.loads(r.value)["payload"]["run_id"]
+        for r in records
+        if json.loads(r.value)["payload"]["tenant"] == tenant
+    )
+    rows = await d.query(
+        "SELECT value FROM execute.state WHERE tenant = $1 AND kind = 'run' AND key = $2",
+        uuid.UUID(tenant),
+        run_id,
+    )
+    blobs = S3BlobStore(
+        d.env["ASSAY_S3_ENDPOINT"],
+        d.env["ASSAY_S3_BUCKET"],
+        access_key_id=d.env["ASSAY_S3_ACCESS_KEY_ID"],
+        secret_access_key=d.env["ASSAY_S3_SECRET_ACCESS_KEY"],
+    )
+    await blobs.open()
+    try:
+        distributed = await blobs.get(task.tenant, json.loads(rows[0]["value"])["episode"])
+    finally:
+        await blobs.close()
+    assert distributed is not None
+
+    async with Embedded(tmp_path / "embedded") as rt:
+        rt.start()
+        wf = load_workflow(V1)
+        await rt.publish(
+            WORKFLOWS,
+            WorkflowRegistered(
+                tenant=task.tenant, definition=wf.model_dump(mode="json", by_alias=True)
+            ),
+            task.tenant,
+        )
+
+        async def ready() -> bool:
+            return (
+                await rt.logs["ingest"].get(StateKey(task.tenant, "allocation", "arith"))
+                is not None
+            )
+
+        await wait_for("the embedded allocation", ready)
+        await rt.bus.publish(
+            [OutboxEntry(TASKS_TOPIC, env.key, env.encode(), tuple(env.headers()))]
+        )
+
+        async def executed() -> bool:
+            doc = await rt.logs["execute"].get(StateKey(task.tenant, "run", run_id))
+            return doc is not None and "episode" in doc
+
+        await wait_for("the embedded run", executed)
+        doc = await rt.logs["execute"].get(StateKey(task.tenant, "run", run_id))
+        assert doc is not None
+        embedded = await rt.blobs.get(task.tenant, doc["episode"])
+    assert embedded is not None
+    assert _comparable(json.loads(embedded)) == _comparable(json.loads(distributed))

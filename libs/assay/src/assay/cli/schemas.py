@@ -7,12 +7,14 @@ A test regenerates them and fails on any drift from the committed copies.
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from assay.bus.topics import RUN_COMMANDS, TOPICS, dlq
+from assay.kernel.errors import AssayError
 from assay.messages import MESSAGES, Envelope, Episode
 from assay.runtime.embedded import STAGES
 
@@ -57,7 +59,27 @@ def render() -> dict[str, str]:
         "channels": channels,
     }
     files["asyncapi.yaml"] = yaml.safe_dump(doc, sort_keys=True, width=100)
+    for name, example in examples().items():
+        files[f"examples/{name}.json"] = json.dumps(example, indent=2, sort_keys=True) + "\n"
     return files
+
+
+def examples() -> dict[str, dict[str, Any]]:
+    """One valid example payload per message type (shipped with the library).
+
+    Raises:
+        AssayError: a message type has no example, or its example does not validate.
+    """
+    root = files("assay.messages") / "examples"
+    out: dict[str, dict[str, Any]] = {}
+    for name, model in sorted(MESSAGES.types().items()):
+        source = root / f"{name}.json"
+        if not source.is_file():
+            raise AssayError(f"message type {name} has no example in assay/messages/examples")
+        doc = json.loads(source.read_text())
+        model.model_validate(doc)  # an example that does not validate is a bug here
+        out[name] = doc
+    return out
 
 
 def write(directory: Path) -> list[Path]:
@@ -66,6 +88,7 @@ def write(directory: Path) -> list[Path]:
     out = []
     for name, content in render().items():
         path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         out.append(path)
     return out
