@@ -33,7 +33,8 @@ lint: sync  ## ruff, mypy --strict, import-linter layer contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(addprefix -p ,assay $(STAGE_PKGS))
-	$(VENV)/bin/mypy conftest.py tests bench libs/assay/tests $(wildcard services/*/tests/*.py)
+	$(VENV)/bin/mypy conftest.py tests libs/assay/tests $(wildcard services/*/tests/*.py)
+	cd bench && ../$(VENV)/bin/mypy --config-file ../pyproject.toml .
 	$(VENV)/bin/lint-imports
 
 bench: sync  ## figures beside their baselines -> bench/results/latest.json

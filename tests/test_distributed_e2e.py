@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from assay.bus import TASKS as TASKS_TOPIC
 from assay.bus import WORKFLOWS
 from assay.devstack import Service
+from assay.devstack.deployment import ASSAY, Deployment, deploy
 from assay.devstack.kafka import broker_outage
 from assay.kernel import WorkflowId, tenant_id
 from assay.messages import TaskSubmitted, WorkflowRegistered, message_id, seal
@@ -30,7 +31,6 @@ from assay.record import StateKey
 from assay.runtime import Embedded
 from assay.store import OutboxEntry, S3BlobStore
 from assay.workflow import load_workflow
-from tests.distributed import ASSAY, Deployment, deploy
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,5 +1,6 @@
-"""A distributed deployment for end-to-end tests: the six stages as OS processes on a
-broker, a database and an S3 bucket of their own."""
+"""A distributed deployment on one machine: the six stages as OS processes on a broker,
+a database and an S3 bucket of their own. Used by `assay up`, the end-to-end tests
+and the pipeline benchmark."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from assay.devstack import Service, free_port
+from assay.devstack.base import Service, free_port
 from assay.devstack.kafka import start_tansu
 from assay.devstack.postgres import create_database
 from assay.runtime.embedded import STAGES
