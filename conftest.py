@@ -9,7 +9,7 @@ had fails the test run; elsewhere the tests that need it are skipped.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,18 +32,22 @@ def infra_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("infra")
 
 
+def _service(what: str, resolve: Callable[[Path], Service], workdir: Path) -> Iterator[Service]:
+    try:
+        service = resolve(workdir)
+    except InfraUnavailable as exc:
+        _unavailable(what, exc)
+        raise
+    yield service
+    service.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres(infra_dir: Path) -> Iterator[Service]:
     """A Postgres server (its superuser DSN in `.address`)."""
     from assay.devstack.postgres import resolve_postgres
 
-    try:
-        service = resolve_postgres(infra_dir)
-    except InfraUnavailable as exc:
-        _unavailable("Postgres", exc)
-        raise
-    yield service
-    service.stop()
+    yield from _service("Postgres", resolve_postgres, infra_dir)
 
 
 @pytest.fixture(scope="session")
@@ -51,13 +55,7 @@ def kafka(infra_dir: Path) -> Iterator[Service]:
     """A Kafka-protocol broker (its bootstrap address in `.address`)."""
     from assay.devstack.kafka import resolve_kafka
 
-    try:
-        service = resolve_kafka(infra_dir)
-    except InfraUnavailable as exc:
-        _unavailable("a Kafka-protocol broker", exc)
-        raise
-    yield service
-    service.stop()
+    yield from _service("a Kafka-protocol broker", resolve_kafka, infra_dir)
 
 
 @pytest.fixture(scope="session")
@@ -65,10 +63,4 @@ def s3(infra_dir: Path) -> Iterator[Service]:
     """An S3 API (its endpoint URL in `.address`; credentials in `.details`)."""
     from assay.devstack.s3 import resolve_s3
 
-    try:
-        service = resolve_s3(infra_dir)
-    except InfraUnavailable as exc:
-        _unavailable("an S3 API", exc)
-        raise
-    yield service
-    service.stop()
+    yield from _service("an S3 API", resolve_s3, infra_dir)

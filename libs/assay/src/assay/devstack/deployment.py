@@ -21,7 +21,7 @@ import asyncpg
 
 from assay.devstack.base import Service, free_port
 from assay.devstack.kafka import start_tansu
-from assay.devstack.postgres import create_database
+from assay.devstack.postgres import create_database, ensure_database
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
 from assay.store.pg_provision import provision_stage
@@ -38,6 +38,8 @@ class Deployment:
     admin_dsn: str
     env: dict[str, str]
     dsns: dict[str, str]
+    detached: bool = False
+    """Stage processes outlive the caller (their own session), as `assay up` needs."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -47,13 +49,17 @@ class Deployment:
         return self.broker.address
 
     def start(self, stage: str) -> None:
-        """Start (or restart) one stage process and wait until it is healthy."""
+        """Start (or restart) one stage process; `wait_healthy` waits for it."""
         port = free_port()
         env = {**self.env, "ASSAY_DATABASE_URL": self.dsns[stage], "ASSAY_HTTP_PORT": str(port)}
-        out = open(self.workdir / f"{stage}.log", "ab")  # noqa: SIM115
-        self.procs[stage] = subprocess.Popen(
-            [ASSAY, "serve", stage], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+        with open(self.workdir / f"{stage}.log", "ab") as out:
+            self.procs[stage] = subprocess.Popen(
+                [ASSAY, "serve", stage],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=self.detached,
+            )
         self.ports[stage] = port
 
     def wait_healthy(self, timeout_s: float = 60) -> None:
@@ -106,16 +112,36 @@ class Deployment:
             await conn.close()
 
 
-async def deploy(workdir: Path, postgres: Service, s3: Service, partitions: int = 4) -> Deployment:
-    """Provision a fresh database, broker and bucket, and start the six stages."""
+async def deploy(
+    workdir: Path,
+    postgres: Service,
+    s3: Service,
+    partitions: int = 4,
+    *,
+    database: str | None = None,
+    bucket: str | None = None,
+    detached: bool = False,
+) -> Deployment:
+    """Start a broker, provision a database and a bucket, and start the six stages.
+
+    Args:
+        database: a database to use (created if missing, kept if present); by
+            default a fresh, uniquely named one.
+        bucket: the blob bucket; by default a uniquely named one.
+        detached: stage processes run in their own sessions, outliving the caller.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
-    admin = await create_database(postgres.address, f"e2e_{uuid.uuid4().hex[:10]}")
+    if database is None:
+        admin = await create_database(postgres.address, f"e2e_{uuid.uuid4().hex[:10]}")
+    else:
+        admin = await ensure_database(postgres.address, database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
     env.update(
         {
             "ASSAY_KAFKA_BOOTSTRAP": broker.address,
             "ASSAY_S3_ENDPOINT": s3.address,
-            "ASSAY_S3_BUCKET": f"e2e-{uuid.uuid4().hex[:10]}",
+            "ASSAY_S3_BUCKET": bucket or f"e2e-{uuid.uuid4().hex[:10]}",
             "ASSAY_S3_ACCESS_KEY_ID": s3.details["access_key_id"],
             "ASSAY_S3_SECRET_ACCESS_KEY": s3.details["secret_access_key"],
             "ASSAY_S3_REGION": s3.details.get("region", "us-east-1"),
@@ -127,7 +153,7 @@ async def deploy(workdir: Path, postgres: Service, s3: Service, partitions: int 
 
     await create_topics(Settings.from_env(env))
     dsns = {s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}") for s in STAGES}
-    d = Deployment(workdir, broker, admin, env, dsns)
+    d = Deployment(workdir, broker, admin, env, dsns, detached=detached)
     for stage in STAGES:
         d.start(stage)
     await asyncio.to_thread(d.wait_healthy)

@@ -96,6 +96,18 @@ async def create_database(admin_dsn: str, name: str) -> str:
     return with_database(admin_dsn, name)
 
 
+async def ensure_database(admin_dsn: str, name: str) -> str:
+    """Create database `name` if it does not exist; return its DSN. Keeps what is there."""
+    ident = _checked(name)
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            await conn.execute(f"CREATE DATABASE {ident}")
+    finally:
+        await conn.close()
+    return with_database(admin_dsn, name)
+
+
 async def drop_database(admin_dsn: str, name: str) -> None:
     """Drop database `name` if it exists, disconnecting its sessions."""
     ident = _checked(name)
