@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
@@ -135,7 +136,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.
 
 
 @pytest.fixture
-async def stages(admin_dsn: str, postgres: Service) -> AsyncIterator[dict[str, str]]:
+async def stages(admin_dsn: str) -> AsyncIterator[dict[str, str]]:
     """Two provisioned stages, `ingest` and `verify` (suffixed: roles are cluster-wide);
     stage name -> its role's DSN. The roles are dropped afterwards."""
     suffix = uuid.uuid4().hex[:8]
@@ -209,6 +210,32 @@ async def test_a_stage_role_cannot_read_or_write_another_stages_schema(
         await verify.close()
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await PostgresEventLog(stages["verify"], ingest, REGISTRY, fold).open()
+
+
+async def test_provisioning_adopts_a_schema_the_admin_migrated_first(admin_dsn: str) -> None:
+    stage = unique("early")
+    early = await PostgresEventLog(admin_dsn, stage, REGISTRY, fold).open()  # as superuser
+    tenant = new_tenant()
+    await early.commit(on(main(tenant, "s"), put("before")))
+    await early.close()
+    role = stage_role(stage)
+    try:
+        dsn = await provision_stage(admin_dsn, stage, "pw")
+        log = await PostgresEventLog(dsn, stage, REGISTRY, fold).open()
+        try:
+            assert await log.commit(on(main(tenant, "s"), put("after"))) == [1]
+            assert await log.get(StateKey(tenant, "item", "before")) == {}
+            assert (await log.rebuild(keep=True)).identical
+        finally:
+            await log.close()
+    finally:
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{stage}" CASCADE')
+            await conn.execute(f'DROP OWNED BY "{role}"')
+            await conn.execute(f'DROP ROLE "{role}"')
+        finally:
+            await conn.close()
 
 
 async def test_provisioning_again_is_harmless_and_keeps_the_stages_data(
@@ -365,6 +392,97 @@ async def test_replicas_sharing_a_schema_keep_lsns_dense_and_patches_whole(
         assert len(doc) == 60
         assert (await a.rebuild(keep=False)).identical
     finally:
+        await a.close()
+        await b.close()
+
+
+async def test_replicas_writing_the_same_documents_at_once_still_rebuild_identically(
+    admin_dsn: str,
+) -> None:
+    # `rebuild` re-folds in log order; two replicas racing on one document must leave
+    # the state that order gives, deletes of absent documents included.
+    schema = unique("race_docs")
+    a = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    b = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    rng = random.Random(7)
+    tenant = new_tenant()
+
+    def change() -> CommitBatch:
+        key = main(tenant, rng.choice(["s0", "s1", "s2"]))
+        item, roll = rng.choice(["x", "y"]), rng.random()
+        if roll < 0.4:
+            return on(key, put(item, v=rng.randint(0, 9)))
+        if roll < 0.8:
+            return on(key, ItemChanged(item=item, fields={rng.choice("pqr"): rng.randint(0, 9)}))
+        return on(key, ItemChanged(item=item, fields={}, delete=True))
+
+    try:
+        for _ in range(12):
+            await asyncio.gather(*(rng.choice([a, b]).commit(change()) for _ in range(12)))
+        report = await a.rebuild(keep=False)
+        assert report.identical, report.differences
+        assert report.records == 12 * 12
+        for stream in ["s0", "s1", "s2"]:
+            lsns = [r.lsn for r in await b.read(main(tenant, stream), limit=1000)]
+            assert lsns == list(range(len(lsns)))
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def blocked_on_a_lock(admin: asyncpg.Connection, schema: str) -> bool:
+    waiting = await admin.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+        " AND wait_event_type = 'Lock'",
+        f"assay:{schema}",
+    )
+    return bool(waiting)
+
+
+@pytest.mark.parametrize("held", ["a document", "an absent document being created"])
+async def test_a_commit_takes_its_log_position_only_once_it_holds_its_documents(
+    admin_dsn: str, held: str
+) -> None:
+    # Replicas: A writes document `y` while another transaction holds it; B commits
+    # meanwhile. A must land after B in the log, since its write lands after B's
+    # commit — so a re-fold in log order sees what the state saw.
+    schema = unique("lockorder")
+    a = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    b = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    tenant = new_tenant()
+    admin = await asyncpg.connect(admin_dsn)
+    other = await asyncpg.connect(admin_dsn)
+    try:
+        s = f'"{schema}"'
+        blocker = other.transaction()
+        if held == "a document":
+            await a.commit(on(main(tenant, "a"), put("y", v=0)))
+            await blocker.start()
+            await other.execute(
+                f"SELECT 1 FROM {s}.state WHERE tenant = $1 AND key = 'y' FOR UPDATE", tenant
+            )
+            change: Event = put("y", v=1)
+        else:
+            await blocker.start()
+            await other.execute(f"INSERT INTO {s}.state VALUES ($1, 'item', 'y', '{{}}')", tenant)
+            change = ItemChanged(item="y", fields={}, delete=True)
+        writing = asyncio.create_task(a.commit(on(main(tenant, "a"), change)))
+
+        async def a_waits() -> bool:
+            return await blocked_on_a_lock(admin, schema)
+
+        await eventually(a_waits)
+        await b.commit(on(main(tenant, "b"), put("z")))
+        await blocker.commit()
+        await asyncio.wait_for(writing, 5.0)
+
+        rows = await admin.fetch(f"SELECT stream, max(seq) FROM {s}.log GROUP BY stream")
+        seqs: dict[str, int] = {r[0]: r[1] for r in rows}
+        assert seqs["a"] > seqs["b"]
+        assert (await a.rebuild(keep=False)).identical
+    finally:
+        await other.close()
+        await admin.close()
         await a.close()
         await b.close()
 

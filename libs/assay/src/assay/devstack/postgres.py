@@ -150,7 +150,10 @@ def _probe(dsn: str) -> str | None:
 
 
 def _start_container() -> Service:
-    from testcontainers.postgres import PostgresContainer
+    try:
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:  # testcontainers before the community split
+        from testcontainers.postgres import PostgresContainer
 
     container = PostgresContainer(POSTGRES_IMAGE, driver=None)
     container.start()

@@ -135,11 +135,12 @@ def statement(s: str, shape: Shape) -> str:
         values = rows(
             shape.logs, "uuid", "text", "integer", "bigint", "text", "integer", "bigint", "bytea"
         )
-        after = " + ".join(f"(SELECT count(*) FROM {cte})" for cte in written)
+        # Joined with the state CTEs' row counts: the rows (and their seq) come after.
+        after = "".join(f", (SELECT count(*) FROM {cte}) AS {cte}_n" for cte in written)
         ctes.append(
             f"lg AS (INSERT INTO {s}.log"
             " (tenant, stream, branch, lsn, type, schema_version, at_ms, payload)"
-            f" SELECT * FROM (VALUES {values}) AS v" + (f" WHERE {after} >= 0)" if written else ")")
+            f" SELECT v.* FROM (VALUES {values}) AS v{after})"
         )
     if shape.position:
         ctes.append(

@@ -119,6 +119,7 @@ class GroupCommitter:
 
     async def _alone(self, batch: CommitBatch) -> list[Lsn]:
         view = self._view
+        f: Folded | None = None
         for tries in range(_MAX_TRIES + 1):
             conn = self._conn
             if conn is None or conn.is_closed():
@@ -139,7 +140,7 @@ class GroupCommitter:
                     raise _duplicate(batch) from exc
                 if exc.sqlstate not in _AGAIN or tries == _MAX_TRIES:
                     raise
-                if exc.sqlstate in _STALE:
+                if f is not None and exc.sqlstate in _STALE:
                     view.forget(f)  # another writer moved on: learn again
                 continue
             except (OSError, asyncpg.InterfaceError, asyncio.CancelledError):
@@ -162,6 +163,8 @@ class GroupCommitter:
         shape, args = fast
         sql = self._statements.get(shape)
         if sql is None:
+            if len(self._statements) > 1000:  # bounded: a miss costs one prepare
+                self._statements.clear()
             sql = self._statements[shape] = statement(self._s, shape)
         return (sql, *args)
 
@@ -316,8 +319,9 @@ class GroupCommitter:
                     self._landed(f, p, landed)
                 case Outcome.DUPLICATE:
                     p.fut.set_exception(_duplicate(p.batch))
-                case Outcome.STALE:
+                case Outcome.STALE:  # again alone, where tries are counted
                     self._view.forget(f)
+                    p.alone = True
                     self._retries.append(p)
                 case _:  # FAILED: again alone, so that its own error reaches the caller
                     p.alone = outcome == Outcome.FAILED

@@ -71,6 +71,7 @@ async def provision_stage(admin_dsn: str, stage: str, password: str) -> str:
                 await _run(conn, "CREATE SCHEMA %I AUTHORIZATION %I", schema, role)
             elif owner != role:
                 await _run(conn, "ALTER SCHEMA %I OWNER TO %I", schema, role)
+            await _adopt(conn, schema, role)
             await _run(conn, "REVOKE ALL ON SCHEMA %I FROM PUBLIC", schema)
             database = await conn.fetchval("SELECT current_database()")
             await _run(conn, "GRANT CONNECT ON DATABASE %I TO %I", database, role)
@@ -90,6 +91,45 @@ async def provision_stage(admin_dsn: str, stage: str, password: str) -> str:
     finally:
         await conn.close()
     return role_dsn(admin_dsn, role, password)
+
+
+async def _adopt(conn: asyncpg.Connection, schema: str, role: str) -> None:
+    """Hand the role what others made in its schema (say, a log migrated by the admin
+    before the stage had a role): tables with their sequences, types, functions."""
+    tables = await conn.fetch(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm')"
+        " AND pg_get_userbyid(c.relowner) <> $2",
+        schema,
+        role,
+    )
+    for (table,) in tables:
+        await _run(conn, "ALTER TABLE %I.%I OWNER TO %I", schema, table, role)
+    types = await conn.fetch(
+        "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+        " LEFT JOIN pg_class c ON c.oid = t.typrelid"
+        " WHERE n.nspname = $1 AND t.typtype = 'c' AND c.relkind = 'c'"
+        " AND pg_get_userbyid(t.typowner) <> $2",
+        schema,
+        role,
+    )
+    for (name,) in types:
+        await _run(conn, "ALTER TYPE %I.%I OWNER TO %I", schema, name, role)
+    functions = await conn.fetch(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = $1 AND pg_get_userbyid(p.proowner) <> $2",
+        schema,
+        role,
+    )
+    for (signature,) in functions:  # already quoted and qualified by regprocedure
+        await conn.execute(
+            await conn.fetchval(
+                "SELECT format('ALTER FUNCTION %s OWNER TO %I', $1::text, $2::text)",
+                signature,
+                role,
+            )
+        )
 
 
 def role_dsn(admin_dsn: str, role: str, password: str) -> str:

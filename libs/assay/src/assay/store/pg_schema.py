@@ -1,12 +1,13 @@
 """The Postgres event log's schema: versioned, idempotent migrations (§7, §8.3).
 
 A stage owns one schema. Its tables mirror the SQLite adapter's; the commit of
-§8.3 is one server-side function, `assay_commit`, so that one commit is one
-round trip. Migrations are an ordered list of SQL texts with `{s}` (the quoted
-schema) and `{channel}` (the outbox notification channel) to fill in; version n
-is the n-th text. Each applied version is recorded in `<schema>.assay_migrations`
-in the same transaction that applies it, under a transaction-scoped advisory
-lock, so replicas starting together apply each version exactly once.
+§8.3 is one statement (`pg_batch_sql`) or, for a group of commits, one call of
+the server-side function `assay_commit`: one round trip either way. Migrations
+are an ordered list of SQL texts with `{s}` (the quoted schema) and `{channel}`
+(the outbox notification channel) to fill in; version n is the n-th text. Each
+applied version is recorded in `<schema>.assay_migrations` in the same
+transaction that applies it, under a transaction-scoped advisory lock, so
+replicas starting together apply each version exactly once.
 """
 
 from __future__ import annotations
@@ -278,7 +279,10 @@ async def migrate(
 
     Creates the schema if it is missing (a provisioned stage role finds its own
     schema already there). Applying the same list again is a no-op. Versions the
-    database holds beyond the list are left alone (a newer replica migrated).
+    database holds beyond the list are left alone (a newer replica migrated). A
+    migration's text is filled in with `str.format` (`{s}`, `{channel}`), so its
+    own braces are doubled. Applied versions are never edited: a change is a new
+    version.
 
     Raises:
         asyncpg.PostgresError: a migration failed; none of this call's versions stick.

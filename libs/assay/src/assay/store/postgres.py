@@ -2,10 +2,12 @@
 
 Tables mirror the SQLite adapter's (`pg_schema`), and so do the semantics: the
 same LSNs, the same canonical document bytes, the same inbox, positions, outbox
-and checkpoints, the same byte-for-byte `rebuild`. Commits are grouped
-(`pg_commit`): concurrent `commit` calls share one transaction, each batch
-isolated, and a commit that adds outbox rows notifies `<schema>_outbox` so a
-listening relay wakes at once (§9.3).
+and checkpoints, the same byte-for-byte `rebuild`. The fold runs in the client
+(`pg_fold`); a commit alone is one statement, concurrent commits share one
+transaction with each batch isolated (`pg_commit`, `pg_batch_sql`). A commit that
+adds outbox rows notifies `<schema>_outbox`, so a listening relay wakes at once
+(§9.3; `pg_relay`). A deleted document is kept as a tombstone row (value NULL),
+which reads as absent.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ class PostgresEventLog:
     """`EventLog` on one Postgres schema (one per stage in distributed mode).
 
     Several replicas of a stage may share the schema: the log's primary key and
-    the commit function's checks turn a stale guess into a retry, never into a
-    lost or doubled write.
+    the commit's checks turn a stale guess into a retry, never into a lost or
+    doubled write, and a replica takes its place in the log only once it holds the
+    documents it writes, so `rebuild` (which re-folds in log order) still matches.
     """
 
     def __init__(
