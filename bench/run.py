@@ -19,9 +19,15 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
+import asyncpg
+from pipeline import pipeline_figures
+
+from assay.devstack import InfraUnavailable
+from assay.devstack.postgres import create_database, drop_database, resolve_postgres
 from assay.kernel import TenantId
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
 from assay.store import CommitBatch, SqliteEventLog, connect
+from assay.store.postgres import PostgresEventLog
 
 ROOT = Path(__file__).resolve().parents[1]
 WARM_UP = 3000
@@ -80,6 +86,153 @@ async def eventlog_vs_raw(tmp: Path) -> tuple[float, float]:
     return n / ours_s, n / raw_s
 
 
+PG_WARM_UP = 1000
+PG_N_TOTAL = PG_WARM_UP + 4000
+
+
+async def postgres_eventlog_vs_raw(admin_dsn: str) -> tuple[float, float]:
+    """`PostgresEventLog.commit` (one event per commit, awaited one after another) and
+    a raw asyncpg loop inserting one row of the log's own shape per transaction (one
+    autocommit INSERT: one round trip, one WAL flush), in one fresh database. The two
+    alternate commit by commit, so both see the same server and disk."""
+    name = f"assay_bench_{uuid.uuid4().hex[:10]}"
+    dsn = await create_database(admin_dsn, name)
+    try:
+        log = await PostgresEventLog(dsn, "bench", EventRegistry([Tick]), _fold).open()
+        raw = await asyncpg.connect(dsn)
+        await raw.execute(
+            "CREATE TABLE raw_log (seq bigserial, tenant uuid NOT NULL, stream text NOT NULL,"
+            " branch integer NOT NULL, lsn bigint NOT NULL, type text NOT NULL,"
+            " schema_version integer NOT NULL, at_ms bigint NOT NULL, payload bytea NOT NULL,"
+            " PRIMARY KEY (tenant, stream, branch, lsn))"
+        )
+        insert = (
+            "INSERT INTO raw_log (tenant, stream, branch, lsn, type, schema_version, at_ms,"
+            " payload) VALUES ($1, 'bench', 0, $2, 'Tick', 1, $3, $4)"
+        )
+        key = BranchKey.main(TenantId(uuid.uuid4()), "bench")
+        row = json.dumps({"n": 0, "note": PAYLOAD}).encode()
+        tenant = uuid.uuid4()
+        batches = [CommitBatch(records=[(key, Tick(n=i, note=PAYLOAD))]) for i in range(PG_N_TOTAL)]
+        ours_s = raw_s = 0.0
+        try:
+            for i, batch in enumerate(batches):
+                t0 = time.perf_counter()
+                await raw.execute(insert, tenant, i, int(time.time() * 1000), row)
+                t1 = time.perf_counter()
+                await log.commit(batch)
+                t2 = time.perf_counter()
+                if i >= PG_WARM_UP:
+                    raw_s += t1 - t0
+                    ours_s += t2 - t1
+        finally:
+            await raw.close()
+            await log.close()
+    finally:
+        await drop_database(admin_dsn, name)
+    n = PG_N_TOTAL - PG_WARM_UP
+    return n / ours_s, n / raw_s
+
+
+def postgres_figures(workdir: Path) -> dict[str, float]:
+    """The Postgres event-log figures, or none when no Postgres can be had here."""
+    try:
+        server = resolve_postgres(workdir)
+    except InfraUnavailable as exc:
+        print(f"no Postgres figures: {exc}")
+        return {}
+    try:
+        ours, raw = asyncio.run(postgres_eventlog_vs_raw(server.address))
+    finally:
+        server.stop()
+    return {
+        "eventlog.postgres.events_per_s": round(ours, 1),
+        "eventlog.postgres.raw_per_s": round(raw, 1),
+        "eventlog.postgres.ratio": round(ours / raw, 3),
+    }
+
+
+RELAY_N = 20_000
+RELAY_BATCH = 500  # the relay's default batch
+RELAY_WARM_UP = 4  # batches of each side left out of the figures
+
+
+async def relay_vs_raw(bootstrap: str, tmp: Path) -> tuple[float, float]:
+    """`OutboxRelay` shipping committed outbox rows of a `SqliteEventLog` through
+    `KafkaTransport`, and a raw aiokafka producer (acks=all, no idempotence: the
+    transport's settings) sending the same messages in batches of the relay's size,
+    each batch awaited before the next. The two alternate batch by batch, so both
+    see the same broker and disk."""
+    from aiokafka import AIOKafkaProducer
+
+    from assay.bus import FileLock, KafkaTransport, OutboxRelay, ensure_topics
+    from assay.store import OutboxEntry
+
+    ours_topic, raw_topic = (f"bench.relay-{side}.{uuid.uuid4().hex[:8]}" for side in "or")
+    await ensure_topics(bootstrap, [ours_topic, raw_topic], partitions=12)
+
+    def rows(topic: str) -> list[OutboxEntry]:
+        return [
+            OutboxEntry(topic, f"tenant:run-{i % 1000}", PAYLOAD.encode(), (("n", b"%d" % i),))
+            for i in range(RELAY_N)
+        ]
+
+    def no_fold(record: LogRecord) -> list[StateDelta]:
+        return []
+
+    log = await SqliteEventLog(tmp / "relay.sqlite", EventRegistry([]), no_fold).open()
+    ours_rows, raw_rows = rows(ours_topic), rows(raw_topic)
+    for i in range(0, RELAY_N, RELAY_BATCH):
+        await log.commit(CommitBatch(outbox=ours_rows[i : i + RELAY_BATCH]))
+    transport = await KafkaTransport(bootstrap, client_id="bench-relay").open()
+    relay = OutboxRelay("bench", log, transport, FileLock(tmp / "relay.lock"), RELAY_BATCH)
+    raw = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+    await raw.start()
+    ours_s = raw_s = 0.0
+    try:
+        for b, i in enumerate(range(0, RELAY_N, RELAY_BATCH)):
+            t0 = time.perf_counter()
+            sent = [
+                await raw.send(e.topic, e.value, key=e.key.encode(), headers=list(e.headers))
+                for e in raw_rows[i : i + RELAY_BATCH]
+            ]
+            await asyncio.gather(*sent)
+            t1 = time.perf_counter()
+            shipped = await relay.ship_once()
+            t2 = time.perf_counter()
+            assert shipped == RELAY_BATCH, shipped
+            if b >= RELAY_WARM_UP:
+                raw_s += t1 - t0
+                ours_s += t2 - t1
+        assert await relay.ship_once() == 0
+    finally:
+        await raw.stop()
+        await transport.close()
+        await log.close()
+    n = RELAY_N - RELAY_WARM_UP * RELAY_BATCH
+    return n / ours_s, n / raw_s
+
+
+def relay_figures(workdir: Path) -> dict[str, float]:
+    """The outbox relay over Kafka beside raw aiokafka, or none when no broker can be had."""
+    from assay.devstack.kafka import resolve_kafka
+
+    try:
+        broker = resolve_kafka(workdir)
+    except InfraUnavailable as exc:
+        print(f"no relay figures: {exc}")
+        return {}
+    try:
+        ours, raw = asyncio.run(relay_vs_raw(broker.address, workdir))
+    finally:
+        broker.stop()
+    return {
+        "relay.msgs_per_s": round(ours, 1),
+        "relay.raw_per_s": round(raw, 1),
+        "relay.ratio": round(ours / raw, 3),
+    }
+
+
 def demo_figures(data: Path) -> tuple[float, float]:
     """Runs per second of the embedded demo, and its peak RSS in MB (a child process)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -110,6 +263,9 @@ def main() -> None:
     try:
         ours, raw = asyncio.run(eventlog_vs_raw(tmp))
         runs_per_s, rss = demo_figures(tmp / "demo")
+        pg = postgres_figures(tmp / "postgres")
+        relay = relay_figures(tmp / "kafka")
+        pipeline = pipeline_figures(tmp / "pipeline")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     figures = {
@@ -118,8 +274,20 @@ def main() -> None:
         "eventlog.sqlite.ratio": round(ours / raw, 3),
         "demo.runs_per_s": round(runs_per_s, 1),
         "demo.peak_rss_mb": round(rss, 1),
+        **pg,
+        **relay,
+        **pipeline,
     }
-    targets = {"eventlog.sqlite.ratio": ">= 0.8", "demo.peak_rss_mb": "<= 300"}
+    targets = {
+        "eventlog.sqlite.ratio": ">= 0.8",
+        "demo.peak_rss_mb": "<= 300",
+        "eventlog.postgres.ratio": ">= 0.7",
+        "relay.ratio": ">= 0.5",
+        "pipeline.runs_per_s": ">= 200",
+        "pipeline.latency_p50_ms": "<= 50",
+        "pipeline.latency_p99_ms": "<= 250",
+        "pipeline.max_stage_rss_mb": "<= 200",
+    }
     width = max(len(k) for k in figures)
     print(f"{'figure':<{width}}  {'value':>10}  target")
     for k, v in figures.items():
