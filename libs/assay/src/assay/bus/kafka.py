@@ -191,6 +191,8 @@ class KafkaSource:
             giving its partitions to the others.
         heartbeat_interval_ms: how often a member tells the group it is alive.
         poll_ms: the longest a fetch waits for records.
+        fetch_max_wait_ms: the longest the broker holds a fetch waiting for data; short,
+            because every stage is a hop on the task-to-result path.
         retry_backoff_s: the first wait before a failed record is retried (doubling).
     """
 
@@ -201,6 +203,7 @@ class KafkaSource:
     heartbeat_interval_ms: int = 3_000
     client_id: str | None = None
     poll_ms: int = 500
+    fetch_max_wait_ms: int = 20
     retry_backoff_s: float = 0.5
 
     async def consume(
@@ -234,6 +237,7 @@ class KafkaSource:
                 auto_offset_reset="earliest",
                 session_timeout_ms=self.session_timeout_ms,
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
             )
             try:
                 await consumer.start()
