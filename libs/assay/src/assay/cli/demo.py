@@ -9,7 +9,6 @@ summary read from the stages' own state.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 import uuid
@@ -19,9 +18,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
+from assay.cli.tasks import read_tasks
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.errors import AssayError
-from assay.kernel.ids import TenantId, WorkflowId
+from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.runtime.embedded import Embedded, sprt_from_env
@@ -39,31 +39,6 @@ def _examples() -> Path:
         if (parent / "examples" / "workflows").is_dir():
             return parent / "examples"
     raise AssayError("cannot find the examples directory; pass --tasks and --workflows")
-
-
-def read_tasks(path: Path, tenant: TenantId, workflow: WorkflowId) -> list[TaskSubmitted]:
-    """Tasks from a JSONL file of `{"idempotency_key": ..., "input": {...}}` lines."""
-    out = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise AssayError(f"{path}: {exc.strerror}") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-            out.append(
-                TaskSubmitted(
-                    tenant=tenant,
-                    workflow_id=workflow,
-                    idempotency_key=doc["idempotency_key"],
-                    input=doc["input"],
-                )
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise AssayError(f"{path}:{n}: not a task line ({exc})") from exc
-    return out
 
 
 class _Bar:

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
 
 from assay.bus.kafka import KafkaTransport
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS, topic_for
+from assay.cli.tasks import read_tasks
 from assay.kernel.errors import AssayError
-from assay.kernel.ids import TenantId, tenant_id
-from assay.kernel.schema import Versioned, one_line
-from assay.messages import MESSAGES, TaskSubmitted, WorkflowRegistered, open_envelope
+from assay.kernel.ids import TenantId, WorkflowId, tenant_id
+from assay.kernel.schema import Versioned
+from assay.messages import MESSAGES, WorkflowRegistered, open_envelope
 from assay.messages.envelope import message_id, seal
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
@@ -113,26 +110,12 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
     A line is a whole TaskSubmitted, or `{"idempotency_key", "input"}` completed
     by `--tenant` and `--workflow`.
     """
-    entries = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise AssayError(f"{path}: {exc.strerror}") from exc
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            doc: dict[str, Any] = json.loads(line)
-            if tenant is not None:
-                doc.setdefault("tenant", str(_tenant(tenant)))
-            if workflow is not None:
-                doc.setdefault("workflow_id", workflow)
-            task = TaskSubmitted.model_validate(doc)
-        except json.JSONDecodeError as exc:
-            raise AssayError(f"{path}:{n}: not JSON: {exc}") from exc
-        except ValidationError as exc:
-            raise AssayError(f"{path}:{n}: not a task: {one_line(exc)}") from exc
-        entries.append(_entry(TASKS, task, task.tenant, task.idempotency_key))
+    entries = [
+        _entry(TASKS, task, task.tenant, task.idempotency_key)
+        for task in read_tasks(
+            path, _tenant(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
+        )
+    ]
     await _produce(entries)
     print(f"submitted {len(entries)} task(s)")
     return 0
