@@ -5,6 +5,7 @@ and the pipeline benchmark."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import asyncpg
 
 from assay.devstack.base import Service, free_port
 from assay.devstack.kafka import start_tansu
-from assay.devstack.postgres import create_database, ensure_database
+from assay.devstack.postgres import create_database, drop_database, ensure_database
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
 from assay.store.pg_provision import provision_stage
@@ -40,6 +41,8 @@ class Deployment:
     dsns: dict[str, str]
     detached: bool = False
     """Stage processes outlive the caller (their own session), as `assay up` needs."""
+    owned_database: tuple[str, str] | None = None
+    """(server admin DSN, name) of a database made for this deployment, dropped at stop."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -91,7 +94,7 @@ class Deployment:
         return (self.workdir / f"{stage}.log").read_text(errors="replace")
 
     def stop(self) -> None:
-        """Terminate every stage, then the broker."""
+        """Terminate every stage, then the broker; drop a database made for this deployment."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -102,6 +105,10 @@ class Deployment:
                 proc.kill()
                 proc.wait()
         self.broker.stop()
+        if self.owned_database is not None:
+            server, name = self.owned_database
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # safe inside a running loop
+                pool.submit(asyncio.run, drop_database(server, name)).result()
 
     async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """Run a query as the database's superuser."""
@@ -132,8 +139,11 @@ async def deploy(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
+    owned: tuple[str, str] | None = None
     if database is None:
-        admin = await create_database(postgres.address, f"e2e_{uuid.uuid4().hex[:10]}")
+        name = f"e2e_{uuid.uuid4().hex[:10]}"
+        admin = await create_database(postgres.address, name)
+        owned = (postgres.address, name)
     else:
         admin = await ensure_database(postgres.address, database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
@@ -153,7 +163,7 @@ async def deploy(
 
     await create_topics(Settings.from_env(env))
     dsns = {s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}") for s in STAGES}
-    d = Deployment(workdir, broker, admin, env, dsns, detached=detached)
+    d = Deployment(workdir, broker, admin, env, dsns, detached=detached, owned_database=owned)
     for stage in STAGES:
         d.start(stage)
     await asyncio.to_thread(d.wait_healthy)
