@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
+import asyncpg
 import pytest
+
+from assay.devstack.postgres import with_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.s3]
 
@@ -76,3 +81,93 @@ def test_up_serves_every_stage_and_down_stops_everything_it_started(tmp_path: Pa
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)], "down left processes running"
     assert not (tmp_path / "stack.json").exists()
+
+
+async def _wait_for_allocation(dsn: str, tenant: str, timeout_s: float = 60) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not await conn.fetchval(
+            "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'",
+            uuid.UUID(tenant),
+        ):
+            assert time.monotonic() < deadline, "the workflow never reached ingest"
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+
+
+def _results(env: dict[str, str], tenant: str) -> list[dict[str, object]]:
+    out = subprocess.run(
+        [ASSAY, "results", "--tenant", tenant],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@pytest.mark.timeout(420)
+def test_a_second_up_starts_clean_and_loses_nothing(tmp_path: Path) -> None:
+    """The local broker forgets everything at down; positions kept from an earlier
+    stack would point past the new topics' ends and skip their first records."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    env["ASSAY_PARTITIONS"] = "2"
+    tenant = "6f1c2b9e-8d0a-4c4e-9a57-0e1d2c3b4a59"
+    root = Path(__file__).resolve().parents[1]
+    for round_ in range(2):
+        up = subprocess.run(
+            [ASSAY, "up", "--dir", str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            state = json.loads((tmp_path / "stack.json").read_text())
+            run_env = {**env, "ASSAY_KAFKA_BOOTSTRAP": state["settings"]["ASSAY_KAFKA_BOOTSTRAP"]}
+            subprocess.run(
+                [
+                    ASSAY,
+                    "register",
+                    str(root / "examples/workflows/arith-v1.yaml"),
+                    "--tenant",
+                    tenant,
+                ],
+                env=run_env,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            admin = with_database(state["infra"]["postgres"]["address"], "assay")
+            asyncio.run(_wait_for_allocation(admin, tenant))
+            tasks = tmp_path / f"tasks-{round_}.jsonl"
+            tasks.write_text(
+                "".join(
+                    json.dumps(
+                        {
+                            "idempotency_key": f"r{round_}-{i}",
+                            "input": {"question": f"{i} + 1", "answer": str(i + 1)},
+                        }
+                    )
+                    + "\n"
+                    for i in range(6)
+                )
+            )
+            subprocess.run(
+                [ASSAY, "submit", str(tasks), "--tenant", tenant, "--workflow", "arith"],
+                env=run_env,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            deadline = time.monotonic() + 60
+            while len(_results(run_env, tenant)) < 6 and time.monotonic() < deadline:
+                time.sleep(1)
+            keys = sorted(str(r["idempotency_key"]) for r in _results(run_env, tenant))
+            assert keys == [f"r{round_}-{i}" for i in range(6)]
+        finally:
+            subprocess.run([ASSAY, "down", "--dir", str(tmp_path)], env=env, timeout=120)

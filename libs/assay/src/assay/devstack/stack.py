@@ -14,7 +14,7 @@ from pathlib import Path
 
 from assay.devstack.base import Service
 from assay.devstack.deployment import Deployment, deploy
-from assay.devstack.postgres import resolve_postgres
+from assay.devstack.postgres import create_database, resolve_postgres
 from assay.devstack.s3 import resolve_s3
 
 DATABASE = "assay"
@@ -42,6 +42,10 @@ async def up(workdir: Path) -> int:
     postgres = await asyncio.to_thread(resolve_postgres, workdir / "postgres")
     s3 = await asyncio.to_thread(resolve_s3, workdir / "s3")
     try:
+        # The local broker keeps its log in memory, so every `up` starts with empty
+        # topics; stage positions from an earlier stack would point past their ends
+        # and skip records. The database starts empty too.
+        await create_database(postgres.address, DATABASE)
         d = await deploy(
             workdir,
             postgres,
