@@ -9,21 +9,20 @@ one adapter (its file, its pragmas) are at the end and say so in their name.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import blake3
 import pytest
 from pydantic import Field
 
 from assay.devstack import Service
-from assay.devstack.postgres import create_database, drop_database
+from assay.devstack.postgres import scratch_database
 from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
 from assay.record import (
     BranchKey,
@@ -169,22 +168,11 @@ class LogOpener:
         await log.close()
 
 
-T = TypeVar("T")
-
-
-def run_apart(coro: Coroutine[object, object, T]) -> T:
-    """Run a coroutine to completion on a loop of its own (callers may be inside one)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 @pytest.fixture(scope="module")
 def contract_database(postgres: Service) -> Iterator[str]:
     """A database of this module's own on the Postgres server (dropped at the end)."""
-    name = f"assay_contract_{uuid.uuid4().hex[:10]}"
-    dsn = run_apart(create_database(postgres.address, name))
-    yield dsn
-    run_apart(drop_database(postgres.address, name))
+    with scratch_database(postgres, "assay_contract") as dsn:
+        yield dsn
 
 
 @pytest.fixture(params=EVENT_LOG_ADAPTERS)

@@ -9,13 +9,12 @@ outbox notification. The `EventLog` contract itself runs over Postgres in
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import asyncpg
 import pytest
@@ -27,9 +26,8 @@ from assay.devstack import InfraUnavailable, Service
 from assay.devstack.base import port_open
 from assay.devstack.postgres import (
     DATABASE_URL_ENV,
-    create_database,
-    drop_database,
     resolve_postgres,
+    scratch_database,
     start_cluster,
 )
 from assay.kernel.ids import MessageId, TenantId, tenant_id
@@ -92,22 +90,11 @@ def on(key: BranchKey, *events: Event) -> CommitBatch:
     return CommitBatch(records=[(key, e) for e in events])
 
 
-T = TypeVar("T")
-
-
-def run_apart(coro: Coroutine[object, object, T]) -> T:
-    """Run a coroutine on a loop of its own (fixtures may be set up inside one)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
 @pytest.fixture(scope="module")
 def admin_dsn(postgres: Service) -> Iterator[str]:
     """A superuser DSN of a database of this module's own (dropped at the end)."""
-    name = f"assay_pgtest_{uuid.uuid4().hex[:10]}"
-    dsn = run_apart(create_database(postgres.address, name))
-    yield dsn
-    run_apart(drop_database(postgres.address, name))
+    with scratch_database(postgres, "assay_pgtest") as dsn:
+        yield dsn
 
 
 def unique(prefix: str) -> str:

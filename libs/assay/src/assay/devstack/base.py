@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from assay.kernel.errors import AssayError
+
+T = TypeVar("T")
 
 
 class InfraUnavailable(AssayError):
@@ -44,6 +49,16 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def run_apart(coro: Coroutine[object, object, T]) -> T:
+    """Run a coroutine to completion on a fresh loop on a helper thread.
+
+    For synchronous code (fixtures, teardown, probes) that may itself be called
+    from inside a running event loop, where `asyncio.run` would refuse.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def free_port() -> int:

@@ -5,7 +5,6 @@ and the pipeline benchmark."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from assay.devstack.base import Service, free_port
+from assay.devstack.base import Service, free_port, run_apart
 from assay.devstack.kafka import start_tansu
 from assay.devstack.postgres import create_database, drop_database, ensure_database
 from assay.runtime.embedded import STAGES
@@ -107,8 +106,7 @@ class Deployment:
         self.broker.stop()
         if self.owned_database is not None:
             server, name = self.owned_database
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:  # safe inside a running loop
-                pool.submit(asyncio.run, drop_database(server, name)).result()
+            run_apart(drop_database(server, name))
 
     async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """Run a query as the database's superuser."""

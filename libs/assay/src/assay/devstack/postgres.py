@@ -3,8 +3,7 @@ server already on this machine, or a throwaway `initdb` cluster."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import contextlib
 import glob
 import os
 import pwd
@@ -13,6 +12,8 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,6 +26,7 @@ from assay.devstack.base import (
     free_port,
     log_file,
     port_open,
+    run_apart,
     wait_for_port,
 )
 
@@ -118,6 +120,17 @@ async def drop_database(admin_dsn: str, name: str) -> None:
         await conn.close()
 
 
+@contextlib.contextmanager
+def scratch_database(server: Service, prefix: str) -> Iterator[str]:
+    """A fresh, uniquely named database on `server` for the block; dropped after it."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    dsn = run_apart(create_database(server.address, name))
+    try:
+        yield dsn
+    finally:
+        run_apart(drop_database(server.address, name))
+
+
 def with_database(dsn: str, name: str) -> str:
     """The same DSN pointing at another database."""
     parts = urlsplit(dsn)
@@ -144,9 +157,7 @@ def _probe(dsn: str) -> str | None:
             await conn.close()
         return None if superuser else "the postgres role is not a superuser"
 
-    # A fresh loop on a helper thread: callers may already run inside an event loop.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, check()).result()
+    return run_apart(check())
 
 
 def _start_container() -> Service:
