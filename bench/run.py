@@ -134,6 +134,15 @@ async def postgres_eventlog_vs_raw(admin_dsn: str) -> tuple[float, float]:
     return n / ours_s, n / raw_s
 
 
+def paired(name: str, unit: str, ours: float, raw: float) -> dict[str, float]:
+    """A figure beside its baseline: `<name>.<unit>`, `<name>.raw_per_s`, `<name>.ratio`."""
+    return {
+        f"{name}.{unit}": round(ours, 1),
+        f"{name}.raw_per_s": round(raw, 1),
+        f"{name}.ratio": round(ours / raw, 3),
+    }
+
+
 def postgres_figures(workdir: Path) -> dict[str, float]:
     """The Postgres event-log figures, or none when no Postgres can be had here."""
     try:
@@ -145,11 +154,7 @@ def postgres_figures(workdir: Path) -> dict[str, float]:
         ours, raw = asyncio.run(postgres_eventlog_vs_raw(server.address))
     finally:
         server.stop()
-    return {
-        "eventlog.postgres.events_per_s": round(ours, 1),
-        "eventlog.postgres.raw_per_s": round(raw, 1),
-        "eventlog.postgres.ratio": round(ours / raw, 3),
-    }
+    return paired("eventlog.postgres", "events_per_s", ours, raw)
 
 
 RELAY_N = 20_000
@@ -226,11 +231,7 @@ def relay_figures(workdir: Path) -> dict[str, float]:
         ours, raw = asyncio.run(relay_vs_raw(broker.address, workdir))
     finally:
         broker.stop()
-    return {
-        "relay.msgs_per_s": round(ours, 1),
-        "relay.raw_per_s": round(raw, 1),
-        "relay.ratio": round(ours / raw, 3),
-    }
+    return paired("relay", "msgs_per_s", ours, raw)
 
 
 def demo_figures(data: Path) -> tuple[float, float]:
@@ -269,9 +270,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     figures = {
-        "eventlog.sqlite.events_per_s": round(ours, 1),
-        "eventlog.sqlite.raw_per_s": round(raw, 1),
-        "eventlog.sqlite.ratio": round(ours / raw, 3),
+        **paired("eventlog.sqlite", "events_per_s", ours, raw),
         "demo.runs_per_s": round(runs_per_s, 1),
         "demo.peak_rss_mb": round(rss, 1),
         **pg,
