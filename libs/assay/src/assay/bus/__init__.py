@@ -27,6 +27,7 @@ from assay.bus.topics import (
     UnknownTopic,
     all_topics,
     dlq,
+    producer_entry,
     topic_for,
 )
 from assay.bus.transport import BusMessage, Handle, Positions, Source, Transport
@@ -85,5 +86,6 @@ __all__ = [
     "ensure_topics",
     "murmur2",
     "partition_for",
+    "producer_entry",
     "topic_for",
 ]

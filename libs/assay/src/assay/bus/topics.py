@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
 from assay.messages import (
     AllocationChanged,
@@ -22,6 +23,8 @@ from assay.messages import (
     VariantAggregate,
     WorkflowRegistered,
 )
+from assay.messages.envelope import message_id, seal
+from assay.store.ports import OutboxEntry
 
 TASKS = "assay.tasks"
 WORKFLOWS = "assay.workflows"
@@ -110,6 +113,21 @@ def topic_for(name: str, msg: Versioned) -> Topic:
     if not isinstance(msg, topic.carries):
         raise UnknownTopic(f"topic {name!r} does not carry {msg.type}")
     return topic
+
+
+def producer_entry(topic: str, msg: Versioned, tenant: TenantId, idem: str) -> OutboxEntry:
+    """`msg` sealed as an outside producer would send it: keyed as `topic` defines, with a
+    message id derived from the tenant, the topic and the producer's idempotency key, so
+    producing the same thing twice is one message to every consumer's inbox."""
+    spec = topic_for(topic, msg)
+    env = seal(
+        msg,
+        tenant=tenant,
+        key=spec.key(msg),
+        id=message_id("producer", str(tenant), topic, idem),
+        causation=None,
+    )
+    return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
 
 
 def all_topics(stages: list[str]) -> list[str]:

@@ -10,13 +10,11 @@ import uuid
 from pathlib import Path
 
 from assay.bus.kafka import KafkaTransport
-from assay.bus.topics import RESULTS, TASKS, WORKFLOWS, topic_for
+from assay.bus.topics import RESULTS, TASKS, WORKFLOWS, producer_entry
 from assay.cli.tasks import read_tasks
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, WorkflowId, tenant_id
-from assay.kernel.schema import Versioned
 from assay.messages import MESSAGES, WorkflowRegistered, open_envelope
-from assay.messages.envelope import message_id, seal
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
 from assay.store.pg_provision import provision_stage
@@ -61,18 +59,6 @@ async def topics_command() -> int:
     return 0
 
 
-def _entry(topic: str, msg: Versioned, tenant: TenantId, idem: str) -> OutboxEntry:
-    spec = topic_for(topic, msg)
-    env = seal(
-        msg,
-        tenant=tenant,
-        key=spec.key(msg),
-        id=message_id("producer", str(tenant), topic, idem),
-        causation=None,
-    )
-    return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
-
-
 async def _produce(entries: list[OutboxEntry]) -> None:
     settings = Settings.from_env()
     settings.require("kafka_bootstrap")
@@ -92,7 +78,7 @@ async def register_command(path: Path, tenant: str, rewrite: bool) -> int:
     msg = WorkflowRegistered(
         tenant=t, definition=wf.model_dump(mode="json", by_alias=True), rewrite=rewrite
     )
-    await _produce([_entry(WORKFLOWS, msg, t, wf.version)])
+    await _produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
     print(f"registered {wf.id} version {wf.version}")
     return 0
 
@@ -111,7 +97,7 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
     by `--tenant` and `--workflow`.
     """
     entries = [
-        _entry(TASKS, task, task.tenant, task.idempotency_key)
+        producer_entry(TASKS, task, task.tenant, task.idempotency_key)
         for task in read_tasks(
             path, _tenant(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
         )

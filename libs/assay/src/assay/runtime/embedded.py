@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
-from assay.bus.topics import topic_for
+from assay.bus.topics import producer_entry
 from assay.engine.models import Model, StubModel
 from assay.engine.tools import BUILTIN_TOOLS
 from assay.grading.judges import Judge, StubJudge
@@ -26,11 +26,9 @@ from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
-from assay.messages.envelope import message_id, seal
 from assay.runtime.consumer import StageRunner
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
-from assay.store.ports import OutboxEntry
 from assay.store.sqlite import SqliteEventLog
 
 STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
@@ -167,10 +165,4 @@ class Embedded:
 
     async def publish_many(self, items: Sequence[tuple[str, Versioned, TenantId, str]]) -> None:
         """Produce many messages in one durable write; each tuple ends with its `idem`."""
-        entries = []
-        for topic, msg, tenant, idem in items:
-            spec = topic_for(topic, msg)
-            mid = message_id("producer", str(tenant), topic, idem)
-            env = seal(msg, tenant=tenant, key=spec.key(msg), id=mid, causation=None)
-            entries.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
-        await self.bus.publish(entries)
+        await self.bus.publish([producer_entry(*item) for item in items])

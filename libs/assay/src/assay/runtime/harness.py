@@ -12,13 +12,12 @@ from typing import Any
 
 from assay.bus.embedded import EmbeddedBus
 from assay.bus.relay import FileLock, OutboxRelay
-from assay.bus.topics import topic_for
+from assay.bus.topics import producer_entry
 from assay.bus.transport import BusMessage
 from assay.kernel.canonical import content_hash
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
 from assay.messages import MESSAGES, open_envelope
-from assay.messages.envelope import message_id, seal
 from assay.record.state import StateKey
 from assay.runtime.consumer import StageRunner
 from assay.runtime.embedded import stage_log
@@ -63,10 +62,10 @@ class StageHarness:
         self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str | None = None
     ) -> None:
         """Seal `msg` as a producer would and hand it to the stage."""
-        spec = topic_for(topic, msg)
-        mid = message_id("harness", topic, idem or content_hash(msg.model_dump(mode="json")))
-        env = seal(msg, tenant=tenant, key=spec.key(msg), id=mid, causation=None)
-        await self.deliver_raw(topic, env.encode(), env.key)
+        entry = producer_entry(
+            topic, msg, tenant, idem or content_hash(msg.model_dump(mode="json"))
+        )
+        await self.deliver_raw(topic, entry.value, entry.key)
 
     async def outbox(self) -> list[PendingOutbox]:
         """Everything committed for publication and not yet shipped."""
