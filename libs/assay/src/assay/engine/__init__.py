@@ -10,7 +10,18 @@ from assay.engine.events import (
     fold_work,
 )
 from assay.engine.models import Completion, Model, ModelError, StubModel, solve
-from assay.engine.tools import BUILTIN_TOOLS, Tool, ToolError
+from assay.engine.tools import (
+    BUILTIN_TOOLS,
+    EffectClass,
+    Idempotent,
+    Pure,
+    Queryable,
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolRefused,
+    Unsafe,
+)
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -19,15 +30,22 @@ __all__ = [
     "AttemptStarted",
     "Completion",
     "Driver",
+    "EffectClass",
+    "Idempotent",
     "Journal",
     "Model",
     "ModelError",
+    "Pure",
+    "Queryable",
     "RunFinished",
     "RunSpec",
     "RunStarted",
     "StubModel",
     "Tool",
+    "ToolCall",
     "ToolError",
+    "ToolRefused",
+    "Unsafe",
     "fold_work",
     "solve",
 ]

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from assay.engine.events import AttemptFinished, AttemptStarted, RunStarted
 from assay.engine.models import Model, ModelError
-from assay.engine.tools import Tool, ToolError
+from assay.engine.tools import Tool, ToolCall, ToolError
 from assay.kernel.attempts import AttemptState, attempt_transition
 from assay.kernel.ids import AttemptNo, BranchId, StepId
 from assay.kernel.schema import Versioned
@@ -259,7 +259,16 @@ class Driver:
                     tool = self.tools.get(step.tool)
                     if tool is None:
                         raise ToolError(f"no tool {step.tool!r} is registered")
-                    output = await asyncio.wait_for(tool.fn(args or {}), step.timeout_s)
+                    call = ToolCall(
+                        tenant=spec.ref.tenant,
+                        run_id=spec.ref.run_id,
+                        branch=spec.branch,
+                        step=step.id,
+                        attempt=n,
+                        args=args or {},
+                        request_id=f"{spec.ref.run_id}/{spec.branch}/{step.id}/{n}",
+                    )
+                    output = await asyncio.wait_for(tool.fn(call), step.timeout_s)
                 state = AttemptState.SUCCEEDED
             except TimeoutError:
                 state, error = AttemptState.TIMED_OUT, f"timed out after {step.timeout_s}s"
