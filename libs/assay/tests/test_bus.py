@@ -43,7 +43,15 @@ from assay.bus import (
 )
 from assay.kernel.canonical import canonical_bytes, digest
 from assay.kernel.errors import Refused
-from assay.kernel.ids import RunId, TaskId, TenantId, WorkflowId, WorkflowVersion, tenant_id
+from assay.kernel.ids import (
+    RunId,
+    StepId,
+    TaskId,
+    TenantId,
+    WorkflowId,
+    WorkflowVersion,
+    tenant_id,
+)
 from assay.kernel.lifecycle import RunState
 from assay.kernel.schema import Versioned
 from assay.kernel.scores import Ungraded, UngradedReason, WinRecord
@@ -51,6 +59,7 @@ from assay.messages import (
     MAX_MESSAGE_BYTES,
     MESSAGES,
     AllocationChanged,
+    AttemptIndeterminate,
     ChallengerRejected,
     Envelope,
     Promoted,
@@ -545,6 +554,12 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (WorkflowRegistered(tenant=TENANT, definition={"id": WORKFLOW}), f"{t}:{WORKFLOW}"),
         (RunSpawned(run=ref, definition={}, input={}), f"{t}:{RUN}"),
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
+        (
+            AttemptIndeterminate(
+                run=ref, step=StepId("pay"), attempt=1, tool="charge", request_id="r", reason="?"
+            ),
+            f"{t}:{RUN}",
+        ),
         (RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage), f"{t}:{RUN}"),
         (
             RunVerified(run=ref, episode=TASK, passed=True, results=[], usage=usage, executed=True),

@@ -53,16 +53,18 @@ class LogJournal:
     def __init__(self, log: SqliteEventLog) -> None:
         self.log = log
         self.appended: list[tuple[Event, list[Lsn]]] = []
+        self.commits: list[list[Lsn]] = []
         self.emitted: list[tuple[str, Versioned]] = []
 
     async def history(self, key: BranchKey) -> list[LogRecord]:
         return await self.log.read(key)
 
     async def append(
-        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
-        lsns = await self.log.commit(CommitBatch(records=[(key, event)]))
-        self.appended.append((event, lsns))
+        lsns = await self.log.commit(CommitBatch(records=[(key, e) for e in events]))
+        self.appended.extend(zip(events, [[lsn] for lsn in lsns], strict=True))
+        self.commits.append(lsns)
         self.emitted.extend(emits)
 
 
@@ -78,11 +80,11 @@ class CrashingJournal(LogJournal):
         self.survive = survive
 
     async def append(
-        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
-        if len(self.appended) >= self.survive:
-            raise WorkerDied(f"died before committing {event.type}")
-        await super().append(key, event, emits)
+        if len(self.commits) >= self.survive:
+            raise WorkerDied(f"died before committing {events[0].type}")
+        await super().append(key, *events, emits=emits)
 
 
 async def open_log(path: Path) -> SqliteEventLog:

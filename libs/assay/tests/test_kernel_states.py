@@ -16,13 +16,16 @@ from hypothesis import strategies as st
 from assay.kernel import (
     AttemptState,
     IllegalTransition,
+    IntentState,
     RunState,
     attempt_transition,
     canonical_bytes,
     content_hash,
     digest,
+    intent_transition,
     is_run_id,
     legal_attempt_transitions,
+    legal_intent_transitions,
     legal_run_transitions,
     new_run_id,
     run_id_from,
@@ -394,3 +397,23 @@ def test_win_record_keeps_judge_and_verifier_apart_and_draws_out_of_wins_and_los
     assert rec.losses == count(Outcome.LOSS)
     assert rec.comparisons == len(history)
     assert rec.capped == 0
+
+
+# §8.4, written out: the intent of a tool call with an effect.
+INTENT_TABLE: frozenset[tuple[IntentState | None, IntentState]] = frozenset(
+    {
+        (None, IntentState.PENDING),
+        (IntentState.PENDING, IntentState.DISPATCHED),
+        (IntentState.DISPATCHED, IntentState.COMMITTED),
+    }
+)
+
+
+def test_intent_transitions_follow_the_written_out_table_pair_by_pair() -> None:
+    assert legal_intent_transitions() == INTENT_TABLE
+    for frm, to in itertools.product([None, *IntentState], IntentState):
+        if (frm, to) in INTENT_TABLE:
+            assert intent_transition(frm, to) is to
+        else:
+            with pytest.raises(IllegalTransition):
+                intent_transition(frm, to)

@@ -11,9 +11,11 @@ import pytest
 from pydantic import Field
 
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
+from assay.engine.events import Intent
 from assay.kernel import (
     AttemptNo,
     AttemptState,
+    IntentState,
     RunId,
     RunState,
     StepId,
@@ -39,6 +41,7 @@ from assay.kernel.scores import (
 from assay.messages import (
     MESSAGES,
     AllocationChanged,
+    AttemptIndeterminate,
     ChallengerRejected,
     Promoted,
     Purpose,
@@ -314,6 +317,14 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, rewrite=True),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
+    AttemptIndeterminate(
+        run=REF,
+        step=StepId("pay"),
+        attempt=1,
+        tool="charge",
+        request_id="t/r/0/pay/1",
+        reason="outcome unknown",
+    ),
     RunExecuted(
         run=REF, episode="blob:abc", succeeded=False, failed_step=StepId("solve"), usage=USAGE
     ),
@@ -389,6 +400,14 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 usage=USAGE,
                 duration_ms=1200,
                 interrupted=True,
+            ),
+            Intent(
+                step=StepId("answer"),
+                attempt=AttemptNo(1),
+                state=IntentState.DISPATCHED,
+                tool="charge",
+                effect="unsafe",
+                request_id="t/r/0/answer/1",
             ),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from assay.bus import RUNS
-from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.bus import RUN_STATUS, RUNS
+from assay.engine import BUILTIN_TOOLS, StubModel, Tool, ToolCall, Unsafe
 from assay.grading import StubJudge
 from assay.kernel import BranchId, RunState, TaskId, TenantId, content_hash, new_run_id
 from assay.messages import (
+    AttemptIndeterminate,
     Episode,
     Purpose,
     Role,
@@ -24,8 +26,9 @@ from assay.messages import (
 )
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageHarness
+from assay.runtime.metrics import stage_registry
 from assay.store import FsBlobStore
-from assay.workflow import load_workflow
+from assay.workflow import WorkflowDef, load_workflow, validate
 from assay_execute import create_stage
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -117,3 +120,52 @@ async def test_a_run_of_another_tenant_cannot_be_written_under_this_one(
 
 def _key(msg: RunSpawned) -> BranchKey:
     return BranchKey.for_run(msg.run.tenant, msg.run.run_id, BranchId(0))
+
+
+async def test_an_unresolved_unsafe_call_alerts_operators_by_message_and_metric(
+    tmp_path: Path,
+) -> None:
+    async def hangs(call: ToolCall) -> str:
+        await asyncio.sleep(30)
+        return "never"
+
+    tools = dict(BUILTIN_TOOLS, charge=Tool("charge", hangs, Unsafe(), "charges a card"))
+    blobs = FsBlobStore(tmp_path / "blobs")
+    deps = StageDeps(blobs=blobs, model=StubModel(), judge=StubJudge(), tools=tools)
+    wf = validate(
+        WorkflowDef.model_validate(
+            {
+                "id": "pay",
+                "steps": [
+                    {
+                        "id": "pay",
+                        "kind": "tool",
+                        "tool": "charge",
+                        "args": {"amount": "{{ task.amount }}"},
+                        "timeout_s": 0.2,
+                        "retry": {"max_attempts": 3},
+                    }
+                ],
+            }
+        ),
+        frozenset(tools),
+    )
+    task = {"amount": "12"}
+    ref = spawned().run.model_copy(
+        update={"workflow_id": wf.id, "workflow_version": wf.version, "task_id": "t-pay"}
+    )
+    msg = RunSpawned(run=ref, definition=wf.model_dump(mode="json", by_alias=True), input=task)
+    async with StageHarness(create_stage(deps), blobs, tmp_path) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        (alert,) = [
+            m for m in await stage.emitted(RUN_STATUS) if isinstance(m, AttemptIndeterminate)
+        ]
+        assert (alert.run, alert.step, alert.attempt, alert.tool) == (ref, "pay", 1, "charge")
+        (executed,) = [m for m in await stage.emitted() if isinstance(m, RunExecuted)]
+        assert not executed.succeeded
+        assert stage.runner is not None
+        registry = stage_registry(stage.runner)
+        value = registry.get_sample_value(
+            "assay_indeterminate_attempts_total", {"stage": "execute"}
+        )
+        assert value == 1.0

@@ -10,6 +10,7 @@ from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
 from assay.messages import (
     AllocationChanged,
+    AttemptIndeterminate,
     ChallengerRejected,
     Promoted,
     RunExecuted,
@@ -83,7 +84,12 @@ TOPICS: dict[str, Topic] = {
         Topic(TASKS, (TaskSubmitted,), _k("tenant", "idempotency_key"), "tenant:idempotency_key"),
         Topic(WORKFLOWS, (WorkflowRegistered,), _workflow_key, "tenant:workflow_id"),
         Topic(RUNS, (RunSpawned,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
-        Topic(RUN_STATUS, (RunStatusChanged,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
+        Topic(
+            RUN_STATUS,
+            (RunStatusChanged, AttemptIndeterminate),
+            _k("run.tenant", "run.run_id"),
+            "tenant:run_id",
+        ),
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
         Topic(VERIFIED, (RunVerified,), _k("run.tenant", "run.task_id"), "tenant:task_id"),
         Topic(

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from assay.engine import BUILTIN_TOOLS, WORK_EVENTS, Driver, RunFinished, RunSpec, StubModel
+from assay.engine import (
+    BUILTIN_TOOLS,
+    WORK_EVENTS,
+    Driver,
+    LogJournal,
+    RunFinished,
+    RunSpec,
+    StubModel,
+)
 from assay.engine.events import fold_work
 from assay.kernel import (
     BranchId,
@@ -18,29 +25,12 @@ from assay.kernel import (
     new_run_id,
     tenant_id,
 )
-from assay.kernel.schema import Versioned
 from assay.messages import Purpose, Role, RunRef
-from assay.record import BranchKey, Event, LogRecord
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
 from assay.verification import verify_episode
 from assay.workflow import load_workflow
 
 LOCAL_TENANT = uuid.uuid5(uuid.NAMESPACE_URL, "assay:local")
-
-
-class _LogJournal:
-    """The driver's journal straight onto an event log (no bus, no outbox)."""
-
-    def __init__(self, log: SqliteEventLog) -> None:
-        self.log = log
-
-    async def history(self, key: BranchKey) -> list[LogRecord]:
-        return await self.log.read(key)
-
-    async def append(
-        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
-    ) -> None:
-        await self.log.commit(CommitBatch(records=[(key, event)]))
 
 
 async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -> int:
@@ -63,7 +53,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     blobs = FsBlobStore(data_dir / "blobs")
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
-        episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, _LogJournal(log))
+        episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, LogJournal(log))
         blob = await blobs.put(tenant, episode.encode())
         await log.commit(
             CommitBatch(

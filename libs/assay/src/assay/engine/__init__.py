@@ -9,6 +9,7 @@ from assay.engine.events import (
     RunStarted,
     fold_work,
 )
+from assay.engine.journal import LogJournal
 from assay.engine.models import Completion, Model, ModelError, StubModel, solve
 from assay.engine.tools import (
     BUILTIN_TOOLS,
@@ -33,6 +34,7 @@ __all__ = [
     "EffectClass",
     "Idempotent",
     "Journal",
+    "LogJournal",
     "Model",
     "ModelError",
     "Pure",

@@ -15,14 +15,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from assay.engine.events import AttemptFinished, AttemptStarted, RunStarted
+from assay.bus.topics import RUN_STATUS, USAGE
+from assay.engine.events import AttemptFinished, AttemptStarted, Intent, RunStarted
 from assay.engine.models import Model, ModelError
-from assay.engine.tools import Tool, ToolCall, ToolError
+from assay.engine.tools import (
+    Pure,
+    Queryable,
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolRefused,
+    Unsafe,
+    effect_name,
+    idempotency_key,
+)
 from assay.kernel.attempts import AttemptState, attempt_transition
 from assay.kernel.ids import AttemptNo, BranchId, StepId
+from assay.kernel.intents import IntentState, intent_transition
 from assay.kernel.schema import Versioned
 from assay.messages.episode import AttemptView, Episode
-from assay.messages.models import RunRef, Usage, UsageRecorded
+from assay.messages.models import AttemptIndeterminate, RunRef, Usage, UsageRecorded
 from assay.record.events import BranchKey, Event, LogRecord
 from assay.workflow.ir import ModelStep, ToolStep, WorkflowDef
 from assay.workflow.templates import TemplateError, render
@@ -39,9 +51,9 @@ class Journal(Protocol):
         ...
 
     async def append(
-        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
-        """Commit `event` (and messages to emit with it) durably before returning."""
+        """Commit `events` (and messages to emit with them) in one durable commit."""
         ...
 
 
@@ -157,19 +169,7 @@ class Driver:
             n = AttemptNo(attempt)
             started = replay.take(AttemptStarted, step=step.id, attempt=n)
             if started is not None:
-                finished = replay.take(AttemptFinished, step=step.id, attempt=n)
-                if finished is None:  # the worker stopped mid-attempt
-                    attempt_transition(AttemptState.RUNNING, AttemptState.FAILED)
-                    finished = AttemptFinished(
-                        step=step.id,
-                        attempt=n,
-                        state=AttemptState.FAILED,
-                        error="interrupted: the worker stopped before the attempt finished",
-                        usage=Usage(),
-                        duration_ms=0,
-                        interrupted=True,
-                    )
-                    await journal.append(spec.key, finished)
+                finished = await self._recover(spec, journal, replay, step, started, iteration)
             else:
                 started, finished = await self._attempt(
                     spec, journal, step, n, iteration, outputs, totals
@@ -179,6 +179,8 @@ class Driver:
             if finished.state is AttemptState.SUCCEEDED and finished.output is not None:
                 outputs[step.id] = finished.output
                 return True
+            if finished.state is AttemptState.INDETERMINATE:
+                return False  # never retried automatically (§8.4)
             if finished.interrupted:
                 interrupted += 1  # the worker's fault, not the step's: a separate bound
             else:
@@ -191,6 +193,72 @@ class Driver:
                 return False
             if step.retry.backoff_s:
                 await asyncio.sleep(step.retry.backoff_s)
+
+    async def _recover(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        replay: _Replay,
+        step: ModelStep | ToolStep,
+        started: AttemptStarted,
+        iteration: int,
+    ) -> AttemptFinished:
+        """Attempt N's outcome: recorded, or recovered as §8.4's tables say."""
+        n = started.attempt
+        intents: list[Intent] = []
+        while (ev := replay.take(Intent, step=step.id, attempt=n)) is not None:
+            intents.append(ev)
+        finished: AttemptFinished | None = replay.take(AttemptFinished, step=step.id, attempt=n)
+        if finished is not None:
+            return finished
+        last = intents[-1] if intents else None
+        if last is None or last.state is IntentState.PENDING:
+            # Window A, or no effect at all: nothing was issued, retry freely.
+            attempt_transition(AttemptState.RUNNING, AttemptState.FAILED)
+            finished = AttemptFinished(
+                step=step.id,
+                attempt=n,
+                state=AttemptState.FAILED,
+                error="interrupted: the worker stopped before the attempt finished",
+                usage=Usage(),
+                duration_ms=0,
+                interrupted=True,
+            )
+            await journal.append(spec.key, finished)
+            return finished
+        if last.state is IntentState.COMMITTED:  # outcome recorded, attempt not closed
+            finished = _closing(step.id, n, last, time.monotonic())
+            await journal.append(spec.key, finished)
+            return finished
+        # Window B: the call may have landed.
+        assert isinstance(step, ToolStep)
+        assert started.args is not None
+        tool = self.tools.get(step.tool)
+        call = _call(spec, step.id, n, started.args, last.request_id, last.idempotency_key)
+        t0 = time.monotonic()
+        if tool is None or isinstance(tool.effects, Unsafe | Pure):
+            why = (
+                f"tool {step.tool!r} is no longer registered"
+                if tool is None
+                else f"{last.effect} tool {step.tool!r} was dispatched and never resolved"
+            )
+            return await self._indeterminate(spec, journal, step, n, last, why, t0)
+        if isinstance(tool.effects, Queryable):
+            try:
+                landed = await asyncio.wait_for(tool.effects.lookup(call), step.timeout_s)
+            except (TimeoutError, ToolError) as exc:
+                why = f"lookup of request {last.request_id} failed: {exc or 'timed out'}"
+                return await self._indeterminate(spec, journal, step, n, last, why, t0)
+            if landed is not None:
+                return await self._commit_outcome(
+                    spec, journal, last, step, n, t0, output=landed, resolved_by="lookup"
+                )
+            resolved_by = "lookup: not landed, dispatched again"
+        else:
+            resolved_by = "retried under the same idempotency key"
+        return await self._dispatched(
+            spec, journal, tool, step, n, call, last, t0, resolved_by=resolved_by
+        )
 
     async def _attempt(
         self,
@@ -221,71 +289,297 @@ class Driver:
         )
         await journal.append(spec.key, started)
         t0 = time.monotonic()
-        usage = Usage()
-        output: str | None = None
-        emits: list[tuple[str, Versioned]] = []
-        state = AttemptState.FAILED
-        if error is None:
-            try:
-                if isinstance(step, ModelStep):
-                    assert prompt is not None
-                    if totals.model_calls >= spec.definition.budget.max_model_calls:
-                        raise ModelError("the run's model-call budget is spent")
-                    seed = f"{spec.ref.run_id}:{step.id}:{n}"
-                    done = await asyncio.wait_for(
-                        self.model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
-                        step.timeout_s,
-                    )
-                    usage = Usage(
-                        model_calls=1,
-                        prompt_tokens=done.prompt_tokens,
-                        completion_tokens=done.completion_tokens,
-                    )
-                    emits.append(
-                        (
-                            "assay.usage",
-                            UsageRecorded(
-                                tenant=spec.ref.tenant,
-                                run_id=spec.ref.run_id,
-                                purpose=spec.ref.purpose,
-                                model=done.model,
-                                prompt_tokens=done.prompt_tokens,
-                                completion_tokens=done.completion_tokens,
-                            ),
-                        )
-                    )
-                    output = done.text
-                else:
-                    tool = self.tools.get(step.tool)
-                    if tool is None:
-                        raise ToolError(f"no tool {step.tool!r} is registered")
-                    call = ToolCall(
-                        tenant=spec.ref.tenant,
-                        run_id=spec.ref.run_id,
-                        branch=spec.branch,
-                        step=step.id,
-                        attempt=n,
-                        args=args or {},
-                        request_id=f"{spec.ref.run_id}/{spec.branch}/{step.id}/{n}",
-                    )
-                    output = await asyncio.wait_for(tool.fn(call), step.timeout_s)
-                state = AttemptState.SUCCEEDED
-            except TimeoutError:
-                state, error = AttemptState.TIMED_OUT, f"timed out after {step.timeout_s}s"
-            except (ModelError, ToolError) as exc:
-                error = str(exc)
-        attempt_transition(AttemptState.RUNNING, state)
-        finished = AttemptFinished(
+        if error is not None:
+            return started, await self._finish(
+                spec, journal, step.id, n, AttemptState.FAILED, t0, error=error
+            )
+        if isinstance(step, ModelStep):
+            assert prompt is not None
+            return started, await self._model_attempt(spec, journal, step, n, prompt, totals, t0)
+        assert args is not None
+        tool = self.tools.get(step.tool)
+        if tool is None:
+            return started, await self._finish(
+                spec,
+                journal,
+                step.id,
+                n,
+                AttemptState.FAILED,
+                t0,
+                error=f"no tool {step.tool!r} is registered",
+            )
+        try:
+            key = idempotency_key(tool, spec.ref.tenant, spec.ref.run_id, step.id, iteration, args)
+        except ToolRefused as exc:
+            return started, await self._finish(
+                spec, journal, step.id, n, AttemptState.FAILED, t0, error=str(exc)
+            )
+        call = _call(spec, step.id, n, args, _request_id(spec, step.id, n), key)
+        if not tool.has_effect:
+            _, state, output, error = await _invoke(tool, call, step.timeout_s)
+            return started, await self._finish(
+                spec, journal, step.id, n, state, t0, output=output, error=error
+            )
+        pending = Intent(
             step=step.id,
             attempt=n,
-            state=state,
-            output=output,
-            error=error,
+            state=intent_transition(None, IntentState.PENDING),
+            tool=tool.name,
+            effect=effect_name(tool.effects),
+            request_id=call.request_id,
+            idempotency_key=key,
+        )
+        await journal.append(spec.key, pending)
+        dispatched = pending.model_copy(
+            update={"state": intent_transition(pending.state, IntentState.DISPATCHED)}
+        )
+        await journal.append(spec.key, dispatched)
+        return started, await self._dispatched(spec, journal, tool, step, n, call, dispatched, t0)
+
+    async def _dispatched(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        tool: Tool,
+        step: ToolStep,
+        n: AttemptNo,
+        call: ToolCall,
+        intent: Intent,
+        t0: float,
+        resolved_by: str | None = None,
+    ) -> AttemptFinished:
+        """Perform a dispatched call and resolve its intent by its effect class."""
+        known, state, output, error = await _invoke(tool, call, step.timeout_s)
+        if known:  # the tool answered: the outcome is recorded
+            return await self._commit_outcome(
+                spec,
+                journal,
+                intent,
+                step,
+                n,
+                t0,
+                output=output,
+                error=error,
+                resolved_by=resolved_by,
+            )
+        # No answer (a timeout or an unexpected crash of the tool): did it land?
+        if isinstance(tool.effects, Queryable):
+            try:
+                landed = await asyncio.wait_for(tool.effects.lookup(call), step.timeout_s)
+            except (TimeoutError, ToolError):
+                landed = None
+            if landed is not None:
+                return await self._commit_outcome(
+                    spec, journal, intent, step, n, t0, output=landed, resolved_by="lookup"
+                )
+        if isinstance(tool.effects, Unsafe):
+            return await self._indeterminate(spec, journal, step, n, intent, error or "", t0)
+        # Idempotent (a retry reuses the key) or a queryable call that did not land.
+        return await self._finish(spec, journal, step.id, n, state, t0, error=error)
+
+    async def _commit_outcome(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        intent: Intent,
+        step: ToolStep,
+        n: AttemptNo,
+        t0: float,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+        resolved_by: str | None = None,
+    ) -> AttemptFinished:
+        """`Committed` and the attempt's end, in one durable commit."""
+        committed = intent.model_copy(
+            update={
+                "state": intent_transition(intent.state, IntentState.COMMITTED),
+                "output": output if error is None else None,
+                "error": error,
+                "resolved_by": resolved_by,
+            }
+        )
+        finished = _closing(step.id, n, committed, t0)
+        await journal.append(spec.key, committed, finished)
+        return finished
+
+    async def _indeterminate(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        step: ModelStep | ToolStep,
+        n: AttemptNo,
+        intent: Intent,
+        why: str,
+        t0: float,
+    ) -> AttemptFinished:
+        """A dispatched call nobody can resolve: a recorded unknown and an operator alert."""
+        reason = f"outcome unknown: {why}" if why else "outcome unknown"
+        state = attempt_transition(
+            AttemptState.RUNNING, AttemptState.INDETERMINATE, intent_dispatched=True
+        )
+        alert = AttemptIndeterminate(
+            run=spec.ref,
+            step=step.id,
+            attempt=n,
+            tool=intent.tool,
+            request_id=intent.request_id,
+            reason=reason,
+        )
+        return await self._finish(
+            spec, journal, step.id, n, state, t0, error=reason, emits=[(RUN_STATUS, alert)]
+        )
+
+    async def _model_attempt(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        step: ModelStep,
+        n: AttemptNo,
+        prompt: str,
+        totals: _Totals,
+        t0: float,
+    ) -> AttemptFinished:
+        usage = Usage()
+        emits: list[tuple[str, Versioned]] = []
+        try:
+            if totals.model_calls >= spec.definition.budget.max_model_calls:
+                raise ModelError("the run's model-call budget is spent")
+            seed = f"{spec.ref.run_id}:{step.id}:{n}"
+            done = await asyncio.wait_for(
+                self.model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
+                step.timeout_s,
+            )
+        except TimeoutError:
+            return await self._finish(
+                spec,
+                journal,
+                step.id,
+                n,
+                AttemptState.TIMED_OUT,
+                t0,
+                error=f"timed out after {step.timeout_s}s",
+            )
+        except ModelError as exc:
+            return await self._finish(
+                spec, journal, step.id, n, AttemptState.FAILED, t0, error=str(exc)
+            )
+        usage = Usage(
+            model_calls=1,
+            prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens,
+        )
+        emits.append(
+            (
+                USAGE,
+                UsageRecorded(
+                    tenant=spec.ref.tenant,
+                    run_id=spec.ref.run_id,
+                    purpose=spec.ref.purpose,
+                    model=done.model,
+                    prompt_tokens=done.prompt_tokens,
+                    completion_tokens=done.completion_tokens,
+                ),
+            )
+        )
+        return await self._finish(
+            spec,
+            journal,
+            step.id,
+            n,
+            AttemptState.SUCCEEDED,
+            t0,
+            output=done.text,
             usage=usage,
+            emits=emits,
+        )
+
+    async def _finish(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        step: StepId,
+        n: AttemptNo,
+        state: AttemptState,
+        t0: float,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+        usage: Usage | None = None,
+        emits: Sequence[tuple[str, Versioned]] = (),
+    ) -> AttemptFinished:
+        attempt_transition(
+            AttemptState.RUNNING,
+            state,
+            intent_dispatched=state is AttemptState.INDETERMINATE,
+        )
+        finished = AttemptFinished(
+            step=step,
+            attempt=n,
+            state=state,
+            output=output if state is AttemptState.SUCCEEDED else None,
+            error=error,
+            usage=usage or Usage(),
             duration_ms=int((time.monotonic() - t0) * 1000),
         )
-        await journal.append(spec.key, finished, emits)
-        return started, finished
+        await journal.append(spec.key, finished, emits=emits)
+        return finished
+
+
+def _request_id(spec: RunSpec, step: StepId, n: AttemptNo) -> str:
+    return f"{spec.ref.tenant}/{spec.ref.run_id}/{spec.branch}/{step}/{n}"
+
+
+def _call(
+    spec: RunSpec,
+    step: StepId,
+    n: AttemptNo,
+    args: Mapping[str, str],
+    request_id: str,
+    key: str | None,
+) -> ToolCall:
+    return ToolCall(
+        tenant=spec.ref.tenant,
+        run_id=spec.ref.run_id,
+        branch=spec.branch,
+        step=step,
+        attempt=n,
+        args=args,
+        request_id=request_id,
+        idempotency_key=key,
+    )
+
+
+async def _invoke(
+    tool: Tool, call: ToolCall, timeout_s: float
+) -> tuple[bool, AttemptState, str | None, str | None]:
+    """(known, state, output, error). `known` is False when the tool gave no answer
+    (a timeout, or it broke): whether it acted is then unknown."""
+    try:
+        output = await asyncio.wait_for(tool.fn(call), timeout_s)
+    except TimeoutError:
+        return False, AttemptState.TIMED_OUT, None, f"timed out after {timeout_s}s"
+    except ToolError as exc:  # the tool answered: it failed (ToolRefused: before any effect)
+        return True, AttemptState.FAILED, None, str(exc)
+    except Exception as exc:  # the tool itself broke: whether it acted is unknown
+        return False, AttemptState.FAILED, None, f"the tool raised {type(exc).__name__}: {exc}"
+    return True, AttemptState.SUCCEEDED, output, None
+
+
+def _closing(step: StepId, n: AttemptNo, committed: Intent, t0: float) -> AttemptFinished:
+    """The attempt's end that a committed intent implies."""
+    ok = committed.error is None
+    state = AttemptState.SUCCEEDED if ok else AttemptState.FAILED
+    attempt_transition(AttemptState.RUNNING, state)
+    return AttemptFinished(
+        step=step,
+        attempt=n,
+        state=state,
+        output=committed.output if ok else None,
+        error=committed.error,
+        usage=Usage(),
+        duration_ms=int((time.monotonic() - t0) * 1000),
+    )
 
 
 def _route(wf: WorkflowDef, at: StepId, taken: dict[tuple[StepId, StepId], int]) -> StepId | None:

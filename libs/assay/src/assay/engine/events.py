@@ -8,6 +8,7 @@ from pydantic import Field
 
 from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import AttemptNo, StepId
+from assay.kernel.intents import IntentState
 from assay.messages.models import RunRef, Usage
 from assay.record.events import Event, EventRegistry, LogRecord
 from assay.record.state import Patch, Put, StateDelta, StateKey
@@ -50,6 +51,30 @@ class AttemptFinished(Event):
     )
 
 
+class Intent(Event):
+    """A tool call's write-ahead intent reached `state` (§8.4). Committed before going on.
+
+    `Pending` is written before the call is issued, `Dispatched` just before
+    it is, `Committed` with its outcome. The request id and idempotency key are
+    the ones the tool saw, so a recovery can ask or retry under them.
+    """
+
+    type: ClassVar[str] = "Intent"
+    version: ClassVar[int] = 1
+    step: StepId = Field(description="Step of the attempt making the call.")
+    attempt: AttemptNo = Field(description="Attempt making the call.")
+    state: IntentState = Field(description="Intent state entered.")
+    tool: str = Field(description="Tool called.")
+    effect: str = Field(description="Its declared effect class (idempotent, queryable, unsafe).")
+    request_id: str = Field(description="Names this call; queryable tools tag the request with it.")
+    idempotency_key: str | None = Field(None, description="Kernel-derived key (idempotent).")
+    output: str | None = Field(None, description="Committed: the call's output.")
+    error: str | None = Field(None, description="Committed: the call's reported failure.")
+    resolved_by: str | None = Field(
+        None, description="Committed on recovery: how (retried with key, lookup, re-dispatch)."
+    )
+
+
 class RunFinished(Event):
     """Every step is terminal; the frozen episode is stored."""
 
@@ -61,7 +86,7 @@ class RunFinished(Event):
     usage: Usage = Field(description="Model usage of the run.")
 
 
-WORK_EVENTS = EventRegistry([RunStarted, AttemptStarted, AttemptFinished, RunFinished])
+WORK_EVENTS = EventRegistry([RunStarted, AttemptStarted, Intent, AttemptFinished, RunFinished])
 
 
 def fold_work(record: LogRecord) -> list[StateDelta]:
@@ -94,9 +119,18 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                     {"state": AttemptState.RUNNING.value, "iteration": i},
                 ),
             ]
-        case AttemptFinished(step=step, attempt=n, state=state, error=error):
+        case Intent(step=step, attempt=n, state=state, tool=tool, effect=effect):
             return [
                 Patch(run_doc, {"last_lsn": record.lsn}),
+                Put(
+                    StateKey(t, "intent", f"{run}/{branch}/{step}/{n}"),
+                    {"state": state.value, "tool": tool, "effect": effect},
+                ),
+            ]
+        case AttemptFinished(step=step, attempt=n, state=state, error=error):
+            extra = {"indeterminate": True} if state is AttemptState.INDETERMINATE else {}
+            return [
+                Patch(run_doc, {"last_lsn": record.lsn, **extra}),
                 Patch(
                     StateKey(t, "attempt", f"{run}/{branch}/{step}/{n}"),
                     {"state": state.value, "error": error},

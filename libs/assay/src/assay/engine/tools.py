@@ -162,8 +162,8 @@ def idempotency_key(
     picked = {name: args[name] for name in tool.effects.key}
     return content_hash(
         {
-            "tenant": tenant,
-            "run": run_id,
+            "tenant": str(tenant),
+            "run": str(run_id),
             "step": step,
             "iteration": iteration,
             "tool": tool.name,

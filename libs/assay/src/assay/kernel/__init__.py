@@ -20,6 +20,7 @@ from assay.kernel.ids import (
     run_id_from,
     tenant_id,
 )
+from assay.kernel.intents import IntentState, intent_transition, legal_intent_transitions
 from assay.kernel.lifecycle import RunState, legal_run_transitions, run_transition
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "BranchId",
     "GroupEpoch",
     "IllegalTransition",
+    "IntentState",
     "Lsn",
     "MessageId",
     "Refused",
@@ -43,8 +45,10 @@ __all__ = [
     "canonical_bytes",
     "content_hash",
     "digest",
+    "intent_transition",
     "is_run_id",
     "legal_attempt_transitions",
+    "legal_intent_transitions",
     "legal_run_transitions",
     "new_run_id",
     "run_id_from",

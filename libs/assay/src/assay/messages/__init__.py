@@ -12,6 +12,7 @@ from assay.messages.envelope import (
 from assay.messages.episode import AttemptView, Episode
 from assay.messages.models import (
     AllocationChanged,
+    AttemptIndeterminate,
     ChallengerRejected,
     Promoted,
     Purpose,
@@ -37,6 +38,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         WorkflowRegistered,
         RunSpawned,
         RunStatusChanged,
+        AttemptIndeterminate,
         RunExecuted,
         RunVerified,
         RunGraded,
@@ -54,6 +56,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGES",
     "AllocationChanged",
+    "AttemptIndeterminate",
     "AttemptView",
     "ChallengerRejected",
     "Envelope",

@@ -114,6 +114,23 @@ class RunStatusChanged(Versioned):
     detail: str = Field("", description="Why, for people.")
 
 
+class AttemptIndeterminate(Versioned):
+    """Operator alert: a dispatched call of an `Unsafe` tool has an unknown outcome (§8.4).
+
+    The attempt is `Indeterminate` and is never retried automatically; someone
+    has to look at what the tool may have done.
+    """
+
+    type: ClassVar[str] = "AttemptIndeterminate"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    step: StepId = Field(description="Step of the attempt.")
+    attempt: int = Field(ge=1, description="Attempt number.")
+    tool: str = Field(description="Tool whose call may or may not have landed.")
+    request_id: str = Field(description="The intent's request id, as the tool saw it.")
+    reason: str = Field(description="Why the outcome is unknown.")
+
+
 class RunExecuted(Versioned):
     """Execute finished a run; the frozen episode is a blob."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 
 from pydantic import ValidationError
 
@@ -100,6 +101,8 @@ class StageRunner:
         self.source = source
         self.handled = 0
         self.dead_lettered = 0
+        self.emitted: Counter[str] = Counter()
+        """Messages committed to the outbox, by type (alerts are counted from it)."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume and relay until `stop` is set."""
@@ -128,10 +131,13 @@ class StageRunner:
             await self._commit(CommitBatch(position=position))
             return
         for attempt in range(1, RETRIES + 1):
-            uow = UnitOfWork(self.spec.name, self.log, self.blobs, env, self.relay.wake.set)
+            uow = UnitOfWork(
+                self.spec.name, self.log, self.blobs, env, self.relay.wake.set, self.emitted
+            )
             try:
                 await handler(msg, uow)
                 await self._commit(uow.take(position=position, inbox=(env.tenant, env.id)))
+                self.emitted.update(uow.taken_types)
                 self.handled += 1
                 return
             except DuplicateMessage:

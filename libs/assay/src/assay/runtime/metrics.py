@@ -35,6 +35,21 @@ class StageCollector(Collector):
         )
         dead.add_metric([stage], self.runner.dead_lettered)
         yield dead
+        emitted = CounterMetricFamily(
+            "assay_messages_emitted",
+            "Messages a stage committed to its outbox, by type.",
+            labels=["stage", "type"],
+        )
+        for kind, count in sorted(self.runner.emitted.items()):
+            emitted.add_metric([stage, kind], count)
+        yield emitted
+        indeterminate = CounterMetricFamily(
+            "assay_indeterminate_attempts",
+            "Operator alert: attempts whose dispatched Unsafe call has an unknown outcome.",
+            labels=["stage"],
+        )
+        indeterminate.add_metric([stage], self.runner.emitted["AttemptIndeterminate"])
+        yield indeterminate
         shipped = CounterMetricFamily(
             "assay_outbox_shipped", "Outbox rows the relay published.", labels=["stage"]
         )

@@ -8,6 +8,7 @@ the inbox entry. Nothing in a handler knows which mode it runs in.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,7 @@ class UnitOfWork:
         blobs: BlobStore,
         envelope: Envelope,
         on_commit: Callable[[], None] | None = None,
+        emitted: Counter[str] | None = None,
     ) -> None:
         self.stage = stage
         self._on_commit = on_commit
@@ -86,6 +88,9 @@ class UnitOfWork:
         self.envelope = envelope
         self._records: list[tuple[BranchKey, Event]] = []
         self._outbox: list[OutboxEntry] = []
+        self._types: list[str] = []
+        self.taken_types: list[str] = []
+        self.emitted = emitted if emitted is not None else Counter()
         self.committed = 0
 
     @property
@@ -113,6 +118,7 @@ class UnitOfWork:
             causation=self.envelope,
         )
         self._outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
+        self._types.append(msg.type)
 
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
@@ -133,10 +139,11 @@ class UnitOfWork:
         return await self.log.read(key)
 
     async def append(
-        self, key: BranchKey, event: Event, emits: Sequence[tuple[str, Versioned]] = ()
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
-        """Record, emit and commit now (the engine's `Journal`)."""
-        self.record(key, event)
+        """Record, emit and commit now, in one commit (the engine's `Journal`)."""
+        for event in events:
+            self.record(key, event)
         for topic, msg in emits:
             self.emit(topic, msg)
         await self.commit()
@@ -145,6 +152,7 @@ class UnitOfWork:
         """Commit what is pending (without position or inbox)."""
         batch = self.take()
         lsns = await self.log.commit(batch)
+        self.emitted.update(self.taken_types)
         self.committed += 1
         if batch.outbox and self._on_commit is not None:
             self._on_commit()
@@ -153,9 +161,10 @@ class UnitOfWork:
     def take(self, **final: Any) -> CommitBatch:
         """Hand the pending writes over as a batch (the runner adds position and inbox)."""
         batch = CommitBatch(records=self._records, outbox=self._outbox, **final)
-        self._records, self._outbox = [], []
+        self.taken_types = self._types
+        self._records, self._outbox, self._types = [], [], []
         return batch
 
     def discard(self) -> None:
         """Drop pending writes (a refused message writes only its dead letter)."""
-        self._records, self._outbox = [], []
+        self._records, self._outbox, self._types = [], [], []

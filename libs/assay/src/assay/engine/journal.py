@@ -1,0 +1,28 @@
+"""A `Journal` straight onto an event log: no bus, no outbox (`assay run`, tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from assay.kernel.schema import Versioned
+from assay.record.events import BranchKey, Event, LogRecord
+from assay.store.ports import CommitBatch, EventLog
+
+
+class LogJournal:
+    """One commit per append on an `EventLog`; messages to emit are kept, not sent."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.emitted: list[tuple[str, Versioned]] = []
+
+    async def history(self, key: BranchKey) -> list[LogRecord]:
+        """Every record of the branch."""
+        return await self.log.read(key)
+
+    async def append(
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Commit `events` together; remember `emits`."""
+        await self.log.commit(CommitBatch(records=[(key, e) for e in events]))
+        self.emitted.extend(emits)
