@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from assay.engine import BUILTIN_TOOLS, WORK_EVENTS, Driver, RunFinished, RunSpec, StubModel
+from assay.engine import BUILTIN_TOOLS, WORK_EVENTS, Driver, RunFinished, RunSpec
 from assay.engine.events import fold_work
 from assay.kernel import (
     BranchId,
@@ -21,6 +21,7 @@ from assay.kernel import (
 from assay.kernel.schema import Versioned
 from assay.messages import Purpose, Role, RunRef
 from assay.record import BranchKey, Event, LogRecord
+from assay.runtime.settings import ModelSettings
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
 from assay.verification import verify_episode
 from assay.workflow import load_workflow
@@ -59,11 +60,12 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         role=Role.CURRENT,
         purpose=Purpose.WORK,
     )
+    model = ModelSettings.from_env().build()
     log = await SqliteEventLog(data_dir / "local-runs.sqlite", WORK_EVENTS, fold_work).open()
     blobs = FsBlobStore(data_dir / "blobs")
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
-        episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, _LogJournal(log))
+        episode = await Driver(model, BUILTIN_TOOLS).drive(spec, _LogJournal(log))
         blob = await blobs.put(tenant, episode.encode())
         await log.commit(
             CommitBatch(
@@ -83,6 +85,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         results = await verify_episode(episode, list(wf.verifiers))
     finally:
         await log.close()
+        await model.aclose()
     passed = episode.succeeded and all(r.passed for r in results)
     print(
         json.dumps(

@@ -1,5 +1,14 @@
 """Durable execution: the run driver, work events, the model port, built-in tools."""
 
+from assay.engine.chat_model import (
+    ChatCompletionsModel,
+    ModelRequestRefused,
+    ModelResponseInvalid,
+    ModelUnavailable,
+    Prices,
+    RetryPolicy,
+    request_seed,
+)
 from assay.engine.driver import Driver, Journal, RunSpec
 from assay.engine.events import (
     WORK_EVENTS,
@@ -28,6 +37,7 @@ __all__ = [
     "WORK_EVENTS",
     "AttemptFinished",
     "AttemptStarted",
+    "ChatCompletionsModel",
     "Completion",
     "Driver",
     "EffectClass",
@@ -35,8 +45,13 @@ __all__ = [
     "Journal",
     "Model",
     "ModelError",
+    "ModelRequestRefused",
+    "ModelResponseInvalid",
+    "ModelUnavailable",
+    "Prices",
     "Pure",
     "Queryable",
+    "RetryPolicy",
     "RunFinished",
     "RunSpec",
     "RunStarted",
@@ -47,5 +62,6 @@ __all__ = [
     "ToolRefused",
     "Unsafe",
     "fold_work",
+    "request_seed",
     "solve",
 ]
