@@ -608,6 +608,7 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
                 model="stub",
                 prompt_tokens=1,
                 completion_tokens=1,
+                cost_usd=0.0,
             ),
             t,
         ),

@@ -378,6 +378,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         model="stub",
         prompt_tokens=120,
         completion_tokens=3,
+        cost_usd=0.000126,
     ),
 ]
 
@@ -523,6 +524,38 @@ def test_every_message_type_round_trips_through_json_and_the_registry(msg: Versi
     assert decoded == msg
     assert type(decoded) is type(msg)
     assert decoded.model_dump(mode="json") == msg.model_dump(mode="json")
+
+
+def test_a_usage_recorded_v1_payload_upcasts_to_v2_costing_nothing() -> None:
+    v1 = {
+        "tenant": str(TENANT),
+        "run_id": str(RUN),
+        "purpose": "work",
+        "model": "stub",
+        "prompt_tokens": 3,
+        "completion_tokens": 7,
+    }
+    decoded = MESSAGES.decode("UsageRecorded", 1, v1)
+    assert isinstance(decoded, UsageRecorded)
+    assert decoded.cost_usd == 0.0
+    assert (decoded.prompt_tokens, decoded.completion_tokens) == (3, 7)
+    assert MESSAGES.versions("UsageRecorded") == [1, 2]
+    with pytest.raises(UnknownSchema, match="cost_usd"):
+        MESSAGES.decode("UsageRecorded", 2, v1)  # v2 states its cost; nothing guesses it
+
+
+@pytest.mark.parametrize("cost", [-0.01, float("nan"), float("inf")])
+def test_a_usage_recorded_cost_is_finite_and_not_negative(cost: float) -> None:
+    with pytest.raises(ValueError, match="cost_usd"):
+        UsageRecorded(
+            tenant=TENANT,
+            run_id=RUN,
+            purpose=Purpose.WORK,
+            model="stub",
+            prompt_tokens=1,
+            completion_tokens=1,
+            cost_usd=cost,
+        )
 
 
 @pytest.mark.parametrize("stage", sorted(EVENT_EXAMPLES))

@@ -166,6 +166,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                     model=judge.name,
                     prompt_tokens=0,
                     completion_tokens=0,
+                    cost_usd=0.0,
                 ),
             )
         if r.purpose is Purpose.WORK:

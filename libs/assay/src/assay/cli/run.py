@@ -15,7 +15,6 @@ from assay.engine import (
     LogJournal,
     RunFinished,
     RunSpec,
-    StubModel,
 )
 from assay.engine.events import fold_work
 from assay.kernel import (
@@ -26,6 +25,7 @@ from assay.kernel import (
     tenant_id,
 )
 from assay.messages import Purpose, Role, RunRef
+from assay.runtime.settings import ModelSettings
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
 from assay.verification import verify_episode
 from assay.workflow import load_workflow
@@ -49,11 +49,12 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         role=Role.CURRENT,
         purpose=Purpose.WORK,
     )
+    model = ModelSettings.from_env().build()
     log = await SqliteEventLog(data_dir / "local-runs.sqlite", WORK_EVENTS, fold_work).open()
     blobs = FsBlobStore(data_dir / "blobs")
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
-        episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, LogJournal(log))
+        episode = await Driver(model, BUILTIN_TOOLS).drive(spec, LogJournal(log))
         blob = await blobs.put(tenant, episode.encode())
         await log.commit(
             CommitBatch(
@@ -73,6 +74,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         results = await verify_episode(episode, list(wf.verifiers))
     finally:
         await log.close()
+        await model.aclose()
     passed = episode.succeeded and all(r.passed for r in results)
     print(
         json.dumps(

@@ -1,5 +1,14 @@
 """Durable execution: the run driver, work events, the model port, built-in tools."""
 
+from assay.engine.chat_model import (
+    ChatCompletionsModel,
+    ModelRequestRefused,
+    ModelResponseInvalid,
+    ModelUnavailable,
+    Prices,
+    RetryPolicy,
+    request_seed,
+)
 from assay.engine.driver import Driver, Journal, RunSpec
 from assay.engine.events import (
     WORK_EVENTS,
@@ -29,6 +38,7 @@ __all__ = [
     "WORK_EVENTS",
     "AttemptFinished",
     "AttemptStarted",
+    "ChatCompletionsModel",
     "Completion",
     "Driver",
     "EffectClass",
@@ -37,8 +47,13 @@ __all__ = [
     "LogJournal",
     "Model",
     "ModelError",
+    "ModelRequestRefused",
+    "ModelResponseInvalid",
+    "ModelUnavailable",
+    "Prices",
     "Pure",
     "Queryable",
+    "RetryPolicy",
     "RunFinished",
     "RunSpec",
     "RunStarted",
@@ -49,5 +64,6 @@ __all__ = [
     "ToolRefused",
     "Unsafe",
     "fold_work",
+    "request_seed",
     "solve",
 ]

@@ -479,6 +479,7 @@ class Driver:
                     model=done.model,
                     prompt_tokens=done.prompt_tokens,
                     completion_tokens=done.completion_tokens,
+                    cost_usd=done.cost_usd,
                 ),
             )
         )

@@ -18,12 +18,17 @@ from assay.kernel.errors import AssayError
 
 @dataclass(frozen=True)
 class Completion:
-    """A model's answer and what it cost."""
+    """A model's answer and what it cost.
+
+    `cost_usd` is the price of the call at the adapter's configured rates (0.0
+    when no price is configured, as for the stub model).
+    """
 
     text: str
     model: str
     prompt_tokens: int
     completion_tokens: int
+    cost_usd: float = 0.0
 
 
 class ModelError(AssayError):
@@ -119,6 +124,9 @@ class StubModel:
     def __init__(self, base_error: float = 0.35, careful_error: float = 0.08) -> None:
         self.base_error = base_error
         self.careful_error = careful_error
+
+    async def aclose(self) -> None:
+        """Nothing to release; present so a runtime can close any model it built."""
 
     async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
         rng = random.Random(digest(f"{seed}\x1f{digest(prompt.encode())}".encode()))

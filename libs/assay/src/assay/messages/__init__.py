@@ -30,6 +30,7 @@ from assay.messages.models import (
     VariantAggregate,
     VerifierResult,
     WorkflowRegistered,
+    usage_recorded_v1_to_v2,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -51,6 +52,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
     ]
 )
 """Every message type that travels on a topic, at its current version."""
+
+MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

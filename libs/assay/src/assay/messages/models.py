@@ -261,13 +261,29 @@ class ChallengerRejected(Versioned):
 
 
 class UsageRecorded(Versioned):
-    """One model call, attributed to tenant, run and purpose (§14.1)."""
+    """One model call, attributed to tenant, run and purpose, and what it cost (§14.1).
+
+    Version 2 added `cost_usd`; a version 1 payload reads as costing 0.0.
+    """
 
     type: ClassVar[str] = "UsageRecorded"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="Run the call served.")
     purpose: Purpose = Field(description="Work, shadow or grading.")
     model: str = Field(description="Model id.")
     prompt_tokens: int = Field(ge=0, description="Prompt tokens.")
     completion_tokens: int = Field(ge=0, description="Completion tokens.")
+    cost_usd: float = Field(
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "Price of the call in US dollars at the model's configured per-token prices; "
+            "0.0 when none is configured."
+        ),
+    )
+
+
+def usage_recorded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """UsageRecorded v1 -> v2: a call recorded before prices were known cost 0.0."""
+    return {**payload, "cost_usd": 0.0}

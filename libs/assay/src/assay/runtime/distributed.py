@@ -16,7 +16,6 @@ from contextlib import AsyncExitStack
 from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import all_topics
-from assay.engine.models import StubModel
 from assay.engine.tools import BUILTIN_TOOLS
 from assay.grading.judges import StubJudge
 from assay.kernel.errors import AssayError
@@ -24,7 +23,7 @@ from assay.runtime.consumer import StageRunner
 from assay.runtime.embedded import STAGES, discover_stages, shadow_rate_from_env, sprt_from_env
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import stage_registry
-from assay.runtime.settings import Settings
+from assay.runtime.settings import ModelSettings, Settings
 from assay.runtime.stage import StageDeps
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
@@ -64,14 +63,17 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     settings.require("kafka_bootstrap", "database_url")
     assert settings.kafka_bootstrap is not None
     assert settings.database_url is not None
+    model_settings = ModelSettings.from_env()
     await create_topics(settings)
     async with AsyncExitStack() as stack:
         blobs = blob_store(settings)
         await blobs.open()
         stack.push_async_callback(blobs.close)
+        model = model_settings.build()
+        stack.push_async_callback(model.aclose)
         deps = StageDeps(
             blobs=blobs,
-            model=StubModel(),
+            model=model,
             judge=StubJudge(),
             tools=dict(BUILTIN_TOOLS),
             sprt=sprt_from_env(),

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import producer_entry
+from assay.engine.chat_model import ChatCompletionsModel
 from assay.engine.models import Model, StubModel
 from assay.engine.tools import BUILTIN_TOOLS
 from assay.grading.judges import Judge, StubJudge
@@ -27,6 +28,7 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.runtime.consumer import StageRunner
+from assay.runtime.settings import ModelSettings
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
 from assay.store.sqlite import SqliteEventLog
@@ -96,9 +98,14 @@ class Embedded:
         self.partitions = partitions
         self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions)
         self.blobs = FsBlobStore(self.data_dir / "blobs")
+        # A model passed in belongs to the caller; one built from ASSAY_MODEL_* is ours to close.
+        self._own_model: StubModel | ChatCompletionsModel | None = None
+        if model is None:
+            self._own_model = ModelSettings.from_env().build()
+            model = self._own_model
         self.deps = StageDeps(
             blobs=self.blobs,
-            model=model or StubModel(),
+            model=model,
             judge=judge or StubJudge(),
             tools=dict(BUILTIN_TOOLS),
             sprt=sprt or sprt_from_env(),
@@ -119,6 +126,7 @@ class Embedded:
         missing = [s for s in self._stage_names if s not in factories]
         if missing:
             self._lock.release()
+            await self._close_model()
             raise StageMissing(
                 f"stages not installed: {', '.join(missing)} (install assay-{missing[0]})"
             )
@@ -136,7 +144,12 @@ class Embedded:
         for log in self.logs.values():
             await log.close()
         await self.bus.close()
+        await self._close_model()
         self._lock.release()
+
+    async def _close_model(self) -> None:
+        if self._own_model is not None:
+            await self._own_model.aclose()
 
     def start(self) -> None:
         """Start every stage's consumers and relay in the background."""

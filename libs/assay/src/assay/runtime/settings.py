@@ -1,12 +1,16 @@
-"""Configuration of a distributed stage, from the environment (documented in README)."""
+"""Configuration from the environment (documented in README): a distributed stage's
+services, and the model every mode calls."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
+from assay.engine.models import StubModel
 from assay.kernel.errors import AssayError
 from assay.kernel.schema import one_line
 
@@ -67,3 +71,98 @@ class Settings(BaseModel):
                 f"missing settings: ASSAY_{stage.upper()}_PASSWORD or ASSAY_STAGE_PASSWORD"
             )
         return password
+
+
+class ModelSettings(BaseModel):
+    """The model runs call; each field reads `ASSAY_MODEL_<FIELD>`.
+
+    Without `ASSAY_MODEL_URL` the deterministic stub model is used and the
+    other variables are only checked, not used.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    url: str | None = Field(
+        None,
+        description="Base URL of an OpenAI-compatible API, such as http://127.0.0.1:11434/v1.",
+    )
+    name: str | None = Field(None, description="Model id sent as `model`; needed with a URL.")
+    api_key: SecretStr | None = Field(None, description="Sent as `Authorization: Bearer`.")
+    timeout_s: float = Field(
+        60.0, gt=0, allow_inf_nan=False, description="Deadline of one HTTP request, seconds."
+    )
+    max_retries: int = Field(
+        4, ge=0, le=20, description="Retries of a 429, 5xx, connection error or timeout."
+    )
+    price_prompt_per_mtok: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="US dollars per million prompt tokens."
+    )
+    price_completion_per_mtok: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="US dollars per million completion tokens."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parsed = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL ({exc})") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ModelSettings:
+        """Read `ASSAY_MODEL_*` variables.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (the message
+                names the variable), or a URL is set without a model name.
+        """
+        env = os.environ if environ is None else environ
+        values = {
+            name: env[f"ASSAY_MODEL_{name.upper()}"]
+            for name in cls.model_fields
+            if env.get(f"ASSAY_MODEL_{name.upper()}") not in (None, "")
+        }
+        try:
+            settings = cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            shown = "" if field == "api_key" else f"={values.get(field)!r}"
+            raise SettingsInvalid(
+                f"invalid setting ASSAY_MODEL_{field.upper()}{shown}: {first['msg']}"
+            ) from exc
+        settings._check()
+        return settings
+
+    def _check(self) -> None:
+        if self.url is not None and not self.name:
+            raise SettingsInvalid(
+                "missing settings: ASSAY_MODEL_NAME (required when ASSAY_MODEL_URL is set)"
+            )
+
+    def build(self) -> StubModel | ChatCompletionsModel:
+        """The model these settings describe: the stub without a URL.
+
+        The caller owns the result and closes it with `aclose()`.
+
+        Raises:
+            SettingsInvalid: a URL without a model name.
+        """
+        if self.url is None:
+            return StubModel()
+        self._check()
+        assert self.name is not None
+        return ChatCompletionsModel(
+            self.url,
+            self.name,
+            api_key=self.api_key.get_secret_value() if self.api_key is not None else None,
+            timeout_s=self.timeout_s,
+            retry=RetryPolicy(max_retries=self.max_retries),
+            prices=Prices(self.price_prompt_per_mtok, self.price_completion_per_mtok),
+        )

@@ -1,0 +1,287 @@
+"""An OpenAI-compatible chat-completions model over HTTP (DESIGN §9).
+
+vLLM, SGLang, Ollama and hosted APIs speak one wire format: POST
+`{base_url}/chat/completions` with the model, the messages and the sampling
+parameters; the answer is `choices[0].message.content`, the token counts are
+`usage`. The adapter sends the prompt as one user message at temperature 0
+with an integer seed derived from the driver's seed string, so a server that
+honours seeds answers a retried call the same way.
+
+Transient failures (429, 5xx, connection errors, timeouts) are retried a
+bounded number of times with exponential backoff and jitter; a numeric
+`Retry-After` is honoured up to a cap. Anything else fails at once. The answer
+is parsed strictly: a body without the text or the token counts is an error,
+never a guessed answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from assay.engine.models import Completion, ModelError
+from assay.kernel.canonical import digest
+
+log = logging.getLogger(__name__)
+
+_EXCERPT_CHARS = 200
+
+
+class ModelUnavailable(ModelError):
+    """Every attempt met a 429, a 5xx, a connection error or a timeout."""
+
+
+class ModelRequestRefused(ModelError):
+    """The endpoint refused the request with a status that retrying cannot change."""
+
+
+class ModelResponseInvalid(ModelError):
+    """The endpoint answered with a body that is not a chat completion with usage."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a model's tokens cost, in US dollars per million tokens.
+
+    Raises:
+        ValueError: a negative or non-finite price.
+    """
+
+    prompt_per_mtok: float = 0.0
+    completion_per_mtok: float = 0.0
+
+    def __post_init__(self) -> None:
+        for price in (self.prompt_per_mtok, self.completion_per_mtok):
+            if not math.isfinite(price) or price < 0:
+                raise ValueError(f"a price per million tokens must be finite and >= 0: {price}")
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """The price of one call, in US dollars."""
+        return (
+            prompt_tokens * self.prompt_per_mtok + completion_tokens * self.completion_per_mtok
+        ) / 1_000_000
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a transiently failing request is retried.
+
+    At most `max_retries` retries follow the first request. Before retry `n`
+    (from 0) the adapter waits the server's numeric `Retry-After`, capped at
+    `retry_after_cap_s`, or else a random delay in `[d/2, d]` where
+    `d = min(backoff_cap_s, backoff_base_s * 2**n)`.
+
+    Raises:
+        ValueError: a negative count or delay.
+    """
+
+    max_retries: int = 4
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 8.0
+    retry_after_cap_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0: {self.max_retries}")
+        for delay in (self.backoff_base_s, self.backoff_cap_s, self.retry_after_cap_s):
+            if not math.isfinite(delay) or delay < 0:
+                raise ValueError(f"a retry delay must be finite and >= 0: {delay}")
+
+    def delay(self, retry: int, retry_after: float | None) -> float:
+        """Seconds to wait before retry number `retry` (0 is the first retry)."""
+        if retry_after is not None:
+            return min(retry_after, self.retry_after_cap_s)
+        ceiling = min(self.backoff_cap_s, self.backoff_base_s * 2.0**retry)
+        return random.uniform(ceiling / 2, ceiling)  # jitter: replicas do not retry in step
+
+
+def request_seed(seed: str) -> int:
+    """The integer sampling seed sent for the driver's seed string.
+
+    Deterministic across processes and machines, and in `[0, 2**31)` so that
+    servers storing seeds as 32-bit integers accept it.
+    """
+    return int(digest(seed.encode())[:8], 16) & 0x7FFF_FFFF
+
+
+class ChatCompletionsModel:
+    """A `Model` served by any OpenAI-compatible `/chat/completions` endpoint.
+
+    One `httpx.AsyncClient` serves every call of the instance; release it with
+    `aclose()` (or use the instance as an async context manager).
+
+    Args:
+        base_url: the API root, such as `http://127.0.0.1:11434/v1`.
+        name: the model id the server knows (sent as `model`).
+        api_key: sent as `Authorization: Bearer <key>` when given.
+        timeout_s: deadline of one HTTP request, connection included.
+        retry: how transient failures are retried.
+        prices: what tokens cost; `Completion.cost_usd` is computed from them.
+        temperature: sampling temperature (0: the most likely answer).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        name: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        retry: RetryPolicy | None = None,
+        prices: Prices | None = None,
+        temperature: float = 0.0,
+    ) -> None:
+        if not name:
+            raise ValueError("a chat-completions model needs a model name")
+        if not math.isfinite(timeout_s) or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be finite and > 0: {timeout_s}")
+        self.name = name
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.timeout_s = timeout_s
+        self.retry = retry or RetryPolicy()
+        self.prices = prices or Prices()
+        self.temperature = temperature
+        headers = {"Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), headers=headers)
+
+    async def __aenter__(self) -> ChatCompletionsModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client and its connections. The model is unusable after."""
+        await self._client.aclose()
+
+    async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
+        """Ask the endpoint to complete `prompt`.
+
+        Raises:
+            ModelUnavailable: 429, 5xx, connection errors or timeouts on every attempt.
+            ModelRequestRefused: any other non-2xx status (not retried).
+            ModelResponseInvalid: a 2xx whose body lacks the text or the token counts.
+        """
+        body = {
+            "model": self.name,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "seed": request_seed(seed),
+        }
+        attempts = self.retry.max_retries + 1
+        failure = ""
+        for attempt in range(attempts):
+            retry_after: float | None = None
+            try:
+                # httpx's timeout bounds each phase; this bounds the whole request.
+                async with asyncio.timeout(self.timeout_s):
+                    response = await self._client.post(self.url, json=body)
+            except (httpx.TimeoutException, TimeoutError):
+                failure = f"no answer within {self.timeout_s}s"
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if response.is_success:
+                    return self._completion(response)
+                status = response.status_code
+                failure = f"HTTP {status}: {_excerpt(response.text)}"
+                if status != 429 and status < 500:
+                    raise ModelRequestRefused(f"{self.url} refused the request: {failure}")
+                retry_after = _retry_after(response.headers.get("retry-after"))
+            if attempt + 1 < attempts:
+                delay = self.retry.delay(attempt, retry_after)
+                log.warning(
+                    "model call to %s failed (%s); retry %d/%d in %.2fs",
+                    self.url,
+                    failure,
+                    attempt + 1,
+                    self.retry.max_retries,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        raise ModelUnavailable(f"{self.url}: gave up after {attempts} attempt(s); last: {failure}")
+
+    def _completion(self, response: httpx.Response) -> Completion:
+        try:
+            doc = response.json()
+        except ValueError as exc:
+            raise ModelResponseInvalid(
+                f"{self.url} answered HTTP {response.status_code} with a body that is not "
+                f"JSON: {_excerpt(response.text)}"
+            ) from exc
+        text = _field(doc, ("choices", 0, "message", "content"), self.url)
+        if not isinstance(text, str):
+            raise ModelResponseInvalid(
+                f"{self.url}: choices[0].message.content is {_kind(text)}, not text"
+            )
+        tokens = [
+            _field(doc, ("usage", name), self.url)
+            for name in ("prompt_tokens", "completion_tokens")
+        ]
+        for name, value in zip(("prompt_tokens", "completion_tokens"), tokens, strict=True):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ModelResponseInvalid(
+                    f"{self.url}: usage.{name} is {_kind(value)}, not a count of tokens"
+                )
+        prompt_tokens, completion_tokens = tokens
+        served_by = doc.get("model")
+        return Completion(
+            text=text,
+            model=served_by if isinstance(served_by, str) and served_by else self.name,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=self.prices.cost(prompt_tokens, completion_tokens),
+        )
+
+
+def _field(doc: Any, path: tuple[str | int, ...], url: str) -> Any:
+    """`doc` at `path`, or `ModelResponseInvalid` naming the first missing part."""
+    here = doc
+    for depth, part in enumerate(path):
+        if isinstance(part, int):
+            present = isinstance(here, list) and len(here) > part
+        else:
+            present = isinstance(here, dict) and part in here
+        if not present:
+            raise ModelResponseInvalid(f"{url}: the response has no {_path(path[: depth + 1])}")
+        here = here[part]
+    return here
+
+
+def _path(parts: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {str(value)[:40]!r}"
+
+
+def _excerpt(text: str) -> str:
+    flat = re.sub(r"\s+", " ", text).strip()
+    if not flat:
+        return "(empty body)"
+    return flat if len(flat) <= _EXCERPT_CHARS else flat[:_EXCERPT_CHARS] + "…"
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A numeric `Retry-After` in seconds; None when absent or an HTTP date."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
