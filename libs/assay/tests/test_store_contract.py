@@ -44,9 +44,11 @@ from assay.store import (
     DuplicateMessage,
     EventLog,
     FsBlobStore,
+    LeaseLost,
     OutboxEntry,
     S3BlobStore,
     SqliteEventLog,
+    StaleFence,
     connect,
 )
 from assay.store.postgres import PostgresEventLog
@@ -207,6 +209,110 @@ async def assert_nothing_of(
     assert not await log.seen(*inbox)
     assert all(t != topic for t, _ in await log.positions())
     assert all(p.entry.topic != topic for p in await log.drain_outbox(1000))
+
+
+# -- leases and fencing (§9.4) ------------------------------------------------------
+
+
+async def test_a_lease_is_granted_once_until_it_lapses_and_each_grant_bumps_the_fence(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    a = await event_log.claim(tenant, "run-1", "worker-a", ttl_ms=300)
+    assert a is not None
+    assert (a.holder, a.fence) == ("worker-a", 1)
+    assert await event_log.claim(tenant, "run-1", "worker-b", ttl_ms=300) is None
+    again = await event_log.claim(tenant, "run-1", "worker-a", ttl_ms=300)  # a restart
+    assert again is not None
+    assert again.fence == 2
+    await asyncio.sleep(0.5)  # lapsed
+    b = await event_log.claim(tenant, "run-1", "worker-b", ttl_ms=10_000)
+    assert b is not None
+    assert (b.holder, b.fence) == ("worker-b", 3)
+    # Another tenant's stream of the same name is another lease.
+    other = await event_log.claim(new_tenant(), "run-1", "worker-a", ttl_ms=10_000)
+    assert other is not None
+    assert other.fence == 1
+
+
+async def test_a_stale_fence_is_refused_and_writes_nothing(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    key = main(tenant, "run-2")
+    old = await event_log.claim(tenant, "run-2", "worker-a", ttl_ms=200)
+    assert old is not None
+    assert await event_log.commit(CommitBatch(records=[(key, put("a"))], fence=old)) == [0]
+    await asyncio.sleep(0.4)
+    new = await event_log.claim(tenant, "run-2", "worker-b", ttl_ms=10_000)
+    assert new is not None
+    inbox = (tenant, MessageId("m-stale"))
+    stale = CommitBatch(
+        records=[(key, put("stale"))],
+        position=ConsumerPosition("stale.topic", 0, 7),
+        inbox=inbox,
+        outbox=[OutboxEntry("stale.topic", "k", b"v")],
+        fence=old,
+    )
+    with pytest.raises(StaleFence, match="taken over"):
+        await event_log.commit(stale)
+    await assert_nothing_of(event_log, inbox, "stale.topic", [], ["stale"])
+    assert [r.lsn for r in await event_log.read(key)] == [0]
+    # The new holder's writes land where the old one's stopped.
+    assert await event_log.commit(CommitBatch(records=[(key, put("b"))], fence=new)) == [1]
+    with pytest.raises(LeaseLost):
+        await event_log.renew(old, ttl_ms=1000)
+
+
+async def test_a_stale_fence_in_a_group_commit_fails_alone(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    old = await event_log.claim(tenant, "run-3", "worker-a", ttl_ms=100)
+    assert old is not None
+    await asyncio.sleep(0.3)
+    new = await event_log.claim(tenant, "run-3", "worker-b", ttl_ms=10_000)
+    assert new is not None
+    key = main(tenant, "run-3")
+    batches = [CommitBatch(records=[(main(tenant, f"free-{i}"), put(f"f{i}"))]) for i in range(5)]
+    batches.insert(2, CommitBatch(records=[(key, put("old"))], fence=old))
+    batches.insert(4, CommitBatch(records=[(key, put("new"))], fence=new))
+    outcomes = await asyncio.gather(*(event_log.commit(b) for b in batches), return_exceptions=True)
+    assert isinstance(outcomes[2], StaleFence)
+    assert [o for i, o in enumerate(outcomes) if i != 2] == [[0]] * 6
+    assert [r.event for r in await event_log.read(key)] == [put("new")]
+
+
+async def test_renewal_extends_a_lease_from_the_database_clock(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    lease = await event_log.claim(tenant, "run-4", "worker-a", ttl_ms=300)
+    assert lease is not None
+    for _ in range(4):
+        await asyncio.sleep(0.15)
+        lease = await event_log.renew(lease, ttl_ms=300)
+    assert await event_log.claim(tenant, "run-4", "worker-b", ttl_ms=300) is None
+    assert lease.fence == 1
+
+
+async def test_lease_time_is_the_databases_not_the_callers(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant = new_tenant()
+    lease = await event_log.claim(tenant, "run-5", "worker-a", ttl_ms=60_000)
+    assert lease is not None
+    hour_later = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: hour_later)  # the worker's clock jumps
+    assert await event_log.claim(tenant, "run-5", "worker-b", ttl_ms=60_000) is None
+
+
+async def test_a_released_lease_is_free_at_once_and_fences_keep_growing(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    a = await event_log.claim(tenant, "run-6", "worker-a", ttl_ms=60_000)
+    assert a is not None
+    await event_log.release(a)
+    b = await event_log.claim(tenant, "run-6", "worker-b", ttl_ms=60_000)
+    assert b is not None
+    assert b.fence == a.fence + 1
+    await event_log.release(a)  # a stale release changes nothing
+    assert await event_log.claim(tenant, "run-6", "worker-c", ttl_ms=60_000) is None
 
 
 # -- commit, LSNs, read ----------------------------------------------------------

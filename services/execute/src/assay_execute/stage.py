@@ -13,12 +13,14 @@ from assay.engine import WORK_EVENTS, Driver, RunFinished, RunSpec, fold_work
 from assay.kernel import BranchId, Refused, RunState
 from assay.messages import RunExecuted, RunSpawned, RunStatusChanged
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime.leases import acquire, under_lease
 from assay.workflow import WorkflowInvalid, from_document, validate
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the execute stage."""
     driver = Driver(deps.model, deps.tools)
+    ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
 
     async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
@@ -32,9 +34,15 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 f"not the pinned {msg.run.workflow_version}"
             )
         spec = RunSpec(ref=msg.run, definition=wf, input=msg.input, branch=BranchId(0))
-        if not await uow.history(spec.key):
+        # One worker at a time drives a run: its lease fences every commit below.
+        lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
+        uow.fence = lease
+        history = await uow.history(spec.key)
+        if any(isinstance(r.event, RunFinished) for r in history):
+            return  # finished by a worker whose message commit raced this delivery
+        if not history:
             uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
-        episode = await driver.drive(spec, uow)
+        episode = await under_lease(uow.log, lease, ttl, driver.drive(spec, uow))
         ref = await uow.blobs.put(uow.tenant, episode.encode())
         uow.record(
             spec.key,

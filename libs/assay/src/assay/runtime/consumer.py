@@ -29,7 +29,9 @@ from assay.store.ports import (
     ConsumerPosition,
     DuplicateMessage,
     EventLog,
+    LeaseLost,
     OutboxEntry,
+    StaleFence,
 )
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ class StageRunner:
         self.source = source
         self.handled = 0
         self.dead_lettered = 0
+        self.abandoned = 0
+        """Messages given up because another worker took their run over."""
         self.emitted: Counter[str] = Counter()
         """Messages committed to the outbox, by type (alerts are counted from it)."""
 
@@ -142,6 +146,20 @@ class StageRunner:
                 return
             except DuplicateMessage:
                 await self._commit(CommitBatch(position=position))
+                return
+            except (StaleFence, LeaseLost) as exc:
+                # Another worker took the run over and owns its outcome; this one
+                # writes nothing more for it (not even the position).
+                uow.discard()
+                self.abandoned += 1
+                log.warning(
+                    "stage %s: abandoned %s/%d@%d: %s",
+                    self.spec.name,
+                    m.topic,
+                    m.partition,
+                    m.offset,
+                    exc,
+                )
                 return
             except Refused as exc:
                 uow.discard()

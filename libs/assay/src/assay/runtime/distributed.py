@@ -78,6 +78,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             tools=dict(BUILTIN_TOOLS),
             sprt=sprt_from_env(),
             shadow_rate=shadow_rate_from_env(),
+            lease_ttl_s=settings.lease_ttl_s,
         )
         spec = factories[stage](deps)
         event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)

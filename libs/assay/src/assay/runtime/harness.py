@@ -22,24 +22,36 @@ from assay.record.state import StateKey
 from assay.runtime.consumer import StageRunner
 from assay.runtime.embedded import stage_log
 from assay.runtime.stage import StageSpec
-from assay.store.ports import BlobStore, PendingOutbox
+from assay.store.ports import BlobStore, EventLog, PendingOutbox
 from assay.store.sqlite import SqliteEventLog
 
 
 class StageHarness:
-    """One stage on its own store in `directory`. Use as an async context manager."""
+    """One stage on its own store in `directory`. Use as an async context manager.
 
-    def __init__(self, spec: StageSpec, blobs: BlobStore, directory: Path) -> None:
+    `log` replaces that store with one the caller opened (and closes), for
+    instance a Postgres schema, or a store another harness shares.
+    """
+
+    def __init__(
+        self, spec: StageSpec, blobs: BlobStore, directory: Path, log: EventLog | None = None
+    ) -> None:
         self.spec = spec
         self.blobs = blobs
         self.directory = directory
-        self.log: SqliteEventLog = stage_log(directory, spec)
+        self._own_log: SqliteEventLog | None = None
+        self.log: EventLog
+        if log is None:
+            self.log = self._own_log = stage_log(directory, spec)
+        else:
+            self.log = log
         self.bus = EmbeddedBus(directory / "bus.sqlite", partitions=1)
         self._offsets: dict[str, int] = {}
         self.runner: StageRunner | None = None
 
     async def __aenter__(self) -> StageHarness:
-        await self.log.open()
+        if self._own_log is not None:
+            await self._own_log.open()
         await self.bus.open()
         relay = OutboxRelay(
             self.spec.name, self.log, self.bus, FileLock(self.directory / "relay.lock")
@@ -48,7 +60,8 @@ class StageHarness:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.log.close()
+        if self._own_log is not None:
+            await self._own_log.close()
         await self.bus.close()
 
     async def deliver_raw(self, topic: str, value: bytes, key: str = "k") -> None:

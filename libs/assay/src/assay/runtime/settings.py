@@ -37,6 +37,9 @@ class Settings(BaseModel):
     partitions: int = Field(12, ge=1, le=10_000, description="Partitions per topic at creation.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz and /metrics.")
     log_level: str = Field("INFO", description="Python logging level.")
+    lease_ttl_s: float = Field(
+        15.0, gt=0.1, le=3600, description="Lease of a run without a heartbeat, in seconds."
+    )
     stage_password: str | None = Field(
         None,
         description="Password of every stage role at provisioning (or ASSAY_<STAGE>_PASSWORD).",

@@ -25,7 +25,8 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, StateKey
-from assay.store.ports import BlobStore, CommitBatch, EventLog, OutboxEntry
+from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
+from assay.store.ports import BlobStore, CommitBatch, EventLog, Lease, OutboxEntry
 
 Handler = Callable[[Any, "UnitOfWork"], Awaitable[None]]
 
@@ -58,6 +59,10 @@ class StageDeps:
     tools: dict[str, Tool]
     sprt: SprtPolicy = field(default_factory=SprtPolicy)
     shadow_rate: float = 1.0
+    worker: str = field(default_factory=new_worker_id)
+    """This process's identity as a lease holder."""
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    """How long a run's lease lasts without a heartbeat."""
 
 
 StageFactory = Callable[[StageDeps], StageSpec]
@@ -89,6 +94,8 @@ class UnitOfWork:
         self._records: list[tuple[BranchKey, Event]] = []
         self._outbox: list[OutboxEntry] = []
         self._types: list[str] = []
+        self.fence: Lease | None = None
+        """The lease every commit of this unit of work is checked against."""
         self.taken_types: list[str] = []
         self.emitted = emitted if emitted is not None else Counter()
         self.committed = 0
@@ -160,7 +167,7 @@ class UnitOfWork:
 
     def take(self, **final: Any) -> CommitBatch:
         """Hand the pending writes over as a batch (the runner adds position and inbox)."""
-        batch = CommitBatch(records=self._records, outbox=self._outbox, **final)
+        batch = CommitBatch(records=self._records, outbox=self._outbox, fence=self.fence, **final)
         self.taken_types = self._types
         self._records, self._outbox, self._types = [], [], []
         return batch

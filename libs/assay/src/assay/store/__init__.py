@@ -13,9 +13,12 @@ from assay.store.ports import (
     ConsumerPosition,
     DuplicateMessage,
     EventLog,
+    Lease,
+    LeaseLost,
     OutboxEntry,
     PendingOutbox,
     RebuildReport,
+    StaleFence,
 )
 from assay.store.s3_blobs import S3BlobStore
 from assay.store.sqlite import SqliteEventLog, connect
@@ -51,6 +54,8 @@ __all__ = [
     "DuplicateMessage",
     "EventLog",
     "FsBlobStore",
+    "Lease",
+    "LeaseLost",
     "OutboxEntry",
     "OutboxListener",
     "PendingOutbox",
@@ -59,6 +64,7 @@ __all__ = [
     "RebuildReport",
     "S3BlobStore",
     "SqliteEventLog",
+    "StaleFence",
     "check_ref",
     "connect",
     "listen_for_outbox",

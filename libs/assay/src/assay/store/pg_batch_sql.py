@@ -38,6 +38,7 @@ class Shape(NamedTuple):
     logs: int
     position: bool
     outs: int
+    fenced: bool = False
 
 
 def one_batch(
@@ -46,12 +47,15 @@ def one_batch(
     states: list[tuple[Any, ...]],
     position: tuple[Any, Any, Any] | None,
     outs: list[tuple[Any, ...]],
+    fence: tuple[Any, Any, Any] | None = None,
 ) -> tuple[Shape, list[Any]] | None:
     """The shape of a batch and its parameters in statement order; None when it is
-    too big for the fast path."""
+    too big for the fast path. `fence` is (tenant, stream, fence) of a fenced batch."""
     if len(logs) > _MAX_ROWS or len(states) > _MAX_ROWS or len(outs) > _MAX_ROWS:
         return None
-    args: list[Any] = [*inbox] if inbox is not None else []
+    args: list[Any] = [*fence] if fence is not None else []
+    if inbox is not None:
+        args += inbox
     creates: list[tuple[Any, ...]] = []
     updates: list[tuple[Any, ...]] = []
     puts = 0
@@ -81,6 +85,7 @@ def one_batch(
         len(logs),
         position is not None,
         len(outs),
+        fence is not None,
     )
     return shape, args
 
@@ -98,6 +103,8 @@ def statement(s: str, shape: Shape) -> str:
     ctes: list[str] = []
     written: list[str] = []  # the state CTEs, which the log insert waits for
     inbox_ok = patches_ok = "true"
+    if shape.fenced:
+        ctes.append(fence_cte(s, next(n), next(n), next(n)))
     if shape.inbox:
         ctes.append(
             f"ib AS (INSERT INTO {s}.inbox VALUES {row('uuid', 'text')}"
@@ -153,8 +160,22 @@ def statement(s: str, shape: Shape) -> str:
             f" VALUES {rows(shape.outs, 'text', 'text', 'bytea', 'bytea')})"
         )
     if inbox_ok == patches_ok == "true" and not shape.outs:
-        check = "SELECT 1"  # nothing to check, nobody to wake
+        check = "1"  # nothing to check, nobody to wake
     else:
         notify = "true" if shape.outs else "false"
-        check = f"SELECT {s}.assay_check({inbox_ok}, {patches_ok}, {notify})"
-    return f"WITH {', '.join(ctes)} {check}" if ctes else check
+        check = f"{s}.assay_check({inbox_ok}, {patches_ok}, {notify})"
+    if shape.fenced:
+        check = f"{FENCE_CHECK.format(s=s)}, {check}"
+    return f"WITH {', '.join(ctes)} SELECT {check}" if ctes else f"SELECT {check}"
+
+
+FENCE_CHECK = "{s}.assay_fenced(EXISTS (SELECT FROM fc))"
+"""Raises `AS003` unless the `fc` CTE found the batch's lease at its fence."""
+
+
+def fence_cte(s: str, tenant: int, stream: int, fence: int) -> str:
+    """The CTE that share-locks a fenced batch's lease row, if its fence still holds."""
+    return (
+        f"fc AS (SELECT 1 FROM {s}.leases WHERE tenant = ${tenant}::uuid"
+        f" AND stream = ${stream}::text AND fence = ${fence}::bigint FOR SHARE)"
+    )

@@ -21,10 +21,10 @@ from asyncpg.pool import PoolConnectionProxy
 
 from assay.kernel.ids import Lsn
 from assay.record.state import Fold
-from assay.store.pg_batch_sql import Shape, one_batch, statement
+from assay.store.pg_batch_sql import FENCE_CHECK, Shape, fence_cte, one_batch, statement
 from assay.store.pg_fold import Branch, Doc, Folded, WriterView
-from assay.store.pg_schema import DUPLICATE_MESSAGE, STALE_GUESS, Outcome, quoted
-from assay.store.ports import CommitBatch, DuplicateMessage
+from assay.store.pg_schema import DUPLICATE_MESSAGE, STALE_FENCE, STALE_GUESS, Outcome, quoted
+from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence
 from assay.store.sqlite import encode_headers
 
 _MAX_GROUP = 500
@@ -52,6 +52,11 @@ class GroupCommitter:
         self._view = WriterView(s, fold)
         self._commit_sql = (
             f"SELECT {s}.assay_commit($1::{s}.commit_batch[], $2::{s}.log_row[],"
+            f" $3::{s}.state_row[], $4::{s}.outbox_row[])"
+        )
+        self._fenced_commit_sql = (
+            f"WITH {fence_cte(s, 5, 6, 7)} SELECT {FENCE_CHECK.format(s=s)},"
+            f" {s}.assay_commit($1::{s}.commit_batch[], $2::{s}.log_row[],"
             f" $3::{s}.state_row[], $4::{s}.outbox_row[])"
         )
         self._statements: dict[Shape, str] = {}
@@ -86,7 +91,8 @@ class GroupCommitter:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Lsn]] = loop.create_future()
         self._order += 1
-        self._queue.append(_Pending(batch, fut, self._order))
+        # A fenced batch goes alone: its fence check is part of its own statement.
+        self._queue.append(_Pending(batch, fut, self._order, alone=batch.fence is not None))
         return await fut
 
     def forget_documents(self) -> None:
@@ -138,6 +144,8 @@ class GroupCommitter:
             except asyncpg.PostgresError as exc:
                 if exc.sqlstate == DUPLICATE_MESSAGE:
                     raise _duplicate(batch) from exc
+                if exc.sqlstate == STALE_FENCE:
+                    raise _stale(batch) from exc
                 if exc.sqlstate not in _AGAIN or tries == _MAX_TRIES:
                     raise
                 if f is not None and exc.sqlstate in _STALE:
@@ -157,9 +165,14 @@ class GroupCommitter:
         p = b.position
         outs = _outbox_rows(b) if b.outbox else []
         position = (p.topic, p.partition, p.next_offset) if p is not None else None
-        fast = one_batch(b.inbox, f.logs, f.states, position, outs)
+        lease = b.fence
+        fence = (lease.tenant, lease.stream, lease.fence) if lease is not None else None
+        fast = one_batch(b.inbox, f.logs, f.states, position, outs, fence)
         if fast is None:
-            return (self._commit_sql, [_batch_row(f, len(outs), [], [])], f.logs, f.states, outs)
+            general = ([_batch_row(f, len(outs), [], [])], f.logs, f.states, outs)
+            if fence is None:
+                return (self._commit_sql, *general)
+            return (self._fenced_commit_sql, *general, *fence)
         shape, args = fast
         sql = self._statements.get(shape)
         if sql is None:
@@ -367,6 +380,12 @@ def _batch_row(f: Folded, n_out: int, deps: list[int], follows: list[int]) -> tu
     p = b.position
     pos = (p.topic, p.partition, p.next_offset) if p is not None else (None, None, None)
     return (inbox_t, inbox_id, *pos, len(f.logs), len(f.states), n_out, deps, follows)
+
+
+def _stale(batch: CommitBatch) -> StaleFence:
+    lease = batch.fence
+    what = f"stream {lease.stream}: fence {lease.fence}" if lease is not None else "fence"
+    return StaleFence(f"{what} is stale; the run was taken over")
 
 
 def _duplicate(batch: CommitBatch) -> DuplicateMessage:

@@ -25,6 +25,8 @@ DUPLICATE_MESSAGE = "AS001"
 """SQLSTATE `assay_commit` raises when a batch's inbox id was committed before."""
 STALE_GUESS = "AS002"
 """SQLSTATE for a patch whose base document changed since the writer read it."""
+STALE_FENCE = "AS003"
+"""SQLSTATE for a fenced commit whose lease was taken over."""
 
 
 class Outcome:
@@ -236,7 +238,28 @@ END
 $fn$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_TABLES, _COMMIT)
+# Leases (§9.4): one row per leased stream; `fence` only ever grows. A fenced
+# commit reads its lease row FOR SHARE in the commit's own statement, so a claim
+# that bumps the fence either commits first (the write is refused) or waits for
+# the write to land (the new holder reads it).
+_LEASES = """
+CREATE TABLE {s}.leases (
+    tenant uuid NOT NULL, stream text NOT NULL, holder text, fence bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (tenant, stream)
+);
+
+CREATE FUNCTION {s}.assay_fenced(ok boolean) RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NOT ok THEN
+        RAISE EXCEPTION 'stale fence: the run was taken over' USING ERRCODE = 'AS003';
+    END IF;
+    RETURN true;
+END
+$fn$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_TABLES, _COMMIT, _LEASES)
 """The event log's migrations, in order: version n is `MIGRATIONS[n - 1]`."""
 
 

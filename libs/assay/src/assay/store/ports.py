@@ -15,6 +15,31 @@ class DuplicateMessage(AssayError):
     """The batch's inbox id was already committed: the message was handled before."""
 
 
+class StaleFence(AssayError):
+    """The batch was written under a fence that is no longer the stream's lease:
+    another worker took the run over. Nothing of the batch was written (§9.4)."""
+
+
+class LeaseLost(AssayError):
+    """A renewal found the lease held under another fence: stop working on the run."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim on one stream (a run), granted by the store under its own clock.
+
+    `fence` grows by one with every grant, whoever the holder; a commit carrying
+    a lease is accepted only while its fence is the stream's current one.
+    """
+
+    tenant: TenantId
+    stream: str
+    holder: str
+    fence: int
+    expires_at_ms: int
+    """When it lapses, in the database clock's milliseconds since the epoch."""
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     """One message to publish after the commit: topic, key, bytes, headers."""
@@ -65,6 +90,9 @@ class CommitBatch:
     position: ConsumerPosition | None = None
     inbox: tuple[TenantId, MessageId] | None = None
     outbox: list[OutboxEntry] = field(default_factory=list)
+    fence: Lease | None = None
+    """When set, the commit is refused (`StaleFence`) unless this is still the
+    stream's current lease — checked in the same transaction."""
 
     def __bool__(self) -> bool:
         return bool(self.records or self.position or self.inbox or self.outbox)
@@ -93,6 +121,7 @@ class EventLog(Protocol):
 
         Raises:
             DuplicateMessage: the inbox id was committed before; nothing was written.
+            StaleFence: the batch's lease was taken over; nothing was written.
         """
         ...
 
@@ -138,6 +167,23 @@ class EventLog(Protocol):
 
     async def ack_outbox(self, seqs: list[int]) -> None:
         """Mark rows shipped (they are removed)."""
+        ...
+
+    async def claim(self, tenant: TenantId, stream: str, holder: str, ttl_ms: int) -> Lease | None:
+        """Grant `holder` the stream's lease for `ttl_ms` (database clock) with the next
+        fence, if it is free, lapsed, or already `holder`'s; else None."""
+        ...
+
+    async def renew(self, lease: Lease, ttl_ms: int) -> Lease:
+        """Extend a lease from now (database clock).
+
+        Raises:
+            LeaseLost: the stream's lease has another fence (it was taken over).
+        """
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (a suspended run holds none). No-op if it was taken over."""
         ...
 
     async def rebuild(self, *, keep: bool) -> RebuildReport:

@@ -13,6 +13,7 @@ which reads as absent.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -27,6 +28,8 @@ from assay.store.pg_schema import MIGRATIONS, Connection, migrate, quoted
 from assay.store.ports import (
     Checkpoint,
     CommitBatch,
+    Lease,
+    LeaseLost,
     OutboxEntry,
     PendingOutbox,
     RebuildReport,
@@ -216,6 +219,53 @@ class PostgresEventLog:
             f"SELECT topic, partition, next_offset FROM {self._s}.positions"
         )
         return {(t, p): o for t, p, o in rows}
+
+    # -- leases (the database's clock) ---------------------------------------------
+
+    async def claim(self, tenant: TenantId, stream: str, holder: str, ttl_ms: int) -> Lease | None:
+        """See `EventLog.claim`."""
+        s = self._s
+        row = await self._db.fetchrow(
+            f"INSERT INTO {s}.leases VALUES ($1, $2, $3, 1,"
+            " clock_timestamp() + $4 * interval '1 millisecond')"
+            " ON CONFLICT (tenant, stream) DO UPDATE SET holder = excluded.holder,"
+            f" fence = {s}.leases.fence + 1, expires_at = excluded.expires_at"
+            f" WHERE {s}.leases.holder IS NULL OR {s}.leases.holder = excluded.holder"
+            f" OR {s}.leases.expires_at <= clock_timestamp()"
+            " RETURNING fence, (extract(epoch FROM expires_at) * 1000)::bigint",
+            tenant,
+            stream,
+            holder,
+            ttl_ms,
+        )
+        return None if row is None else Lease(tenant, stream, holder, row[0], row[1])
+
+    async def renew(self, lease: Lease, ttl_ms: int) -> Lease:
+        """See `EventLog.renew`."""
+        expires = await self._db.fetchval(
+            f"UPDATE {self._s}.leases"
+            " SET expires_at = clock_timestamp() + $1 * interval '1 millisecond'"
+            " WHERE tenant = $2 AND stream = $3 AND fence = $4 AND holder = $5"
+            " RETURNING (extract(epoch FROM expires_at) * 1000)::bigint",
+            ttl_ms,
+            lease.tenant,
+            lease.stream,
+            lease.fence,
+            lease.holder,
+        )
+        if expires is None:
+            raise LeaseLost(f"stream {lease.stream}: lease {lease.fence} was taken over")
+        return replace(lease, expires_at_ms=expires)
+
+    async def release(self, lease: Lease) -> None:
+        """See `EventLog.release`."""
+        await self._db.execute(
+            f"UPDATE {self._s}.leases SET holder = NULL, expires_at = clock_timestamp()"
+            " WHERE tenant = $1 AND stream = $2 AND fence = $3",
+            lease.tenant,
+            lease.stream,
+            lease.fence,
+        )
 
     async def seen(self, tenant: TenantId, message_id: MessageId) -> bool:
         """See `EventLog.seen`."""

@@ -13,6 +13,7 @@ import functools
 import json
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,12 @@ from assay.store.ports import (
     Checkpoint,
     CommitBatch,
     DuplicateMessage,
+    Lease,
+    LeaseLost,
     OutboxEntry,
     PendingOutbox,
     RebuildReport,
+    StaleFence,
 )
 
 _SCHEMA = """
@@ -53,6 +57,11 @@ CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     topic TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, headers BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS leases (
+    tenant TEXT NOT NULL, stream TEXT NOT NULL, holder TEXT, fence INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (tenant, stream)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS checkpoints (
     tenant TEXT NOT NULL, stream TEXT NOT NULL, branch INTEGER NOT NULL, upto INTEGER NOT NULL,
     state BLOB NOT NULL,
@@ -60,6 +69,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 ) WITHOUT ROWID;
 """
 
+
+_NOW_MS = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+"""The database clock in milliseconds since the epoch: lease time is never the caller's."""
 
 _Row = tuple[str, str, int]
 """A branch key as stored: (tenant, stream, branch)."""
@@ -222,6 +234,17 @@ class SqliteEventLog:
     def _write_batch(
         self, db: sqlite3.Cursor, batch: CommitBatch, next_lsn: dict[_Row, int]
     ) -> list[Lsn]:
+        if batch.fence is not None:
+            lease = batch.fence
+            held = db.execute(
+                "SELECT fence FROM leases WHERE tenant=? AND stream=?",
+                (_t(lease.tenant), lease.stream),
+            ).fetchone()
+            if held is None or held[0] != lease.fence:
+                raise StaleFence(
+                    f"stream {lease.stream}: fence {lease.fence} is stale "
+                    f"(now {held[0] if held else 'none'}); the run was taken over"
+                )
         if batch.inbox is not None:
             tenant, mid = batch.inbox
             try:
@@ -263,6 +286,42 @@ class SqliteEventLog:
                 (e.topic, e.key, e.value, encode_headers(e.headers)),
             )
         return lsns
+
+    # -- leases -----------------------------------------------------------------
+
+    async def claim(self, tenant: TenantId, stream: str, holder: str, ttl_ms: int) -> Lease | None:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, 1, " + _NOW_MS + " + ?) "
+                "ON CONFLICT (tenant, stream) DO UPDATE SET holder = excluded.holder, "
+                "fence = leases.fence + 1, expires_ms = excluded.expires_ms "
+                "WHERE leases.holder IS NULL OR leases.holder = excluded.holder "
+                "OR leases.expires_ms <= " + _NOW_MS + " RETURNING fence, expires_ms",
+                (_t(tenant), stream, holder, ttl_ms),
+            ).fetchone()
+        return None if row is None else Lease(tenant, stream, holder, row[0], row[1])
+
+    async def renew(self, lease: Lease, ttl_ms: int) -> Lease:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "UPDATE leases SET expires_ms = " + _NOW_MS + " + ? "
+                "WHERE tenant=? AND stream=? AND fence=? AND holder=? RETURNING expires_ms",
+                (ttl_ms, _t(lease.tenant), lease.stream, lease.fence, lease.holder),
+            ).fetchone()
+        if row is None:
+            raise LeaseLost(f"stream {lease.stream}: lease {lease.fence} was taken over")
+        return replace(lease, expires_at_ms=row[0])
+
+    async def release(self, lease: Lease) -> None:
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "UPDATE leases SET holder = NULL, expires_ms = " + _NOW_MS + " "
+                "WHERE tenant=? AND stream=? AND fence=?",
+                (_t(lease.tenant), lease.stream, lease.fence),
+            )
 
     # -- reads ------------------------------------------------------------------
 

@@ -1,0 +1,179 @@
+"""Leases and fencing in the execute stage (§9.4), on SQLite and on Postgres.
+
+Two workers share one store. Worker A is frozen mid-run — its tool call and its
+heartbeat both stop, as under SIGSTOP — for twice the lease TTL; worker B gets
+the run's message again (as after a rebalance), takes the lease over and
+finishes the run from the log. When A thaws, none of its writes is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from assay.bus import RUNS
+from assay.devstack.base import Service
+from assay.devstack.postgres import scratch_database
+from assay.engine import (
+    BUILTIN_TOOLS,
+    AttemptFinished,
+    Pure,
+    RunFinished,
+    StubModel,
+    Tool,
+    ToolCall,
+)
+from assay.grading import StubJudge
+from assay.kernel import BranchId, TaskId, TenantId, content_hash, new_run_id
+from assay.messages import Purpose, Role, RunExecuted, RunRef, RunSpawned
+from assay.record import BranchKey
+from assay.runtime import StageDeps, StageHarness
+from assay.store import FsBlobStore, SqliteEventLog
+from assay.store.ports import EventLog, Lease
+from assay.store.postgres import PostgresEventLog
+from assay.workflow import WorkflowDef, validate
+from assay_execute import create_stage
+
+TENANT = TenantId(uuid.UUID(int=41))
+TTL_S = 0.6
+
+
+@dataclass
+class Freezer:
+    """SIGSTOP for one worker: while frozen, its tool and its heartbeat make no progress."""
+
+    thawed: asyncio.Event
+
+    async def wait(self) -> None:
+        await self.thawed.wait()
+
+
+class FrozenRenewals:
+    """A store whose renewals wait while the worker is frozen (its heartbeat is stopped)."""
+
+    def __init__(self, inner: EventLog, freezer: Freezer) -> None:
+        self._inner = inner
+        self._freezer = freezer
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def renew(self, lease: Lease, ttl_ms: int) -> Lease:
+        await self._freezer.wait()
+        return await self._inner.renew(lease, ttl_ms)
+
+
+@pytest.fixture(scope="module")
+def lease_database(postgres: Service) -> Iterator[str]:
+    with scratch_database(postgres, "assay_leases") as dsn:
+        yield dsn
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
+    spec = create_stage(deps(dict(BUILTIN_TOOLS)))
+    log: EventLog
+    if request.param == "sqlite":
+        log = await SqliteEventLog(tmp_path / "execute.sqlite", spec.events, spec.fold).open()
+    else:
+        dsn = str(request.getfixturevalue("lease_database"))
+        schema = f"execute_{uuid.uuid4().hex[:8]}"
+        log = await PostgresEventLog(dsn, schema, spec.events, spec.fold).open()
+    yield log
+    await log.close()
+
+
+def deps(tools: dict[str, Tool], worker: str = "w") -> StageDeps:
+    return StageDeps(
+        blobs=FsBlobStore(Path("/nonexistent")),
+        model=StubModel(),
+        judge=StubJudge(),
+        tools=tools,
+        worker=worker,
+        lease_ttl_s=TTL_S,
+    )
+
+
+def spawned(tool: str) -> RunSpawned:
+    wf = validate(
+        WorkflowDef.model_validate(
+            {
+                "id": "slow",
+                "steps": [
+                    {"id": "work", "kind": "tool", "tool": tool, "args": {"x": "{{ task.x }}"}},
+                    {"id": "tidy", "kind": "tool", "tool": "strip", "args": {"text": " ok "}},
+                ],
+            }
+        ),
+        frozenset([*BUILTIN_TOOLS, tool]),
+    )
+    task = {"x": "1"}
+    ref = RunRef(
+        tenant=TENANT,
+        run_id=new_run_id(),
+        task_id=TaskId(content_hash(task)),
+        idempotency_key="lease-1",
+        workflow_id=wf.id,
+        workflow_version=wf.version,
+        role=Role.CURRENT,
+        purpose=Purpose.WORK,
+    )
+    return RunSpawned(run=ref, definition=wf.model_dump(mode="json", by_alias=True), input=task)
+
+
+async def test_a_frozen_worker_is_taken_over_and_none_of_its_writes_land(
+    store: EventLog, tmp_path: Path
+) -> None:
+    freezer = Freezer(asyncio.Event())
+    started = asyncio.Event()
+
+    async def slow(call: ToolCall) -> str:  # worker A's copy freezes mid-call
+        started.set()
+        await freezer.wait()
+        return "from A"
+
+    async def quick(call: ToolCall) -> str:
+        return "from B"
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    tools_a = dict(BUILTIN_TOOLS, work=Tool("work", slow, Pure(), "slow"))
+    tools_b = dict(BUILTIN_TOOLS, work=Tool("work", quick, Pure(), "quick"))
+    deps_a = deps(tools_a, worker="worker-a")
+    deps_b = deps(tools_b, worker="worker-b")
+    deps_a.blobs = deps_b.blobs = blobs
+    msg = spawned("work")
+    key = BranchKey.for_run(TENANT, msg.run.run_id, BranchId(0))
+    frozen_a = FrozenRenewals(store, freezer)
+
+    async with (
+        StageHarness(create_stage(deps_a), blobs, tmp_path / "a", log=frozen_a) as a,  # type: ignore[arg-type]
+        StageHarness(create_stage(deps_b), blobs, tmp_path / "b", log=store) as b,
+    ):
+        worker_a = asyncio.create_task(a.deliver(RUNS, msg, TENANT, idem="m"))
+        await started.wait()
+        await asyncio.sleep(2 * TTL_S)  # A stays frozen for twice the TTL
+        await asyncio.wait_for(b.deliver(RUNS, msg, TENANT, idem="m"), 10)
+        records_after_b = await store.read(key)
+        assert [r.event for r in records_after_b if isinstance(r.event, RunFinished)]
+
+        freezer.thawed.set()  # SIGCONT
+        await asyncio.wait_for(worker_a, 10)
+
+        assert await store.read(key) == records_after_b  # no write of A's was accepted
+        assert a.runner is not None
+        assert a.runner.abandoned == 1
+        finished = [r.event for r in records_after_b if isinstance(r.event, AttemptFinished)]
+        # B closed A's attempt as interrupted and ran its own.
+        assert [(f.step, f.attempt, f.interrupted) for f in finished][:2] == [
+            ("work", 1, True),
+            ("work", 2, False),
+        ]
+        assert [f.output for f in finished if f.step == "work"] == [None, "from B"]
+        # One outbox (the store is shared): the run was handed on once, by B.
+        executed = [m for m in await b.emitted() if isinstance(m, RunExecuted)]
+        assert len(executed) == 1
