@@ -186,6 +186,19 @@ def test_arith_version_bump_retains_every_step_id() -> None:
     assert diff.added == diff.removed == frozenset()
 
 
+# Measured before the conditional, parallel, subworkflow and await kinds joined the IR. New
+# kinds must never move the version of a workflow that does not use them.
+EXAMPLE_VERSIONS = {
+    "arith-v1.yaml": "eda0fb6fc6de0acd52a8334feb74056b98809ea9af972120c0fd9cf5cfa74319",
+    "arith-v2.yaml": "a5b34ba1ee1c0a3140b9f6ae5bbcbe76cdb1cec03c33b360d191f656ed8526e7",
+}
+
+
+@pytest.mark.parametrize(("name", "version"), sorted(EXAMPLE_VERSIONS.items()))
+def test_example_workflows_keep_their_version_hash(name: str, version: str) -> None:
+    assert load_workflow(EXAMPLES / name).version == version
+
+
 # --- the version is a hash of the IR, not of the text (§4.1) ------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Workflows are data (§4): the IR, formats, templates and load-time checks."""
+"""Workflows are data (§4): the IR, formats, templates, conditions and load-time checks."""
 
 from assay.workflow.formats import (
     JsonFormat,
@@ -8,38 +8,81 @@ from assay.workflow.formats import (
     from_document,
     load_workflow,
 )
+from assay.workflow.graph import ControlGraph
 from assay.workflow.ir import (
+    LATEST,
+    AnyStep,
+    AwaitStep,
     BudgetSpec,
+    ConditionalBranch,
+    ConditionalStep,
     GradingSpec,
     ModelStep,
+    NotAWorkStep,
+    ParallelStep,
     RetryPolicy,
     RubricItem,
     Step,
+    SubworkflowStep,
     ToolStep,
     Transition,
     VerifierSpec,
     WorkflowDef,
+    WorkStep,
+)
+from assay.workflow.subworkflows import (
+    MAX_SUBWORKFLOW_DEPTH,
+    SubworkflowCall,
+    SubworkflowCycle,
+    SubworkflowTooDeep,
+    WorkflowKey,
+    check_subworkflows,
 )
 from assay.workflow.templates import TemplateError, placeholders, render
-from assay.workflow.validate import StepIdDiff, WorkflowInvalid, check_version_bump, validate
+from assay.workflow.validate import (
+    MAX_AWAIT_TIMEOUT_S,
+    MIN_AWAIT_TIMEOUT_S,
+    StepIdDiff,
+    WorkflowInvalid,
+    check_version_bump,
+    validate,
+)
 
 __all__ = [
+    "LATEST",
+    "MAX_AWAIT_TIMEOUT_S",
+    "MAX_SUBWORKFLOW_DEPTH",
+    "MIN_AWAIT_TIMEOUT_S",
+    "AnyStep",
+    "AwaitStep",
     "BudgetSpec",
+    "ConditionalBranch",
+    "ConditionalStep",
+    "ControlGraph",
     "GradingSpec",
     "JsonFormat",
     "ModelStep",
+    "NotAWorkStep",
+    "ParallelStep",
     "RetryPolicy",
     "RubricItem",
     "Step",
     "StepIdDiff",
+    "SubworkflowCall",
+    "SubworkflowCycle",
+    "SubworkflowStep",
+    "SubworkflowTooDeep",
     "TemplateError",
     "ToolStep",
     "Transition",
     "VerifierSpec",
+    "WorkStep",
     "WorkflowDef",
     "WorkflowFormat",
     "WorkflowInvalid",
+    "WorkflowKey",
     "YamlFormat",
+    "check_subworkflows",
     "check_version_bump",
     "formats",
     "from_document",

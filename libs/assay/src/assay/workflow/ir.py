@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from itertools import pairwise
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from assay.kernel.canonical import canonical_bytes, digest
+from assay.kernel.errors import AssayError
 from assay.kernel.ids import StepId, WorkflowId, WorkflowVersion
 
 
@@ -43,7 +45,107 @@ class ToolStep(_Frozen):
     timeout_s: float = Field(30.0, gt=0, le=3600, description="Per-attempt wall-clock limit.")
 
 
-Step = Annotated[ModelStep | ToolStep, Field(discriminator="kind")]
+class ConditionalBranch(_Frozen):
+    """One guarded way out of a conditional step."""
+
+    when: str = Field(
+        description="Condition in the workflow expression language; must be true or false."
+    )
+    to: StepId = Field(description="Step entered when the condition holds.")
+
+
+class ConditionalStep(_Frozen):
+    """Route the run: the first branch whose condition holds is taken.
+
+    When none holds, the run enters `otherwise`; when `otherwise` is null, it follows
+    the conditional's own forward transition, or ends if there is none. A condition
+    may refer only to steps that can have run before the conditional.
+    """
+
+    id: StepId = Field(description="Author-assigned, stable across versions (§4.3).")
+    kind: Literal["conditional"] = Field(description="Step kind.")
+    branches: list[ConditionalBranch] = Field(
+        min_length=1, description="Guarded targets, tried in order; the first true one wins."
+    )
+    otherwise: StepId | None = Field(
+        None, description="Step entered when no condition holds; null: the forward transition."
+    )
+
+
+class ParallelStep(_Frozen):
+    """Fan out to branch steps that run at the same time, then join.
+
+    Each branch is a self-contained model, tool or subworkflow step, entered only
+    from this step and leading nowhere else. The output is a JSON object mapping
+    each succeeded branch's id to its output.
+    """
+
+    id: StepId = Field(description="Author-assigned, stable across versions (§4.3).")
+    kind: Literal["parallel"] = Field(description="Step kind.")
+    branches: list[StepId] = Field(min_length=1, description="Steps fanned out, run at once.")
+    join: Literal["all", "any", "quorum"] = Field(
+        "all", description="Succeed when all branches, any one, or `quorum` of them succeed."
+    )
+    quorum: int | None = Field(
+        None, description="join=quorum only: how many branches must succeed."
+    )
+
+
+PinnedVersion = Annotated[WorkflowVersion, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+LATEST: Final = "latest"
+
+
+class SubworkflowStep(_Frozen):
+    """Run another workflow as a child run; its output is the child's output (§4.4).
+
+    `latest` resolves once, when the parent run is spawned, and the resolved hash
+    is recorded: a run's sub-workflow version never changes mid-execution.
+    """
+
+    id: StepId = Field(description="Author-assigned, stable across versions (§4.3).")
+    kind: Literal["subworkflow"] = Field(description="Step kind.")
+    workflow: WorkflowId = Field(description="Logical id of the child workflow.")
+    version: PinnedVersion | Literal["latest"] = Field(
+        description="An exact version (blake3 hex), or `latest`, resolved at run spawn."
+    )
+    input: dict[str, str] = Field(
+        default_factory=dict, description="The child's task fields, as templates."
+    )
+
+
+class AwaitStep(_Frozen):
+    """Wait for a human approval or a named external signal. Its output is the signal's payload.
+
+    On timeout the run fails (`fail`) or moves on with the step marked not succeeded
+    (`continue`), which a later conditional can test with `steps.<id>.succeeded`.
+    """
+
+    id: StepId = Field(description="Author-assigned, stable across versions (§4.3).")
+    kind: Literal["await"] = Field(description="Step kind.")
+    signal: str = Field(
+        "approval",
+        pattern=r"^[A-Za-z0-9_.:-]{1,64}$",
+        description="`approval` for a human approval, else the name of an external signal.",
+    )
+    timeout_s: float = Field(86_400.0, gt=0, description="How long to wait, in seconds.")
+    on_timeout: Literal["fail", "continue"] = Field(
+        "fail", description="What a timeout does: fail the run, or continue past the step."
+    )
+
+
+WorkStep: TypeAlias = ModelStep | ToolStep
+"""A step that does work itself: calls the model or a tool."""
+
+AnyStep: TypeAlias = (
+    ModelStep | ToolStep | ConditionalStep | ParallelStep | SubworkflowStep | AwaitStep
+)
+"""A step of any kind."""
+
+Step = Annotated[AnyStep, Field(discriminator="kind")]
+
+
+class NotAWorkStep(AssayError):
+    """A model or tool step was asked for, and the id names a step of another kind."""
 
 
 class Transition(_Frozen):
@@ -116,20 +218,48 @@ class WorkflowDef(_Frozen):
         """blake3 of the canonical IR."""
         return WorkflowVersion(digest(self.canonical()))
 
-    def step(self, step_id: StepId) -> ModelStep | ToolStep:
-        """The step with this id; raises `KeyError`."""
+    def node(self, step_id: StepId) -> AnyStep:
+        """The step with this id, of any kind; raises `KeyError`."""
         for s in self.steps:
             if s.id == step_id:
                 return s
         raise KeyError(step_id)
 
+    def step(self, step_id: StepId) -> WorkStep:
+        """The model or tool step with this id.
+
+        Raises:
+            KeyError: no step has this id.
+            NotAWorkStep: the step is a conditional, parallel, subworkflow or await step.
+        """
+        s = self.node(step_id)
+        if isinstance(s, ModelStep | ToolStep):
+            return s
+        raise NotAWorkStep(f"step {step_id!r} is a {s.kind} step, not a model or tool step")
+
+    def parallel_branches(self) -> dict[StepId, StepId]:
+        """Each parallel branch step's id, mapped to the id of the parallel step it belongs to."""
+        owner: dict[StepId, StepId] = {}
+        for s in self.steps:
+            if isinstance(s, ParallelStep):
+                for b in s.branches:
+                    owner.setdefault(b, s.id)
+        return owner
+
     def edges(self) -> list[Transition]:
-        """Explicit transitions, or list order when none are declared."""
+        """Explicit transitions, or list order when none are declared.
+
+        List order skips parallel branch steps (they run inside their parallel step)
+        and adds no edge out of a conditional that has an `otherwise`.
+        """
         if self.transitions:
             return list(self.transitions)
+        branches = self.parallel_branches()
+        chain = [s for s in self.steps if s.id not in branches]
         return [
             Transition.model_validate({"from": a.id, "to": b.id})
-            for a, b in zip(self.steps, self.steps[1:], strict=False)
+            for a, b in pairwise(chain)
+            if not (isinstance(a, ConditionalStep) and a.otherwise is not None)
         ]
 
     @property

@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Final
 
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import StepId
-from assay.workflow.ir import ModelStep, ToolStep, Transition, WorkflowDef
+from assay.workflow.expr import ExprSyntaxError, StepRef, parse
+from assay.workflow.graph import ControlGraph
+from assay.workflow.ir import (
+    LATEST,
+    AwaitStep,
+    ConditionalStep,
+    ModelStep,
+    ParallelStep,
+    SubworkflowStep,
+    ToolStep,
+    Transition,
+    WorkflowDef,
+)
 from assay.workflow.templates import malformed, placeholders
+
+MIN_AWAIT_TIMEOUT_S: Final = 1.0
+"""Shortest wait an await step may declare, in seconds."""
+
+MAX_AWAIT_TIMEOUT_S: Final = 30 * 24 * 3600.0
+"""Longest wait an await step may declare: thirty days."""
+
+BRANCH_KINDS: Final = ("model", "tool", "subworkflow")
+"""Kinds a parallel branch may have: steps that do one self-contained piece of work."""
 
 
 class WorkflowInvalid(AssayError):
@@ -32,6 +55,15 @@ def validate(wf: WorkflowDef, known_tools: frozenset[str] | None = None) -> Work
     unbounded and one bounded edge leave a step; every step is reachable from
     the entry; templates refer only to `task.*` or declared steps; verifiers
     and rubric ids are unique and point at declared steps; tools are known.
+
+    For the control kinds: a conditional's targets exist, and each condition
+    parses and refers only to steps that can have run before it; a parallel
+    step's branches exist, are model, tool or subworkflow steps, belong to it
+    alone, are entered from nowhere else and lead nowhere, and its quorum fits;
+    templates of branches and sub-workflow inputs refer only to steps that can
+    have run before them; a sub-workflow does not call its own `latest`; an
+    await step's timeout lies within bounds. Cycles across workflows are
+    `check_subworkflows`'s to find.
     """
     ids = [s.id for s in wf.steps]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
@@ -43,14 +75,22 @@ def validate(wf: WorkflowDef, known_tools: frozenset[str] | None = None) -> Work
         for end in (e.source, e.target):
             if end not in declared:
                 raise WorkflowInvalid(f"workflow {wf.id!r}: transition names unknown step {end!r}")
+    _check_control_kinds(wf, declared, edges)
     _check_out_degree(wf, edges)
-    _check_acyclic(
-        wf,
-        {s: [e.target for e in edges if e.source == s and e.max_iterations is None] for s in ids},
-    )
-    _check_reachable(wf, edges)
+    graph = ControlGraph.of(wf)
+    _check_acyclic(wf, {s: list(t) for s, t in graph.unbounded.items()})
+    _check_reachable(wf, graph)
     for step in wf.steps:
-        _check_templates(wf, step, declared)
+        before = graph.ancestors(step.id)
+        if isinstance(step, ModelStep | ToolStep):
+            texts = [step.prompt] if isinstance(step, ModelStep) else list(step.args.values())
+            # A branch runs beside its siblings: it may use only what ran before the fan-out.
+            scope = before if step.id in graph.owners else None
+            _check_templates(wf, step.id, texts, declared, scope)
+        elif isinstance(step, SubworkflowStep):
+            _check_templates(wf, step.id, list(step.input.values()), declared, before)
+        elif isinstance(step, ConditionalStep):
+            _check_conditions(wf, step, declared, before)
         if known_tools is not None and isinstance(step, ToolStep) and step.tool not in known_tools:
             raise WorkflowInvalid(
                 f"workflow {wf.id!r}: step {step.id!r} uses unknown tool "
@@ -65,6 +105,106 @@ def validate(wf: WorkflowDef, known_tools: frozenset[str] | None = None) -> Work
     return wf
 
 
+def _check_control_kinds(wf: WorkflowDef, declared: set[StepId], edges: list[Transition]) -> None:
+    owners: dict[StepId, StepId] = {}
+    for step in wf.steps:
+        where = f"workflow {wf.id!r}: step {step.id!r}"
+        if isinstance(step, ConditionalStep):
+            targets = [(f"branch {i}", b.to) for i, b in enumerate(step.branches, 1)]
+            if step.otherwise is not None:
+                targets.append(("otherwise", step.otherwise))
+            for label, target in targets:
+                if target not in declared:
+                    raise WorkflowInvalid(f"{where}: {label} goes to unknown step {target!r}")
+        elif isinstance(step, ParallelStep):
+            _check_parallel(wf, step, declared, owners)
+        elif isinstance(step, SubworkflowStep):
+            if step.workflow == wf.id and step.version == LATEST:
+                raise WorkflowInvalid(
+                    f"{where} calls its own workflow at latest, a cycle; pin an exact version"
+                )
+        elif isinstance(step, AwaitStep) and not (
+            MIN_AWAIT_TIMEOUT_S <= step.timeout_s <= MAX_AWAIT_TIMEOUT_S
+        ):
+            raise WorkflowInvalid(
+                f"{where}: timeout_s {step.timeout_s:g} is outside "
+                f"{MIN_AWAIT_TIMEOUT_S:.0f}..{MAX_AWAIT_TIMEOUT_S:.0f} seconds"
+            )
+    entry = wf.steps[0].id
+    for branch, parallel in owners.items():
+        where = f"workflow {wf.id!r}: parallel step {parallel!r} branch {branch!r}"
+        if branch == entry:
+            raise WorkflowInvalid(f"{where} is the workflow's entry; a branch starts only there")
+        for e in edges:
+            if branch in (e.source, e.target):
+                raise WorkflowInvalid(
+                    f"{where} has the transition {e.source} -> {e.target}; a branch is entered "
+                    "only from its parallel step and leads nowhere (the parallel step's "
+                    "transitions continue after the join)"
+                )
+        for step in wf.steps:
+            if isinstance(step, ConditionalStep) and (
+                branch == step.otherwise or any(b.to == branch for b in step.branches)
+            ):
+                raise WorkflowInvalid(
+                    f"{where} is a target of conditional step {step.id!r}; a branch is "
+                    "entered only from its parallel step"
+                )
+
+
+def _check_parallel(
+    wf: WorkflowDef, step: ParallelStep, declared: set[StepId], owners: dict[StepId, StepId]
+) -> None:
+    where = f"workflow {wf.id!r}: parallel step {step.id!r}"
+    for b in step.branches:
+        if b not in declared:
+            raise WorkflowInvalid(f"{where} has unknown branch step {b!r}")
+        if b == step.id:
+            raise WorkflowInvalid(f"{where} lists itself as a branch")
+        if b in owners:
+            other = owners[b]
+            again = "twice" if other == step.id else f"and also in parallel step {other!r}"
+            raise WorkflowInvalid(f"{where} lists branch {b!r} {again}")
+        kind = wf.node(b).kind
+        if kind not in BRANCH_KINDS:
+            raise WorkflowInvalid(
+                f"{where}: branch {b!r} has kind {kind!r}; a branch is a "
+                f"{', '.join(BRANCH_KINDS[:-1])} or {BRANCH_KINDS[-1]} step"
+            )
+        owners[b] = step.id
+    n = len(step.branches)
+    if step.join == "quorum":
+        if step.quorum is None:
+            raise WorkflowInvalid(f"{where}: join quorum needs `quorum` (1..{n})")
+        if not 1 <= step.quorum <= n:
+            raise WorkflowInvalid(
+                f"{where}: quorum {step.quorum} is outside 1..{n} (it has {n} branches)"
+            )
+    elif step.quorum is not None:
+        raise WorkflowInvalid(f"{where}: `quorum` is set but join is {step.join!r}")
+
+
+def _check_conditions(
+    wf: WorkflowDef, step: ConditionalStep, declared: set[StepId], before: frozenset[StepId]
+) -> None:
+    for i, branch in enumerate(step.branches, 1):
+        where = f"workflow {wf.id!r}: step {step.id!r} branch {i}"
+        try:
+            expr = parse(branch.when)
+        except ExprSyntaxError as exc:
+            shown = branch.when if len(branch.when) <= 60 else branch.when[:57] + "..."
+            raise WorkflowInvalid(f"{where}: condition {shown!r} does not parse: {exc}") from exc
+        refs = sorted((r for r in expr.references() if isinstance(r, StepRef)), key=str)
+        for ref in refs:
+            if ref.step not in declared:
+                raise WorkflowInvalid(f"{where}: condition refers to unknown step {ref.step!r}")
+            if ref.step not in before:
+                raise WorkflowInvalid(
+                    f"{where}: condition refers to '{ref}', but step {ref.step!r} cannot "
+                    "have run before it"
+                )
+
+
 def _check_out_degree(wf: WorkflowDef, edges: list[Transition]) -> None:
     for step in wf.steps:
         out = [e for e in edges if e.source == step.id]
@@ -74,6 +214,12 @@ def _check_out_degree(wf: WorkflowDef, edges: list[Transition]) -> None:
             raise WorkflowInvalid(
                 f"workflow {wf.id!r}: step {step.id!r} has {len(out)} outgoing transitions; "
                 "at most one forward edge and one bounded loop edge may leave a step"
+            )
+        if out and isinstance(step, ConditionalStep) and step.otherwise is not None:
+            raise WorkflowInvalid(
+                f"workflow {wf.id!r}: conditional step {step.id!r} has `otherwise` and the "
+                f"transition {step.id} -> {out[0].target}, which would never be taken; a "
+                "conditional's transitions apply only when `otherwise` is null"
             )
 
 
@@ -99,15 +245,8 @@ def _check_acyclic(wf: WorkflowDef, graph: dict[StepId, list[StepId]]) -> None:
             visit(node, [node])
 
 
-def _check_reachable(wf: WorkflowDef, edges: list[Transition]) -> None:
-    seen = {wf.steps[0].id}
-    frontier = [wf.steps[0].id]
-    while frontier:
-        node = frontier.pop()
-        for e in edges:
-            if e.source == node and e.target not in seen:
-                seen.add(e.target)
-                frontier.append(e.target)
+def _check_reachable(wf: WorkflowDef, graph: ControlGraph) -> None:
+    seen = graph.reachable(wf.steps[0].id)
     unreachable = [s.id for s in wf.steps if s.id not in seen]
     if unreachable:
         raise WorkflowInvalid(
@@ -115,24 +254,41 @@ def _check_reachable(wf: WorkflowDef, edges: list[Transition]) -> None:
         )
 
 
-def _check_templates(wf: WorkflowDef, step: ModelStep | ToolStep, declared: set[StepId]) -> None:
-    texts = [step.prompt] if isinstance(step, ModelStep) else list(step.args.values())
+def _check_templates(
+    wf: WorkflowDef,
+    step_id: StepId,
+    texts: list[str],
+    declared: set[StepId],
+    before: Collection[StepId] | None,
+) -> None:
     for text in texts:
         bad = malformed(text)
         if bad:
             raise WorkflowInvalid(
-                f"workflow {wf.id!r}: step {step.id!r} has a malformed placeholder {bad[0]!r}; "
+                f"workflow {wf.id!r}: step {step_id!r} has a malformed placeholder {bad[0]!r}; "
                 "write {{ task.<field> }} or {{ steps.<id>.output }}"
             )
         for path in placeholders(text):
-            _check_path(wf, f"step {step.id!r}", path, declared)
+            _check_path(wf, f"step {step_id!r}", path, declared, before)
 
 
-def _check_path(wf: WorkflowDef, where: str, path: tuple[str, ...], declared: set[StepId]) -> None:
+def _check_path(
+    wf: WorkflowDef,
+    where: str,
+    path: tuple[str, ...],
+    declared: set[StepId],
+    before: Collection[StepId] | None = None,
+) -> None:
+    """`before`, when given, holds the steps that can have run before the template is used."""
     if path[0] == "task":
         return
     if path[0] == "steps" and len(path) == 3 and path[2] == "output" and path[1] in declared:
-        return
+        if before is None or path[1] in before:
+            return
+        raise WorkflowInvalid(
+            f"workflow {wf.id!r}: {where} refers to {'.'.join(path)!r}, but step {path[1]!r} "
+            "cannot have run before it"
+        )
     raise WorkflowInvalid(
         f"workflow {wf.id!r}: {where} refers to {'.'.join(path)!r}; templates may use "
         "task.<field> or steps.<declared step>.output"
