@@ -162,7 +162,7 @@ def idempotency_key(
     picked = {name: args[name] for name in tool.effects.key}
     return content_hash(
         {
-            "tenant": tenant,
+            "tenant": str(tenant),
             "run": run_id,
             "step": step,
             "iteration": iteration,
