@@ -24,7 +24,10 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, StateKey
+from assay.sandbox.port import SandboxProvider
 from assay.store.ports import BlobStore, CommitBatch, EventLog, OutboxEntry
+from assay.verification.verifiers import Verifier
+from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
 Handler = Callable[[Any, "UnitOfWork"], Awaitable[None]]
 
@@ -49,7 +52,12 @@ class StageSpec:
 
 @dataclass
 class StageDeps:
-    """What stage factories may use. Ports, with working defaults chosen by the runtime."""
+    """What stage factories may use. Ports, with working defaults chosen by the runtime.
+
+    `sandbox` is where tools and command verifiers run (None: nowhere — they
+    are refused and fail closed); `verifiers` are the verifier kinds installed
+    packages register, beside the built-in ones.
+    """
 
     blobs: BlobStore
     model: Model
@@ -57,6 +65,13 @@ class StageDeps:
     tools: dict[str, Tool]
     sprt: SprtPolicy = field(default_factory=SprtPolicy)
     shadow_rate: float = 1.0
+    sandbox: SandboxProvider | None = None
+    verifiers: dict[str, Verifier] = field(default_factory=dict)
+
+    @property
+    def verifier_kinds(self) -> frozenset[str]:
+        """Verifier kinds a workflow may use here: built-in ones and installed ones."""
+        return BUILTIN_VERIFIER_KINDS | frozenset(self.verifiers)
 
 
 StageFactory = Callable[[StageDeps], StageSpec]

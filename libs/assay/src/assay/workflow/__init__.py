@@ -9,6 +9,7 @@ from assay.workflow.formats import (
     load_workflow,
 )
 from assay.workflow.ir import (
+    BUILTIN_VERIFIER_KINDS,
     BudgetSpec,
     GradingSpec,
     ModelStep,
@@ -24,6 +25,7 @@ from assay.workflow.templates import TemplateError, placeholders, render
 from assay.workflow.validate import StepIdDiff, WorkflowInvalid, check_version_bump, validate
 
 __all__ = [
+    "BUILTIN_VERIFIER_KINDS",
     "BudgetSpec",
     "GradingSpec",
     "JsonFormat",
