@@ -302,12 +302,12 @@ async def test_an_unregistered_kind_fails() -> None:
     assert empty.evidence == "no verifier of kind 'regex' is registered"
 
     # A kind this build does not know (say, a stored definition from a newer one).
-    stored: dict[str, Any] = {"id": "cmd", "kind": "command", "step": None, "strip": True}
+    stored: dict[str, Any] = {"id": "later", "kind": "later_kind", "step": None, "strip": True}
     future = VerifierSpec.model_construct(**stored)
     result = await one(episode, future)
     assert not result.passed
-    assert result.kind == "command"
-    assert result.evidence == "no verifier of kind 'command' is registered"
+    assert result.kind == "later_kind"
+    assert result.evidence == "no verifier of kind 'later_kind' is registered"
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,9 @@ from assay.messages import (
     Usage,
 )
 from assay.runtime import StageDeps, StageHarness
+from assay.sandbox import LocalSandbox
 from assay.store import FsBlobStore
-from assay.workflow import load_workflow
+from assay.workflow import WorkflowDef, load_workflow
 from assay_verify import create_stage
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -141,3 +142,66 @@ async def test_another_tenants_episode_is_not_readable(stage: StageHarness) -> N
     v = await verdict(stage)
     assert not v.passed
     assert "missing" in v.results[0].evidence
+
+
+# -- command verifiers run in the sandbox the stage is given -------------------------------
+
+COMMAND_CHECK = {
+    "id": "checked",
+    "kind": "command",
+    "argv": ["sh", "-c", 'test "$(cat output.txt)" = "{{ task.answer }}"'],
+    "timeout_s": 10,
+}
+
+
+def with_command_check(ep: Episode) -> Episode:
+    wf = WorkflowDef.model_validate(ep.definition)
+    doc = wf.model_dump(mode="json", by_alias=True)
+    doc["verifiers"] = [*doc["verifiers"], COMMAND_CHECK]
+    return ep.model_copy(update={"definition": doc})
+
+
+@pytest.fixture
+async def sandboxed(tmp_path: Path) -> AsyncIterator[StageHarness]:
+    blobs = FsBlobStore(tmp_path / "blobs")
+    deps = StageDeps(
+        blobs=blobs,
+        model=StubModel(),
+        judge=StubJudge(),
+        tools=dict(BUILTIN_TOOLS),
+        sandbox=LocalSandbox(tmp_path / "workspaces", blobs),
+    )
+    async with StageHarness(create_stage(deps), blobs, tmp_path) as h:
+        yield h
+
+
+@pytest.mark.parametrize(("answer", "passed"), [("5", True), ("6", False)])
+async def test_a_command_verifier_runs_in_the_stages_sandbox(
+    sandboxed: StageHarness, answer: str, passed: bool
+) -> None:
+    ep = with_command_check(episode(answer))
+    await sandboxed.deliver(EPISODES, await executed(sandboxed, ep), TENANT)
+    v = await verdict(sandboxed)
+    by_id = {r.verifier: r for r in v.results}
+    assert by_id["checked"].kind == "command"
+    assert by_id["checked"].passed is passed, by_id["checked"].evidence
+    assert v.passed is passed
+
+
+async def test_a_command_verifier_without_a_sandbox_fails_closed(stage: StageHarness) -> None:
+    await stage.deliver(EPISODES, await executed(stage, with_command_check(episode("5"))), TENANT)
+    v = await verdict(stage)
+    assert not v.passed
+    by_id = {r.verifier: r for r in v.results}
+    assert by_id["correct"].passed
+    assert not by_id["checked"].passed
+    assert "no sandbox" in by_id["checked"].evidence
+
+
+async def test_an_episode_naming_another_tenant_fails_closed(stage: StageHarness) -> None:
+    ep = episode("5", tenant=OTHER)
+    msg = await executed(stage, ep, store_as=TENANT)  # stored under TENANT, claims OTHER
+    await stage.deliver(EPISODES, msg.model_copy(update={"run": episode("5").run}), TENANT)
+    v = await verdict(stage)
+    assert not v.passed
+    assert "another tenant" in v.results[0].evidence

@@ -99,7 +99,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
-            wf = validate(from_document(msg.definition), known_tools)
+            wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
         except WorkflowInvalid:
             return  # ingest dead-letters invalid definitions with the reason
         alloc = await uow.get("allocation", wf.id)

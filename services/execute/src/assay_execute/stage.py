@@ -25,7 +25,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
     async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
         try:
-            wf = validate(from_document(msg.definition), known_tools)
+            wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
         except WorkflowInvalid as exc:
             raise Refused(f"run {msg.run.run_id}: invalid pinned workflow: {exc}") from exc
         if wf.version != msg.run.workflow_version:

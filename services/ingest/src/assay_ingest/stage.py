@@ -125,7 +125,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
-            wf = validate(from_document(msg.definition), known_tools)
+            wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
         except WorkflowInvalid as exc:
             raise Refused(f"invalid workflow: {exc}") from exc
         if await uow.get("definition", wf.version) is not None:

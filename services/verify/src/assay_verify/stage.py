@@ -21,7 +21,7 @@ from assay.messages import (
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
-from assay.verification import verify_episode
+from assay.verification import verifier_registry, verify_episode
 from assay.workflow import WorkflowDef
 
 
@@ -60,7 +60,8 @@ def _closed(reason: str) -> list[VerifierResult]:
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
-    """Wire the verify stage."""
+    """Wire the verify stage: built-in verifiers, `command` in `deps.sandbox`, installed kinds."""
+    registry = verifier_registry(deps.sandbox, deps.verifiers)
 
     async def on_run_executed(msg: RunExecuted, uow: UnitOfWork) -> None:
         raw = await uow.blobs.get(uow.tenant, msg.episode)
@@ -70,7 +71,10 @@ def create_stage(deps: StageDeps) -> StageSpec:
             try:
                 episode = Episode.model_validate_json(raw)
                 wf = WorkflowDef.model_validate(episode.definition)
-                results = await verify_episode(episode, list(wf.verifiers))
+                if episode.run.tenant != uow.tenant:
+                    results = _closed(f"episode {msg.episode} names another tenant")
+                else:
+                    results = await verify_episode(episode, list(wf.verifiers), registry=registry)
             except ValidationError as exc:
                 results = _closed(f"episode does not decode: {exc.error_count()} error(s)")
         passed = msg.succeeded and all(r.passed for r in results)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from assay.engine import (
-    BUILTIN_TOOLS,
     WORK_EVENTS,
     Driver,
     LogJournal,
@@ -25,17 +24,23 @@ from assay.kernel import (
     tenant_id,
 )
 from assay.messages import Purpose, Role, RunRef
-from assay.runtime.settings import ModelSettings
+from assay.runtime.embedded import sandbox_from_env
+from assay.runtime.plugins import load_tools, load_verifiers
+from assay.runtime.settings import ModelSettings, SandboxSettings
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
-from assay.verification import verify_episode
+from assay.verification import verifier_registry, verify_episode
 from assay.workflow import load_workflow
+from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
 LOCAL_TENANT = uuid.uuid5(uuid.NAMESPACE_URL, "assay:local")
 
 
 async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -> int:
     """Execute and verify one run; print the episode and verdict as JSON. 0 if it passed."""
-    wf = load_workflow(workflow, frozenset(BUILTIN_TOOLS))
+    sandboxing = SandboxSettings.from_env()
+    tools = load_tools(network=sandboxing.network)
+    installed = load_verifiers()
+    wf = load_workflow(workflow, frozenset(tools), BUILTIN_VERIFIER_KINDS | frozenset(installed))
     tenant = tenant_id(os.environ.get("ASSAY_TENANT", str(LOCAL_TENANT)))
     task_id = TaskId(content_hash(task_input))
     run_id = new_run_id()
@@ -54,7 +59,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     blobs = FsBlobStore(data_dir / "blobs")
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
-        episode = await Driver(model, BUILTIN_TOOLS).drive(spec, LogJournal(log))
+        episode = await Driver(model, tools).drive(spec, LogJournal(log))
         blob = await blobs.put(tenant, episode.encode())
         await log.commit(
             CommitBatch(
@@ -71,7 +76,8 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
                 ]
             )
         )
-        results = await verify_episode(episode, list(wf.verifiers))
+        registry = verifier_registry(sandbox_from_env(blobs, data_dir, sandboxing), installed)
+        results = await verify_episode(episode, list(wf.verifiers), registry=registry)
     finally:
         await log.close()
         await model.aclose()

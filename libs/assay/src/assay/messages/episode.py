@@ -47,6 +47,13 @@ class Episode(Versioned):
     succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
     failed_step: StepId | None = Field(None, description="Step whose attempts ran out.")
     usage: Usage = Field(description="Model usage of the run.")
+    workspace: str | None = Field(
+        None,
+        description=(
+            "Blob ref of the run's sandbox workspace snapshot (a tar archive, in the "
+            "tenant's blobs), when the run had one; command verifiers start from it."
+        ),
+    )
 
     def encode(self) -> bytes:
         """Canonical bytes (what is stored and hashed)."""

@@ -11,6 +11,8 @@ from assay.runtime.embedded import (
     stage_log,
 )
 from assay.runtime.harness import StageHarness
+from assay.runtime.plugins import PluginInvalid, load_tools, load_verifiers
+from assay.runtime.settings import SandboxSettings
 from assay.runtime.stage import Handler, StageDeps, StageFactory, StageSpec, UnitOfWork
 
 __all__ = [
@@ -18,6 +20,8 @@ __all__ = [
     "DataDirBusy",
     "Embedded",
     "Handler",
+    "PluginInvalid",
+    "SandboxSettings",
     "StageDeps",
     "StageFactory",
     "StageHarness",
@@ -28,5 +32,7 @@ __all__ = [
     "decode",
     "default_data_dir",
     "discover_stages",
+    "load_tools",
+    "load_verifiers",
     "stage_log",
 ]

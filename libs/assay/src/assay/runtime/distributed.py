@@ -16,14 +16,21 @@ from contextlib import AsyncExitStack
 from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import all_topics
-from assay.engine.tools import BUILTIN_TOOLS
 from assay.grading.judges import StubJudge
 from assay.kernel.errors import AssayError
 from assay.runtime.consumer import StageRunner
-from assay.runtime.embedded import STAGES, discover_stages, shadow_rate_from_env, sprt_from_env
+from assay.runtime.embedded import (
+    STAGES,
+    default_data_dir,
+    discover_stages,
+    sandbox_from_env,
+    shadow_rate_from_env,
+    sprt_from_env,
+)
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import stage_registry
-from assay.runtime.settings import ModelSettings, Settings
+from assay.runtime.plugins import load_tools, load_verifiers
+from assay.runtime.settings import ModelSettings, SandboxSettings, Settings
 from assay.runtime.stage import StageDeps
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
@@ -71,14 +78,17 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         stack.push_async_callback(blobs.close)
         model = model_settings.build()
         stack.push_async_callback(model.aclose)
+        sandboxing = SandboxSettings.from_env()
         deps = StageDeps(
             blobs=blobs,
             model=model,
             judge=StubJudge(),
-            tools=dict(BUILTIN_TOOLS),
+            tools=load_tools(network=sandboxing.network),
             sprt=sprt_from_env(),
             shadow_rate=shadow_rate_from_env(),
             lease_ttl_s=settings.lease_ttl_s,
+            sandbox=sandbox_from_env(blobs, default_data_dir(), sandboxing),
+            verifiers=load_verifiers(),
         )
         spec = factories[stage](deps)
         event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)

@@ -7,6 +7,7 @@ all under one data directory that only one process may hold at a time.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -20,7 +21,6 @@ from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import producer_entry
 from assay.engine.chat_model import ChatCompletionsModel
 from assay.engine.models import Model, StubModel
-from assay.engine.tools import BUILTIN_TOOLS
 from assay.grading.judges import Judge, StubJudge
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
@@ -28,10 +28,15 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.runtime.consumer import StageRunner
-from assay.runtime.settings import ModelSettings
+from assay.runtime.plugins import load_tools, load_verifiers
+from assay.runtime.settings import ModelSettings, SandboxSettings
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
+from assay.sandbox.port import SandboxError, SandboxProvider
 from assay.store.fs_blobs import FsBlobStore
+from assay.store.ports import BlobStore
 from assay.store.sqlite import SqliteEventLog
+
+log = logging.getLogger(__name__)
 
 STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
 """The pipeline's stages, in pipeline order."""
@@ -70,6 +75,24 @@ def shadow_rate_from_env() -> float:
     return rate
 
 
+def sandbox_from_env(
+    blobs: BlobStore, data_dir: Path, settings: SandboxSettings | None = None
+) -> SandboxProvider | None:
+    """The local sandbox the `ASSAY_SANDBOX_*` variables (or `settings`) describe.
+
+    None, with a warning, when commands cannot run on this machine at all:
+    sandboxed tools are then refused and command verifiers fail, closed.
+
+    Raises:
+        AssayError: a variable does not parse.
+    """
+    try:
+        return (settings or SandboxSettings.from_env()).provider(blobs, data_dir)
+    except SandboxError as exc:
+        log.warning("no sandbox: sandboxed tools and command verifiers will fail: %s", exc)
+        return None
+
+
 def discover_stages() -> dict[str, StageFactory]:
     """Stage factories registered under the `assay.stages` entry-point group."""
     return {ep.name: ep.load() for ep in entry_points(group="assay.stages")}
@@ -103,13 +126,16 @@ class Embedded:
         if model is None:
             self._own_model = ModelSettings.from_env().build()
             model = self._own_model
+        sandboxing = SandboxSettings.from_env()
         self.deps = StageDeps(
             blobs=self.blobs,
             model=model,
             judge=judge or StubJudge(),
-            tools=dict(BUILTIN_TOOLS),
+            tools=load_tools(network=sandboxing.network),
             sprt=sprt or sprt_from_env(),
             shadow_rate=shadow_rate_from_env() if shadow_rate is None else shadow_rate,
+            sandbox=sandbox_from_env(self.blobs, self.data_dir, sandboxing),
+            verifiers=load_verifiers(),
         )
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal, Self
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -13,16 +15,35 @@ from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
 from assay.engine.models import StubModel
 from assay.kernel.errors import AssayError
 from assay.kernel.schema import one_line
+from assay.sandbox.local import Limits, LocalSandbox
+from assay.sandbox.port import NetworkPolicy
+from assay.store.ports import BlobStore
 
 
 class SettingsInvalid(AssayError):
     """A required setting is missing or a value does not parse."""
 
 
-class Settings(BaseModel):
-    """Everything `assay serve` needs; each field reads `ASSAY_<FIELD>`."""
-
+class _FromEnv(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Read `ASSAY_*` variables; raise `SettingsInvalid` with a one-line reason."""
+        env = os.environ if environ is None else environ
+        values = {
+            name: env[f"ASSAY_{name.upper()}"]
+            for name in cls.model_fields
+            if env.get(f"ASSAY_{name.upper()}") not in (None, "")
+        }
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsInvalid(f"invalid setting: ASSAY_{one_line(exc).upper()}") from exc
+
+
+class Settings(_FromEnv):
+    """Everything `assay serve` needs; each field reads `ASSAY_<FIELD>`."""
 
     kafka_bootstrap: str | None = Field(None, description="Kafka bootstrap, host:port[,...].")
     database_url: str | None = Field(None, description="The stage's own Postgres role DSN.")
@@ -44,20 +65,6 @@ class Settings(BaseModel):
         None,
         description="Password of every stage role at provisioning (or ASSAY_<STAGE>_PASSWORD).",
     )
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read `ASSAY_*` variables; raise `SettingsInvalid` with a one-line reason."""
-        env = os.environ if environ is None else environ
-        values = {
-            name: env[f"ASSAY_{name.upper()}"]
-            for name in cls.model_fields
-            if env.get(f"ASSAY_{name.upper()}") not in (None, "")
-        }
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            raise SettingsInvalid(f"invalid setting: ASSAY_{one_line(exc).upper()}") from exc
 
     def require(self, *names: str) -> None:
         """Raise `SettingsInvalid` naming every missing `ASSAY_*` variable of `names`."""
@@ -168,4 +175,65 @@ class ModelSettings(BaseModel):
             timeout_s=self.timeout_s,
             retry=RetryPolicy(max_retries=self.max_retries),
             prices=Prices(self.price_prompt_per_mtok, self.price_completion_per_mtok),
+        )
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+class SandboxSettings(_FromEnv):
+    """The local sandbox, in both modes; each field reads `ASSAY_<FIELD>` (see README)."""
+
+    sandbox_root: str | None = Field(
+        None, description="Directory of the workspaces (default: <data dir>/sandbox)."
+    )
+    sandbox_network: Literal["deny", "allow"] = Field(
+        "deny", description="deny: no network for commands and network tools; allow: the host's."
+    )
+    sandbox_cpu_s: int = Field(_DEFAULT_LIMITS.cpu_s, ge=1, description="CPU seconds a command.")
+    sandbox_memory_bytes: int = Field(
+        _DEFAULT_LIMITS.address_space_bytes, ge=1 << 20, description="Address space of a command."
+    )
+    sandbox_processes: int = Field(
+        _DEFAULT_LIMITS.processes, ge=1, description="Processes a command may start."
+    )
+    sandbox_file_size_bytes: int = Field(
+        _DEFAULT_LIMITS.file_size_bytes, ge=1, description="Largest file a command may write."
+    )
+    sandbox_uid: int | None = Field(
+        None, ge=1, description="uid commands run as when Assay runs as root (default 65534)."
+    )
+    sandbox_gid: int | None = Field(
+        None, ge=1, description="gid commands run as when Assay runs as root (default 65534)."
+    )
+
+    @property
+    def network(self) -> NetworkPolicy:
+        """The network policy."""
+        return NetworkPolicy(self.sandbox_network)
+
+    @property
+    def limits(self) -> Limits:
+        """Resource limits of each command."""
+        return Limits(
+            cpu_s=self.sandbox_cpu_s,
+            address_space_bytes=self.sandbox_memory_bytes,
+            processes=self.sandbox_processes,
+            file_size_bytes=self.sandbox_file_size_bytes,
+        )
+
+    def provider(self, blobs: BlobStore, data_dir: Path) -> LocalSandbox:
+        """The local sandbox these settings describe, its snapshots in `blobs`.
+
+        Raises:
+            SandboxUnavailable: commands cannot run on this machine at all.
+        """
+        root = Path(self.sandbox_root) if self.sandbox_root else data_dir / "sandbox"
+        return LocalSandbox(
+            root,
+            blobs,
+            limits=self.limits,
+            network=self.network,
+            uid=self.sandbox_uid,
+            gid=self.sandbox_gid,
         )

@@ -26,7 +26,10 @@ from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, StateKey
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
+from assay.sandbox.port import SandboxProvider
 from assay.store.ports import BlobStore, CommitBatch, EventLog, Lease, OutboxEntry
+from assay.verification.verifiers import Verifier
+from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
 Handler = Callable[[Any, "UnitOfWork"], Awaitable[None]]
 
@@ -51,7 +54,12 @@ class StageSpec:
 
 @dataclass
 class StageDeps:
-    """What stage factories may use. Ports, with working defaults chosen by the runtime."""
+    """What stage factories may use. Ports, with working defaults chosen by the runtime.
+
+    `sandbox` is where tools and command verifiers run (None: nowhere — they
+    are refused and fail closed); `verifiers` are the verifier kinds installed
+    packages register, beside the built-in ones.
+    """
 
     blobs: BlobStore
     model: Model
@@ -63,6 +71,13 @@ class StageDeps:
     """This process's identity as a lease holder."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     """How long a run's lease lasts without a heartbeat."""
+    sandbox: SandboxProvider | None = None
+    verifiers: dict[str, Verifier] = field(default_factory=dict)
+
+    @property
+    def verifier_kinds(self) -> frozenset[str]:
+        """Verifier kinds a workflow may use here: built-in ones and installed ones."""
+        return BUILTIN_VERIFIER_KINDS | frozenset(self.verifiers)
 
 
 StageFactory = Callable[[StageDeps], StageSpec]

@@ -10,24 +10,37 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Mapping
 from typing import Protocol
 
 import jsonschema
 
 from assay.messages.episode import Episode
 from assay.messages.models import VerifierResult
+from assay.sandbox.port import SandboxProvider
+from assay.verification.command import DEFAULT_TIMEOUT_S, CommandVerifier
 from assay.workflow.ir import VerifierSpec
 from assay.workflow.templates import render
 
 
 class Verifier(Protocol):
-    """A check on an episode. Implementations may raise; the runner fails them closed."""
+    """A check on an episode. Implementations may raise; the runner fails them closed.
+
+    An installed package adds a kind by registering, under the `assay.verifiers`
+    entry-point group, an object like this (or a callable returning one or an
+    iterable of them). A workflow then names the kind in a verifier and passes
+    its settings in `params`. `version` is recorded with every result.
+    """
 
     kind: str
     version: str
 
     async def check(self, spec: VerifierSpec, episode: Episode, subject: str) -> tuple[bool, str]:
-        """Return (passed, evidence) for `subject`, the output under test."""
+        """Return (passed, evidence) for `subject`, the output under test.
+
+        Only a returned `(True, str)` passes; raising, hanging past the
+        deadline or returning anything else is a fail.
+        """
         ...
 
 
@@ -103,6 +116,30 @@ def _checked(outcome: object) -> tuple[bool, str]:
 BUILTIN_VERIFIERS: dict[str, Verifier] = {
     v.kind: v for v in (ExactVerifier(), RegexVerifier(), JsonSchemaVerifier())
 }
+"""The built-in verifiers that need nothing but the episode (`command` needs a sandbox)."""
+
+SANDBOX_GRACE_S = 10.0
+"""Time a command verifier gets beyond its own `timeout_s`, to set up its workspace."""
+
+
+def verifier_registry(
+    sandbox: SandboxProvider | None, extra: Mapping[str, Verifier] | None = None
+) -> dict[str, Verifier]:
+    """Every verifier kind a stage can run: the built-ins, `command`, and `extra`.
+
+    `command` is always present: without a sandbox it fails every check with
+    the reason. `extra` (the installed packages' verifiers) may not redefine a
+    built-in kind.
+
+    Raises:
+        ValueError: a kind of `extra` is a built-in kind.
+    """
+    registry: dict[str, Verifier] = {**BUILTIN_VERIFIERS, "command": CommandVerifier(sandbox)}
+    for kind, verifier in (extra or {}).items():
+        if kind in registry:
+            raise ValueError(f"verifier kind {kind!r} is built in and cannot be replaced")
+        registry[kind] = verifier
+    return registry
 
 
 async def verify_episode(
@@ -112,8 +149,13 @@ async def verify_episode(
     timeout_s: float = 10.0,
     registry: dict[str, Verifier] | None = None,
 ) -> list[VerifierResult]:
-    """Run every verifier of the workflow on the episode, in parallel, failing closed."""
-    verifiers = BUILTIN_VERIFIERS if registry is None else registry
+    """Run every verifier of the workflow on the episode, in parallel, failing closed.
+
+    `registry` maps kinds to verifiers (default: the built-ins, without a
+    sandbox); a kind it lacks fails. Each check gets `timeout_s`, a command
+    check its own `timeout_s` plus `SANDBOX_GRACE_S`.
+    """
+    verifiers = verifier_registry(None) if registry is None else registry
 
     async def one(spec: VerifierSpec) -> VerifierResult:
         impl = verifiers.get(spec.kind)
@@ -127,13 +169,14 @@ async def verify_episode(
         elif subject is None:
             passed, evidence = False, f"step {step!r} produced no output"
         else:
+            limit = timeout_s
+            if spec.kind == "command":
+                limit = max(timeout_s, (spec.timeout_s or DEFAULT_TIMEOUT_S) + SANDBOX_GRACE_S)
             try:
-                outcome: object = await asyncio.wait_for(
-                    impl.check(spec, episode, subject), timeout_s
-                )
+                outcome: object = await asyncio.wait_for(impl.check(spec, episode, subject), limit)
                 passed, evidence = _checked(outcome)
             except TimeoutError:
-                passed, evidence = False, f"verifier timed out after {timeout_s}s"
+                passed, evidence = False, f"verifier timed out after {limit}s"
             except Exception as exc:  # fail closed: an error is never a pass
                 passed, evidence = False, f"verifier raised {type(exc).__name__}: {exc}"
         return VerifierResult(

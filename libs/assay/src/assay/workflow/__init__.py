@@ -10,6 +10,7 @@ from assay.workflow.formats import (
 )
 from assay.workflow.graph import ControlGraph
 from assay.workflow.ir import (
+    BUILTIN_VERIFIER_KINDS,
     LATEST,
     AnyStep,
     AwaitStep,
@@ -49,6 +50,7 @@ from assay.workflow.validate import (
 )
 
 __all__ = [
+    "BUILTIN_VERIFIER_KINDS",
     "LATEST",
     "MAX_AWAIT_TIMEOUT_S",
     "MAX_SUBWORKFLOW_DEPTH",

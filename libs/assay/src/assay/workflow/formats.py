@@ -69,8 +69,14 @@ def formats() -> list[WorkflowFormat]:
     return found
 
 
-def load_workflow(path: str | Path, known_tools: frozenset[str] | None = None) -> WorkflowDef:
+def load_workflow(
+    path: str | Path,
+    known_tools: frozenset[str] | None = None,
+    known_verifiers: frozenset[str] | None = None,
+) -> WorkflowDef:
     """Read, parse and validate a workflow file, choosing the format by extension.
+
+    `known_tools` and `known_verifiers` are passed to `validate`.
 
     Raises:
         WorkflowInvalid: unreadable file, unknown extension, parse or check failure.
@@ -84,6 +90,6 @@ def load_workflow(path: str | Path, known_tools: frozenset[str] | None = None) -
     except OSError as exc:
         raise WorkflowInvalid(f"{p}: {exc.strerror}") from exc
     try:
-        return validate(fmt.parse(src), known_tools)
+        return validate(fmt.parse(src), known_tools, known_verifiers)
     except WorkflowInvalid as exc:
         raise WorkflowInvalid(f"{p}: {exc}") from exc

@@ -5,7 +5,14 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+)
 
 from assay.kernel.canonical import canonical_bytes, digest
 from assay.kernel.errors import AssayError
@@ -158,16 +165,55 @@ class Transition(_Frozen):
     )
 
 
+BUILTIN_VERIFIER_KINDS = frozenset({"exact", "regex", "json_schema", "command"})
+"""Verifier kinds Assay ships; others come from the `assay.verifiers` entry-point group."""
+
+_OMITTED_WHEN_UNSET = ("argv", "timeout_s", "params")
+
+
 class VerifierSpec(_Frozen):
-    """A fail-closed check on the frozen episode (§10)."""
+    """A fail-closed check on the frozen episode (§10).
+
+    The fields added after the first release (`argv`, `timeout_s`, `params`)
+    are left out of the serialised form while unset, so the canonical bytes —
+    and so the version — of every workflow that does not use them are what
+    they always were.
+    """
 
     id: str = Field(description="Verifier id, unique within the workflow.")
-    kind: Literal["exact", "regex", "json_schema"] = Field(description="Built-in verifier kind.")
+    kind: str = Field(
+        pattern=r"^[a-z][a-z0-9_.-]{0,63}$",
+        description=(
+            "Verifier kind: a built-in one (exact, regex, json_schema, command) or one "
+            "registered under the `assay.verifiers` entry-point group."
+        ),
+    )
     step: StepId | None = Field(None, description="Whose output is checked; default the run's.")
     expected: str | None = Field(None, description="exact: template of the expected output.")
     pattern: str | None = Field(None, description="regex: a full-match pattern.")
     json_schema: dict[str, Any] | None = Field(None, description="json_schema: the schema.")
     strip: bool = Field(True, description="Strip surrounding whitespace before checking.")
+    argv: list[str] | None = Field(
+        None,
+        description=(
+            "command: the command to run in a sandbox workspace, each item a template; "
+            "exit code 0 passes."
+        ),
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="command: wall-clock limit in seconds (default 60)."
+    )
+    params: dict[str, Any] | None = Field(
+        None, description="Parameters of a verifier kind registered by an installed package."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in _OMITTED_WHEN_UNSET:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class RubricItem(_Frozen):

@@ -12,6 +12,7 @@ from assay.kernel.ids import StepId
 from assay.workflow.expr import ExprSyntaxError, StepRef, parse
 from assay.workflow.graph import ControlGraph
 from assay.workflow.ir import (
+    BUILTIN_VERIFIER_KINDS,
     LATEST,
     AwaitStep,
     ConditionalStep,
@@ -47,14 +48,20 @@ class StepIdDiff:
     retained: frozenset[StepId]
 
 
-def validate(wf: WorkflowDef, known_tools: frozenset[str] | None = None) -> WorkflowDef:
+def validate(
+    wf: WorkflowDef,
+    known_tools: frozenset[str] | None = None,
+    known_verifiers: frozenset[str] | None = None,
+) -> WorkflowDef:
     """Run every load-time check; return `wf` unchanged or raise `WorkflowInvalid`.
 
     Checks: unique step ids; transitions between declared steps; the graph of
     unbounded edges is a DAG (every loop carries `max_iterations`); at most one
     unbounded and one bounded edge leave a step; every step is reachable from
     the entry; templates refer only to `task.*` or declared steps; verifiers
-    and rubric ids are unique and point at declared steps; tools are known.
+    and rubric ids are unique and point at declared steps; tools are known;
+    verifier kinds are built-in or among `known_verifiers` (the kinds installed
+    packages register; None: built-in kinds only).
 
     For the control kinds: a conditional's targets exist, and each condition
     parses and refers only to steps that can have run before it; a parallel
@@ -98,7 +105,7 @@ def validate(wf: WorkflowDef, known_tools: frozenset[str] | None = None) -> Work
             )
     if wf.output is not None and wf.output not in declared:
         raise WorkflowInvalid(f"workflow {wf.id!r}: output names unknown step {wf.output!r}")
-    _check_verifiers(wf, declared)
+    _check_verifiers(wf, declared, BUILTIN_VERIFIER_KINDS | (known_verifiers or frozenset()))
     rubric_ids = [r.id for r in wf.rubric]
     if len(set(rubric_ids)) != len(rubric_ids):
         raise WorkflowInvalid(f"workflow {wf.id!r}: duplicate rubric ids")
@@ -272,6 +279,17 @@ def _check_templates(
             _check_path(wf, f"step {step_id!r}", path, declared, before)
 
 
+def _check_template(wf: WorkflowDef, where: str, text: str, declared: set[StepId]) -> None:
+    bad = malformed(text)
+    if bad:
+        raise WorkflowInvalid(
+            f"workflow {wf.id!r}: {where} has a malformed placeholder {bad[0]!r}; "
+            "write {{ task.<field> }} or {{ steps.<id>.output }}"
+        )
+    for path in placeholders(text):
+        _check_path(wf, where, path, declared)
+
+
 def _check_path(
     wf: WorkflowDef,
     where: str,
@@ -295,12 +313,16 @@ def _check_path(
     )
 
 
-def _check_verifiers(wf: WorkflowDef, declared: set[StepId]) -> None:
+def _check_verifiers(wf: WorkflowDef, declared: set[StepId], kinds: frozenset[str]) -> None:
     ids = [v.id for v in wf.verifiers]
     if len(set(ids)) != len(ids):
         raise WorkflowInvalid(f"workflow {wf.id!r}: duplicate verifier ids")
     for v in wf.verifiers:
         where = f"verifier {v.id!r}"
+        if v.kind not in kinds:
+            raise WorkflowInvalid(
+                f"workflow {wf.id!r}: {where} has unknown kind {v.kind!r} (known: {sorted(kinds)})"
+            )
         if v.step is not None and v.step not in declared:
             raise WorkflowInvalid(f"workflow {wf.id!r}: {where} checks unknown step {v.step!r}")
         if v.kind == "exact":
@@ -317,6 +339,13 @@ def _check_verifiers(wf: WorkflowDef, declared: set[StepId]) -> None:
                 raise WorkflowInvalid(f"workflow {wf.id!r}: {where} pattern: {exc}") from exc
         elif v.kind == "json_schema" and v.json_schema is None:
             raise WorkflowInvalid(f"workflow {wf.id!r}: {where} (json_schema) needs `json_schema`")
+        elif v.kind == "command":
+            if not v.argv or not v.argv[0].strip():
+                raise WorkflowInvalid(
+                    f"workflow {wf.id!r}: {where} (command) needs a non-empty `argv`"
+                )
+            for arg in v.argv:
+                _check_template(wf, where, arg, declared)
 
 
 def check_version_bump(parent: WorkflowDef, child: WorkflowDef, *, rewrite: bool) -> StepIdDiff:
