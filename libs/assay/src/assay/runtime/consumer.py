@@ -100,6 +100,8 @@ class StageRunner:
         self.relay = relay
         self.source = source
         self.handled = 0
+        self.duplicates = 0
+        """Messages skipped because the inbox had them: redeliveries, re-publishes."""
         self.dead_lettered = 0
         self.emitted: Counter[str] = Counter()
         """Messages committed to the outbox, by type (alerts are counted from it)."""
@@ -129,6 +131,7 @@ class StageRunner:
             return
         if await self.log.seen(env.tenant, env.id):
             await self._commit(CommitBatch(position=position))
+            self.duplicates += 1
             return
         for attempt in range(1, RETRIES + 1):
             uow = UnitOfWork(
@@ -142,6 +145,7 @@ class StageRunner:
                 return
             except DuplicateMessage:
                 await self._commit(CommitBatch(position=position))
+                self.duplicates += 1
                 return
             except Refused as exc:
                 uow.discard()
