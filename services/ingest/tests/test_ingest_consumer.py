@@ -577,6 +577,7 @@ async def test_same_message_delivered_twice_is_handled_once(h: Harness) -> None:
     await h.feed(TASKS, value, offset=1)  # a redelivery of the same offset
     assert await h.take() == []
     assert await h.position(TASKS) == 2
+    assert (h.runner.handled, h.runner.duplicates) == (3, 2)  # registration, allocation, task
 
 
 async def test_concurrent_redelivery_spawns_once(h: Harness) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
@@ -121,10 +122,21 @@ def topic_for(name: str, msg: Versioned) -> Topic:
     return topic
 
 
-def producer_entry(topic: str, msg: Versioned, tenant: TenantId, idem: str) -> OutboxEntry:
+def producer_entry(
+    topic: str,
+    msg: Versioned,
+    tenant: TenantId,
+    idem: str,
+    *,
+    occurred_at: datetime | None = None,
+) -> OutboxEntry:
     """`msg` sealed as an outside producer would send it: keyed as `topic` defines, with a
     message id derived from the tenant, the topic and the producer's idempotency key, so
-    producing the same thing twice is one message to every consumer's inbox."""
+    producing the same thing twice is one message to every consumer's inbox.
+
+    `occurred_at` (now if omitted) is the envelope's time; every message the fact causes
+    inherits it, and ingest derives run ids from it.
+    """
     spec = topic_for(topic, msg)
     env = seal(
         msg,
@@ -132,6 +144,7 @@ def producer_entry(topic: str, msg: Versioned, tenant: TenantId, idem: str) -> O
         key=spec.key(msg),
         id=message_id("producer", str(tenant), topic, idem),
         causation=None,
+        occurred_at=occurred_at,
     )
     return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
 

@@ -1,5 +1,6 @@
 """Runtime: stages, units of work, consumers, and the embedded (one-process) mode."""
 
+from assay.runtime.chaos import RedeliveringSource
 from assay.runtime.consumer import StageRunner, decode
 from assay.runtime.embedded import (
     STAGES,
@@ -21,6 +22,7 @@ __all__ = [
     "Embedded",
     "Handler",
     "PluginInvalid",
+    "RedeliveringSource",
     "SandboxSettings",
     "StageDeps",
     "StageFactory",

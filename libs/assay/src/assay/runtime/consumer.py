@@ -102,6 +102,8 @@ class StageRunner:
         self.relay = relay
         self.source = source
         self.handled = 0
+        self.duplicates = 0
+        """Messages skipped because the inbox had them: redeliveries, re-publishes."""
         self.dead_lettered = 0
         self.abandoned = 0
         """Messages given up because another worker took their run over."""
@@ -133,6 +135,7 @@ class StageRunner:
             return
         if await self.log.seen(env.tenant, env.id):
             await self._commit(CommitBatch(position=position))
+            self.duplicates += 1
             return
         for attempt in range(1, RETRIES + 1):
             uow = UnitOfWork(
@@ -146,6 +149,7 @@ class StageRunner:
                 return
             except DuplicateMessage:
                 await self._commit(CommitBatch(position=position))
+                self.duplicates += 1
                 return
             except (StaleFence, LeaseLost) as exc:
                 # Another worker took the run over and owns its outcome; this one

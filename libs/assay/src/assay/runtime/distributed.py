@@ -114,6 +114,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
                 "ok": started.is_set() and not stop.is_set(),
                 "stage": stage,
                 "handled": runner.handled,
+                "duplicates": runner.duplicates,
                 "dead_lettered": runner.dead_lettered,
             }
 

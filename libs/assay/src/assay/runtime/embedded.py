@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,18 @@ def stage_log(data_dir: Path, spec: StageSpec) -> SqliteEventLog:
     return SqliteEventLog(data_dir / f"{spec.name}.sqlite", spec.events, spec.fold)
 
 
+def wall_clock() -> datetime:
+    """The current UTC time: when a message produced now occurred."""
+    return datetime.now(UTC)
+
+
 class Embedded:
-    """The whole pipeline in one process. Use as an async context manager."""
+    """The whole pipeline in one process. Use as an async context manager.
+
+    `clock` stamps what `publish` produces (the envelope's `occurred_at`, which
+    every message it causes inherits and from which ingest derives run ids); a
+    fixed or stepping clock makes two runs of one workload produce the same ids.
+    """
 
     def __init__(
         self,
@@ -116,7 +127,9 @@ class Embedded:
         sprt: SprtPolicy | None = None,
         shadow_rate: float | None = None,
         stages: tuple[str, ...] = STAGES,
+        clock: Callable[[], datetime] = wall_clock,
     ) -> None:
+        self.clock = clock
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.partitions = partitions
         self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions)
@@ -204,4 +217,4 @@ class Embedded:
 
     async def publish_many(self, items: Sequence[tuple[str, Versioned, TenantId, str]]) -> None:
         """Produce many messages in one durable write; each tuple ends with its `idem`."""
-        await self.bus.publish([producer_entry(*item) for item in items])
+        await self.bus.publish([producer_entry(*item, occurred_at=self.clock()) for item in items])

@@ -28,6 +28,13 @@ class StageCollector(Collector):
         )
         handled.add_metric([stage], self.runner.handled)
         yield handled
+        duplicates = CounterMetricFamily(
+            "assay_duplicates_skipped",
+            "Messages the inbox had already seen (redeliveries, re-publishes); not handled again.",
+            labels=["stage"],
+        )
+        duplicates.add_metric([stage], self.runner.duplicates)
+        yield duplicates
         dead = CounterMetricFamily(
             "assay_dead_letters",
             "Messages refused to the stage's dead-letter topic.",
