@@ -58,6 +58,12 @@ def _cases(root: Path) -> dict[str, list[str]]:
     )
     no_input = root / "no-input.jsonl"
     no_input.write_text('{"idempotency_key": "a"}\n')
+    awaits = root / "awaits.yaml"
+    awaits.write_text(
+        "id: approve\nsteps:\n"
+        "  - {id: ask, kind: await, signal: approval, timeout_s: 60}\n"
+        "  - {id: x, kind: tool, tool: strip, args: {text: a}}\n"
+    )
     (root / "rebuild_empty" / "data").mkdir(parents=True)
     v2 = str(ARITH_V2)
     return {
@@ -74,6 +80,13 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "demo_no_input": ["demo", "--tasks", str(no_input), "--no-progress"],
         "demo_busy": ["demo", "--limit", "1", "--no-progress"],
         "demo_bad_sprt": ["demo", "--p1", "0.4", "--no-progress"],
+        "cancel_bad_run": [
+            "cancel",
+            "not-a-run",
+            "--tenant",
+            "6f1c2b9e-8d0a-4c4e-9a57-0e1d2c3b4a59",
+        ],
+        "run_await": ["run", str(awaits), "--input", TASK],
     }
 
 
@@ -211,3 +224,11 @@ def test_demo_on_a_data_dir_held_by_another_process_is_one_line(runs: Runs) -> N
 
 def test_demo_with_an_inconsistent_sprt_policy_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs["demo_bad_sprt"], "invalid SPRT policy", "p1 must exceed p0")
+
+
+def test_cancel_of_something_that_is_not_a_run_id_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["cancel_bad_run"], "not a run id", "not-a-run")
+
+
+def test_run_of_a_workflow_with_an_await_step_says_it_cannot_run_yet(runs: Runs) -> None:
+    assert_usage_error(runs["run_await"], "await step", "cannot execute yet")

@@ -35,7 +35,7 @@ from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
 from assay.bus.transport import Handle, Positions
 from assay.cli.rebuild import rebuild
 from assay.cli.tasks import read_tasks
-from assay.engine import driver
+from assay.engine import attempts
 from assay.engine.models import StubModel
 from assay.grading.judges import StubJudge
 from assay.grading.sprt import SprtPolicy
@@ -317,9 +317,10 @@ def expected_skips(outcome: Outcome) -> dict[str, int]:
 async def test_redelivering_every_stage_leaves_the_state_of_a_clean_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The driver times attempts with `time.monotonic()` and takes no clock; the durations are
-    # recorded and hashed into each episode's ref, which every later message carries.
-    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: 0.0))
+    # The driver (`engine.attempts`) times attempts with `time.monotonic()` and takes no
+    # clock; the durations are recorded and hashed into each episode's ref, which every
+    # later message carries.
+    monkeypatch.setattr(attempts, "time", SimpleNamespace(monotonic=lambda: 0.0))
 
     clean = await run(tmp_path / "clean", redeliver=False)
     again = await run(tmp_path / "clean-again", redeliver=False)

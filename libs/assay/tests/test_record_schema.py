@@ -11,7 +11,7 @@ import pytest
 from pydantic import Field
 
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
-from assay.engine.events import Intent
+from assay.engine.events import CancelRequested, Intent, Routed, RunCancelled
 from assay.kernel import (
     AttemptNo,
     AttemptState,
@@ -42,6 +42,7 @@ from assay.messages import (
     MESSAGES,
     AllocationChanged,
     AttemptIndeterminate,
+    CancelRun,
     ChallengerRejected,
     Promoted,
     Purpose,
@@ -317,6 +318,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, rewrite=True),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
+    CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
     AttemptIndeterminate(
         run=REF,
         step=StepId("pay"),
@@ -410,6 +412,9 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 effect="unsafe",
                 request_id="t/r/0/answer/1",
             ),
+            Routed(step=StepId("route"), iteration=0, to=StepId("answer"), branch=0),
+            CancelRequested(reason="wrong input"),
+            RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
             ),

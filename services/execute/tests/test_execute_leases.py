@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from assay.bus import RUNS
+from assay.bus import RUN_COMMANDS, RUNS
 from assay.devstack.base import Service
 from assay.devstack.postgres import scratch_database
 from assay.engine import (
@@ -29,8 +29,25 @@ from assay.engine import (
     ToolCall,
 )
 from assay.grading import StubJudge
-from assay.kernel import BranchId, TaskId, TenantId, content_hash, new_run_id
-from assay.messages import Purpose, Role, RunExecuted, RunRef, RunSpawned
+from assay.kernel import (
+    AttemptState,
+    BranchId,
+    RunState,
+    TaskId,
+    TenantId,
+    content_hash,
+    new_run_id,
+)
+from assay.messages import (
+    CancelRun,
+    Purpose,
+    Role,
+    RunExecuted,
+    RunRef,
+    RunResult,
+    RunSpawned,
+    RunStatusChanged,
+)
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageHarness
 from assay.store import FsBlobStore, SqliteEventLog
@@ -177,3 +194,89 @@ async def test_a_frozen_worker_is_taken_over_and_none_of_its_writes_land(
         # One outbox (the store is shared): the run was handed on once, by B.
         executed = [m for m in await b.emitted() if isinstance(m, RunExecuted)]
         assert len(executed) == 1
+
+
+# -- cancellation through assay.run-commands ------------------------------------------------
+
+
+def cancel_of(msg: RunSpawned, reason: str = "stop it") -> CancelRun:
+    return CancelRun(tenant=TENANT, run_id=msg.run.run_id, reason=reason)
+
+
+async def test_a_cancel_stops_a_run_this_worker_drives(store: EventLog, tmp_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def slow(call: ToolCall) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    d = deps(dict(BUILTIN_TOOLS, work=Tool("work", slow, Pure(), "slow")))
+    d.blobs = blobs
+    msg = spawned("work")
+    async with StageHarness(create_stage(d), blobs, tmp_path / "w", log=store) as stage:
+        running = asyncio.create_task(stage.deliver(RUNS, msg, TENANT, idem="m"))
+        await started.wait()
+        await stage.deliver(RUN_COMMANDS, cancel_of(msg), TENANT)
+        await asyncio.wait_for(running, 5)
+        out = await stage.emitted()
+        (result,) = [m for m in out if isinstance(m, RunResult)]
+        assert (result.status, result.termination, result.score) == ("cancelled", "cancelled", None)
+        statuses = [m.state for m in out if isinstance(m, RunStatusChanged)]
+        assert statuses == [RunState.RUNNING, RunState.CANCELLED]
+        assert [m for m in out if isinstance(m, RunExecuted)] == []
+        doc = await stage.state(TENANT, "run", msg.run.run_id)
+        assert doc is not None
+        assert (doc["status"], doc["indeterminate"]) == ("cancelled", False)
+        key = BranchKey.for_run(TENANT, msg.run.run_id, BranchId(0))
+        finished = [r.event for r in await store.read(key) if isinstance(r.event, AttemptFinished)]
+        assert [f.state for f in finished] == [AttemptState.CANCELLED]
+
+
+async def test_a_cancel_before_the_run_starts_means_it_never_runs(
+    store: EventLog, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+
+    async def work(call: ToolCall) -> str:
+        calls.append("work")
+        return "done"
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    d = deps(dict(BUILTIN_TOOLS, work=Tool("work", work, Pure(), "work")))
+    d.blobs = blobs
+    msg = spawned("work")
+    async with StageHarness(create_stage(d), blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUN_COMMANDS, cancel_of(msg, "not needed"), TENANT)
+        await stage.deliver(RUNS, msg, TENANT)
+        assert calls == []
+        (result,) = [m for m in await stage.emitted() if isinstance(m, RunResult)]
+        assert result.status == "cancelled"
+
+
+async def test_a_cancel_handled_by_another_worker_reaches_the_driving_one(
+    store: EventLog, tmp_path: Path
+) -> None:
+    started = asyncio.Event()
+
+    async def slow(call: ToolCall) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    driving = deps(dict(BUILTIN_TOOLS, work=Tool("work", slow, Pure(), "slow")), "worker-a")
+    other = deps(dict(BUILTIN_TOOLS, work=Tool("work", slow, Pure(), "slow")), "worker-b")
+    driving.blobs = other.blobs = blobs
+    msg = spawned("work")
+    async with (
+        StageHarness(create_stage(driving), blobs, tmp_path / "a", log=store) as a,
+        StageHarness(create_stage(other), blobs, tmp_path / "b", log=store) as b,
+    ):
+        running = asyncio.create_task(a.deliver(RUNS, msg, TENANT, idem="m"))
+        await started.wait()
+        await b.deliver(RUN_COMMANDS, cancel_of(msg, "from elsewhere"), TENANT)
+        await asyncio.wait_for(running, 2 * TTL_S + 3)  # seen at the next heartbeat
+        (result,) = [m for m in await a.emitted() if isinstance(m, RunResult)]
+        assert result.status == "cancelled"

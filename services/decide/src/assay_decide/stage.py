@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from assay.bus.topics import AGGREGATES, DECISIONS, WORKFLOWS
+from assay.engine import StepNotExecutable, check_executable
 from assay.grading import SprtDecision, evaluate
 from assay.kernel import AssayError, Refused, WorkflowId, WorkflowVersion
 from assay.kernel.scores import WinRecord
@@ -100,7 +101,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
             wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
-        except WorkflowInvalid:
+            check_executable(wf)
+        except (WorkflowInvalid, StepNotExecutable):
             return  # ingest dead-letters invalid definitions with the reason
         alloc = await uow.get("allocation", wf.id)
         definition = wf.model_dump(mode="json", by_alias=True)

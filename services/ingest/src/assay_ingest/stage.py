@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import DECISIONS, RUN_STATUS, RUNS, TASKS, WORKFLOWS
+from assay.engine import StepNotExecutable, check_executable
 from assay.kernel import (
     Refused,
     RunId,
@@ -126,7 +127,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
             wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
-        except WorkflowInvalid as exc:
+            check_executable(wf)
+        except (WorkflowInvalid, StepNotExecutable) as exc:
             raise Refused(f"invalid workflow: {exc}") from exc
         if await uow.get("definition", wf.version) is not None:
             return  # already stored: registration is idempotent

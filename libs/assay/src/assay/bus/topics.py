@@ -12,6 +12,7 @@ from assay.kernel.schema import Versioned
 from assay.messages import (
     AllocationChanged,
     AttemptIndeterminate,
+    CancelRun,
     ChallengerRejected,
     Promoted,
     RunExecuted,
@@ -100,6 +101,7 @@ TOPICS: dict[str, Topic] = {
             "tenant:workflow_version",
         ),
         Topic(RESULTS, (RunResult,), _k("tenant", "run_id"), "tenant:run_id"),
+        Topic(RUN_COMMANDS, (CancelRun,), _k("tenant", "run_id"), "tenant:run_id"),
         Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
         Topic(
             DECISIONS,
@@ -151,4 +153,4 @@ def producer_entry(
 
 def all_topics(stages: list[str]) -> list[str]:
     """Every topic name, the stages' dead-letter topics included."""
-    return [*TOPICS, RUN_COMMANDS, *(dlq(s) for s in stages)]
+    return [*TOPICS, *(dlq(s) for s in stages)]

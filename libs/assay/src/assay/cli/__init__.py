@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("file", type=Path, help="one TaskSubmitted JSON object per line")
     submit.add_argument("--tenant", default=None, help="tenant for lines without one")
     submit.add_argument("--workflow", default=None, help="workflow for lines without one")
+    cancel = sub.add_parser("cancel", help="stop a run: a CancelRun onto assay.run-commands")
+    cancel.add_argument("run", help="the run id")
+    cancel.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
+    cancel.add_argument("--reason", default="", help="why, recorded with the run")
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -144,7 +148,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.rebuild import rebuild
 
         return await rebuild(data_dir, check=args.check)
-    if args.command in ("serve", "db", "topics", "register", "submit", "results"):
+    if args.command in ("serve", "db", "topics", "register", "submit", "results", "cancel"):
         from assay.cli import distributed as d
 
         if args.command == "serve":
@@ -159,6 +163,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
             )
         if args.command == "submit":
             return await d.submit_command(args.file, args.tenant, args.workflow)
+        if args.command == "cancel":
+            return await d.cancel_command(args.run, args.tenant or d.default_tenant(), args.reason)
         return await d.results_command(args.follow, args.tenant)
     if args.command in ("up", "down"):
         from assay.devstack import stack

@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 
 from assay.bus.kafka import KafkaTransport
-from assay.bus.topics import RESULTS, TASKS, WORKFLOWS, producer_entry
+from assay.bus.topics import RESULTS, RUN_COMMANDS, TASKS, WORKFLOWS, producer_entry
 from assay.cli.tasks import read_tasks
 from assay.kernel.errors import AssayError
-from assay.kernel.ids import TenantId, WorkflowId, tenant_id
-from assay.messages import MESSAGES, WorkflowRegistered, open_envelope
+from assay.kernel.ids import RunId, TenantId, WorkflowId, is_run_id, tenant_id
+from assay.messages import MESSAGES, CancelRun, WorkflowRegistered, open_envelope
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
 from assay.store.pg_provision import provision_stage
@@ -104,6 +104,17 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
     ]
     await _produce(entries)
     print(f"submitted {len(entries)} task(s)")
+    return 0
+
+
+async def cancel_command(run: str, tenant: str, reason: str) -> int:
+    """`assay cancel RUN`: a `CancelRun` onto `assay.run-commands`."""
+    if not is_run_id(run):
+        raise AssayError(f"not a run id: {run!r}")
+    t = _tenant(tenant)
+    msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
+    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
+    print(f"asked to cancel run {run}")
     return 0
 
 

@@ -14,6 +14,7 @@ from assay.engine import (
     LogJournal,
     RunFinished,
     RunSpec,
+    check_executable,
 )
 from assay.engine.events import fold_work
 from assay.kernel import (
@@ -41,6 +42,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     tools = load_tools(network=sandboxing.network)
     installed = load_verifiers()
     wf = load_workflow(workflow, frozenset(tools), BUILTIN_VERIFIER_KINDS | frozenset(installed))
+    check_executable(wf)
     tenant = tenant_id(os.environ.get("ASSAY_TENANT", str(LOCAL_TENANT)))
     task_id = TaskId(content_hash(task_input))
     run_id = new_run_id()
@@ -57,9 +59,10 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     model = ModelSettings.from_env().build()
     log = await SqliteEventLog(data_dir / "local-runs.sqlite", WORK_EVENTS, fold_work).open()
     blobs = FsBlobStore(data_dir / "blobs")
+    sandbox = sandbox_from_env(blobs, data_dir, sandboxing)
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
-        episode = await Driver(model, tools).drive(spec, LogJournal(log))
+        episode = await Driver(model, tools, sandbox).drive(spec, LogJournal(log))
         blob = await blobs.put(tenant, episode.encode())
         await log.commit(
             CommitBatch(
@@ -76,7 +79,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
                 ]
             )
         )
-        registry = verifier_registry(sandbox_from_env(blobs, data_dir, sandboxing), installed)
+        registry = verifier_registry(sandbox, installed)
         results = await verify_episode(episode, list(wf.verifiers), registry=registry)
     finally:
         await log.close()

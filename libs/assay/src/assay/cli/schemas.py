@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from assay.bus.topics import RUN_COMMANDS, TOPICS, dlq
+from assay.bus.topics import TOPICS, dlq
 from assay.kernel.errors import AssayError
 from assay.messages import MESSAGES, Envelope, Episode
 from assay.runtime.embedded import STAGES
@@ -38,7 +38,6 @@ def render() -> dict[str, str]:
                 m.type: {"$ref": f"./{m.type}.v{m.version}.schema.json"} for m in topic.carries
             },
         }
-    channels[RUN_COMMANDS] = {"description": "Key: tenant:run_id. Operator commands (reserved)."}
     for stage in STAGES:
         channels[dlq(stage)] = {
             "description": (

@@ -9,7 +9,8 @@ from assay.engine.chat_model import (
     RetryPolicy,
     request_seed,
 )
-from assay.engine.driver import Driver, Journal, RunSpec
+from assay.engine.context import CancelScope
+from assay.engine.driver import Driver, Journal, RunSpec, StepNotExecutable, check_executable
 from assay.engine.events import (
     WORK_EVENTS,
     AttemptFinished,
@@ -38,6 +39,7 @@ __all__ = [
     "WORK_EVENTS",
     "AttemptFinished",
     "AttemptStarted",
+    "CancelScope",
     "ChatCompletionsModel",
     "Completion",
     "Driver",
@@ -57,12 +59,14 @@ __all__ = [
     "RunFinished",
     "RunSpec",
     "RunStarted",
+    "StepNotExecutable",
     "StubModel",
     "Tool",
     "ToolCall",
     "ToolError",
     "ToolRefused",
     "Unsafe",
+    "check_executable",
     "fold_work",
     "request_seed",
     "solve",

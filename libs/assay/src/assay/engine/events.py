@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -35,10 +35,14 @@ class AttemptStarted(Event):
 
 
 class AttemptFinished(Event):
-    """Attempt N reached a terminal state. Attempt N is never written again."""
+    """Attempt N reached a terminal state. Attempt N is never written again.
+
+    Version 2 adds `workspace`: the snapshot of the run's sandbox workspace as
+    the attempt left it, which a resumed or forked run restores.
+    """
 
     type: ClassVar[str] = "AttemptFinished"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     step: StepId = Field(description="Step.")
     attempt: AttemptNo = Field(description="Attempt number.")
     state: AttemptState = Field(description="Terminal state.")
@@ -48,6 +52,9 @@ class AttemptFinished(Event):
     duration_ms: int = Field(ge=0, description="Wall-clock duration.")
     interrupted: bool = Field(
         False, description="Closed on recovery: the worker stopped mid-attempt."
+    )
+    workspace: str | None = Field(
+        None, description="Blob ref of the workspace snapshot after the attempt (v2)."
     )
 
 
@@ -75,6 +82,44 @@ class Intent(Event):
     )
 
 
+class Routed(Event):
+    """A conditional step chose where the run goes (recorded, never re-evaluated)."""
+
+    type: ClassVar[str] = "Routed"
+    version: ClassVar[int] = 1
+    step: StepId = Field(description="The conditional step.")
+    iteration: int = Field(ge=0, description="Times the step had run before.")
+    to: StepId | None = Field(None, description="Step entered; None: the forward transition.")
+    branch: int | None = Field(None, description="Index of the branch taken; None: otherwise.")
+    error: str | None = Field(None, description="Why no route could be chosen (the run fails).")
+
+
+class RunCancelled(Event):
+    """The run was cancelled; nothing more runs on this branch."""
+
+    type: ClassVar[str] = "RunCancelled"
+    version: ClassVar[int] = 1
+    reason: str = Field(description="Who cancelled it, and why.")
+    indeterminate: bool = Field(
+        description="An intent was dispatched and unresolved when it stopped."
+    )
+    usage: Usage = Field(description="Model usage of the run until then.")
+
+
+class CancelRequested(Event):
+    """Someone asked to stop the run. Recorded on the run's commands stream
+    (`<run>/commands`), beside the branch its worker writes under its lease."""
+
+    type: ClassVar[str] = "CancelRequested"
+    version: ClassVar[int] = 1
+    reason: str = Field(description="Who asked, and why.")
+
+
+def commands_stream(run: str) -> str:
+    """The stream that holds a run's operator commands."""
+    return f"{run}/commands"
+
+
 class RunFinished(Event):
     """Every step is terminal; the frozen episode is stored."""
 
@@ -86,7 +131,24 @@ class RunFinished(Event):
     usage: Usage = Field(description="Model usage of the run.")
 
 
-WORK_EVENTS = EventRegistry([RunStarted, AttemptStarted, Intent, AttemptFinished, RunFinished])
+WORK_EVENTS = EventRegistry(
+    [
+        RunStarted,
+        AttemptStarted,
+        Intent,
+        AttemptFinished,
+        Routed,
+        CancelRequested,
+        RunCancelled,
+        RunFinished,
+    ]
+)
+
+
+@WORK_EVENTS.upcaster("AttemptFinished", 1)
+def _attempt_finished_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 knew no workspaces: the attempt left no snapshot."""
+    return {**payload, "workspace": None}
 
 
 def fold_work(record: LogRecord) -> list[StateDelta]:
@@ -135,6 +197,23 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                     StateKey(t, "attempt", f"{run}/{branch}/{step}/{n}"),
                     {"state": state.value, "error": error},
                 ),
+            ]
+        case CancelRequested(reason=reason):
+            target = run.removesuffix("/commands")
+            return [Put(StateKey(t, "cancel", target), {"reason": reason, "at_ms": record.at_ms})]
+        case Routed():
+            return [Patch(run_doc, {"last_lsn": record.lsn})]
+        case RunCancelled(reason=reason, indeterminate=unknown):
+            return [
+                Patch(
+                    run_doc,
+                    {
+                        "status": "cancelled",
+                        "cancel_reason": reason,
+                        "indeterminate": unknown,
+                        "finished_ms": record.at_ms,
+                    },
+                )
             ]
         case RunFinished(succeeded=ok, episode=episode, usage=usage):
             return [

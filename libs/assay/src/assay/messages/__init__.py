@@ -13,6 +13,7 @@ from assay.messages.episode import AttemptView, Episode
 from assay.messages.models import (
     AllocationChanged,
     AttemptIndeterminate,
+    CancelRun,
     ChallengerRejected,
     Promoted,
     Purpose,
@@ -30,6 +31,7 @@ from assay.messages.models import (
     VariantAggregate,
     VerifierResult,
     WorkflowRegistered,
+    run_result_v1_to_v2,
     usage_recorded_v1_to_v2,
 )
 
@@ -44,6 +46,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         RunVerified,
         RunGraded,
         RunResult,
+        CancelRun,
         VariantAggregate,
         AllocationChanged,
         Promoted,
@@ -54,6 +57,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
 """Every message type that travels on a topic, at its current version."""
 
 MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
+MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -61,6 +65,7 @@ __all__ = [
     "AllocationChanged",
     "AttemptIndeterminate",
     "AttemptView",
+    "CancelRun",
     "ChallengerRejected",
     "Envelope",
     "Episode",

@@ -180,23 +180,43 @@ class RunGraded(Versioned):
 
 
 class RunResult(Versioned):
-    """What a consumer reads for a submitted task: one per task."""
+    """What a consumer reads for a submitted task: one per task.
+
+    Version 2 adds cancelled runs: `status` and `termination` may be
+    `cancelled`, and such a run has no score (it was never graded).
+    """
 
     type: ClassVar[str] = "RunResult"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run that served the task.")
     task_id: TaskId = Field(description="The task's comparison key.")
     idempotency_key: str = Field(description="The submitting task's idempotency key.")
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="Version that ran.")
-    status: Literal["graded", "ungraded"] = Field(description="How grading ended.")
+    status: Literal["graded", "ungraded", "cancelled"] = Field(
+        description="How grading ended; `cancelled`: the run was stopped and never graded."
+    )
     passed: bool = Field(description="Verification outcome.")
     verification: list[VerifierResult] = Field(description="Each verifier's result.")
-    score: Score = Field(description="The score.")
+    score: Score | None = Field(description="The score; None only for a cancelled run.")
     usage: Usage = Field(description="Model usage.")
-    termination: Literal["succeeded", "failed"] = Field(description="How execution ended.")
+    termination: Literal["succeeded", "failed", "cancelled"] = Field(
+        description="How execution ended."
+    )
     output: str | None = Field(None, description="The run's output, when small.")
+
+
+class CancelRun(Versioned):
+    """An operator command: stop a run (`assay cancel`). Reachable from every
+    non-terminal state; a run stopped mid-call with a dispatched intent ends with
+    that attempt `Indeterminate`, else `Cancelled` (§5.1)."""
+
+    type: ClassVar[str] = "CancelRun"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant of the run.")
+    run_id: RunId = Field(description="The run to stop.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
 
 
 class VariantAggregate(Versioned):
@@ -287,3 +307,8 @@ class UsageRecorded(Versioned):
 def usage_recorded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """UsageRecorded v1 -> v2: a call recorded before prices were known cost 0.0."""
     return {**payload, "cost_usd": 0.0}
+
+
+def run_result_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunResult v1 -> v2: v1 only knew graded and ungraded runs, which v2 reads as they are."""
+    return dict(payload)

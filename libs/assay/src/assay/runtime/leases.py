@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from assay.kernel.ids import TenantId
@@ -48,8 +48,18 @@ async def acquire(
         await asyncio.sleep(min(ttl_s / 4, 1.0))
 
 
-async def under_lease(store: EventLog, lease: Lease, ttl_s: float, work: Awaitable[T]) -> T:
-    """Run `work` while renewing `lease`; raise `LeaseLost` if it is taken over."""
+async def under_lease(
+    store: EventLog,
+    lease: Lease,
+    ttl_s: float,
+    work: Awaitable[T],
+    watch: Callable[[], Awaitable[None]] | None = None,
+) -> T:
+    """Run `work` while renewing `lease`; raise `LeaseLost` if it is taken over.
+
+    `watch`, when given, runs at every heartbeat (for instance: has someone asked
+    another worker to cancel this run?).
+    """
     task: asyncio.Task[T] = asyncio.ensure_future(work)
     lost: list[LeaseLost] = []
 
@@ -59,6 +69,8 @@ async def under_lease(store: EventLog, lease: Lease, ttl_s: float, work: Awaitab
             await asyncio.sleep(ttl_s / 3)
             try:
                 held = await store.renew(held, int(ttl_s * 1000))
+                if watch is not None:
+                    await watch()
             except LeaseLost as exc:
                 lost.append(exc)
                 task.cancel()

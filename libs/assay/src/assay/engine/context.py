@@ -1,0 +1,184 @@
+"""What the driver keeps while it drives one run: its replay, totals, cancel scope.
+
+Replay is per step: a step's records (attempt starts, intents, attempt ends,
+routing decisions) are consumed in the order they were committed, whatever
+other steps committed in between — parallel branches interleave in the log,
+each branch's own records never do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from assay.kernel.ids import BranchId, StepId
+from assay.kernel.schema import Versioned
+from assay.messages.episode import AttemptView
+from assay.messages.models import RunRef, Usage
+from assay.record.events import BranchKey, Event, LogRecord
+from assay.sandbox.port import Workspace
+from assay.workflow.ir import WorkflowDef
+
+E = TypeVar("E", bound=Event)
+T = TypeVar("T")
+
+
+class Journal(Protocol):
+    """Where the driver reads history and durably appends (one commit per call)."""
+
+    async def history(self, key: BranchKey) -> list[LogRecord]:
+        """Every record of the branch, in LSN order."""
+        ...
+
+    async def append(
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Commit `events` (and messages to emit with them) in one durable commit."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to run: the run, its pinned definition, its input, its branch."""
+
+    ref: RunRef
+    definition: WorkflowDef
+    input: Mapping[str, Any]
+    branch: BranchId
+
+    @property
+    def key(self) -> BranchKey:
+        """The log key of this run's branch."""
+        return BranchKey.for_run(self.ref.tenant, self.ref.run_id, self.branch)
+
+
+class Cancelled(Exception):
+    """Work stopped because its cancel scope was cancelled."""
+
+
+class CancelScope:
+    """A cancellation that reaches every child scope (a run, then its parallel branches)."""
+
+    def __init__(self, parent: CancelScope | None = None) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+        self._children: list[CancelScope] = []
+        if parent is not None:
+            parent._children.append(self)
+            if parent.cancelled:
+                self.cancel(parent.reason)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this scope (or an ancestor) was cancelled."""
+        return self._event.is_set()
+
+    def cancel(self, reason: str) -> None:
+        """Cancel this scope and its children (idempotent: the first reason stays)."""
+        if self._event.is_set():
+            return
+        self.reason = reason
+        self._event.set()
+        for child in self._children:
+            child.cancel(reason)
+
+    def child(self) -> CancelScope:
+        """A scope cancelled with this one, or on its own."""
+        return CancelScope(self)
+
+    async def race(self, work: Awaitable[T]) -> T:
+        """Await `work`, or cancel it and raise `Cancelled` if the scope is cancelled first."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._event.wait())
+        try:
+            await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise Cancelled(self.reason)
+
+
+class Replay:
+    """The branch's committed records, consumed step by step as the driver re-walks them."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self._by_step: dict[str, collections.deque[Event]] = collections.defaultdict(
+            collections.deque
+        )
+        self._run: collections.deque[Event] = collections.deque()
+        for ev in events:
+            step = getattr(ev, "step", None)
+            (self._by_step[step] if isinstance(step, str) else self._run).append(ev)
+
+    def take(self, kind: type[E], step: StepId | None = None, **match: Any) -> E | None:
+        """The next record of `step` (or of the run) if it is a `kind` matching `match`."""
+        queue = self._run if step is None else self._by_step.get(step)
+        if queue:
+            ev = queue[0]
+            if isinstance(ev, kind) and all(getattr(ev, k) == v for k, v in match.items()):
+                queue.popleft()
+                return ev
+        return None
+
+    def has(self, kind: type[Event]) -> bool:
+        """Whether an unconsumed run-level record of `kind` remains."""
+        return any(isinstance(ev, kind) for ev in self._run)
+
+
+@dataclass
+class Totals:
+    """Usage and attempts of the run so far."""
+
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attempts: list[AttemptView] = field(default_factory=list)
+
+    def add(self, u: Usage) -> None:
+        """Count an attempt's usage."""
+        self.model_calls += u.model_calls
+        self.prompt_tokens += u.prompt_tokens
+        self.completion_tokens += u.completion_tokens
+
+    def usage(self) -> Usage:
+        """The run's usage."""
+        return Usage(
+            model_calls=self.model_calls,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+        )
+
+
+@dataclass
+class RunContext:
+    """One drive of one run."""
+
+    spec: RunSpec
+    journal: Journal
+    replay: Replay
+    cancel: CancelScope
+    totals: Totals = field(default_factory=Totals)
+    outputs: dict[str, str] = field(default_factory=dict)
+    succeeded: dict[str, bool] = field(default_factory=dict)
+    workspace: Workspace | None = None
+    workspace_ref: str | None = None
+    """The latest recorded snapshot of the run's workspace."""
+
+    def template_context(self) -> dict[str, Any]:
+        """What templates and conditions read: the task and the steps' outputs."""
+        steps: dict[str, dict[str, Any]] = {
+            k: {"output": v, "succeeded": True} for k, v in self.outputs.items()
+        }
+        for k, ok in self.succeeded.items():  # a step that did not succeed has no output
+            steps.setdefault(k, {})["succeeded"] = ok
+        return {"task": dict(self.spec.input), "steps": steps}
+
+    async def append(self, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()) -> None:
+        """Commit events to the run's branch."""
+        await self.journal.append(self.spec.key, *events, emits=emits)
