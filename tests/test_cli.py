@@ -76,6 +76,7 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "input_not_json": ["run", v2, "--input", "{question: 2 + 3}"],
         "input_list": ["run", v2, "--input", '["2 + 3", "5"]'],
         "rebuild_empty": ["rebuild", "--check"],
+        "runs_show_unknown": ["runs", "show", "01NOSUCHRUN0000000000000000"],
         "demo_bad_tasks": ["demo", "--tasks", str(bad_tasks), "--no-progress"],
         "demo_no_input": ["demo", "--tasks", str(no_input), "--no-progress"],
         "demo_busy": ["demo", "--limit", "1", "--no-progress"],
@@ -200,6 +201,35 @@ def test_run_with_input_that_is_a_json_list_is_one_line(runs: Runs) -> None:
 
 def test_rebuild_check_on_an_empty_data_dir_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs["rebuild_empty"], "no stage stores", str(runs.data("rebuild_empty")))
+
+
+# -- assay runs show ------------------------------------------------------------------------
+
+
+def test_runs_show_renders_a_run_of_assay_run_from_its_log(runs: Runs) -> None:
+    run_id = json.loads(runs["run_ok"].stdout)["episode"]["run"]["run_id"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    data = str(runs.data("run_ok"))
+    proc = subprocess.run(
+        [str(ASSAY), "--data-dir", data, "runs", "show", run_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"run {run_id}  tenant ")
+    assert "\nbranch 0 (live)  succeeded  started " in proc.stdout
+    assert "\n  step solve\n    attempt 1  succeeded" in proc.stdout
+
+
+def test_runs_show_of_an_unknown_run_is_one_line(runs: Runs) -> None:
+    assert_usage_error(
+        runs["runs_show_unknown"],
+        "no run 01NOSUCHRUN0000000000000000",
+        str(runs.data("runs_show_unknown")),
+    )
 
 
 # -- assay demo ----------------------------------------------------------------------------

@@ -361,6 +361,31 @@ async def test_read_returns_decoded_records_in_lsn_order_from_lsn(event_log: Eve
     assert await event_log.read(main(key.tenant, "never-written")) == []
 
 
+async def test_branches_of_a_stream_by_tenant_then_branch_and_only_of_a_given_tenant(
+    event_log: EventLog,
+) -> None:
+    a, b = sorted([new_tenant(), new_tenant()])  # as the stores order them: by UUID
+    run = "run_1"
+    fork = BranchKey(a, run, BranchId(2))
+    await event_log.commit(
+        CommitBatch(
+            records=[
+                (fork, put("x")),
+                (main(a, run), put("x")),
+                (main(a, run), put("y")),
+                (main(b, run), put("x")),
+                (main(a, "run_10"), put("x")),  # equality, not a prefix or a pattern
+                (BranchKey(a, "runx1", BranchId(5)), put("x")),
+            ]
+        )
+    )
+    assert await event_log.branches(run, a) == [main(a, run), fork]
+    assert await event_log.branches(run, b) == [main(b, run)]
+    assert await event_log.branches(run) == [main(a, run), fork, main(b, run)]
+    assert await event_log.branches(run, new_tenant()) == []
+    assert await event_log.branches("never-written") == []
+
+
 async def test_derived_state_reflects_the_fold_with_patch_and_delete(event_log: EventLog) -> None:
     tenant = new_tenant()
     key = main(tenant, "s")

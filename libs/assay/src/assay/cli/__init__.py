@@ -67,6 +67,25 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare byte for byte and change nothing; exit 1 on a difference",
     )
+    runs = sub.add_parser("runs", help="inspect runs in the execute stage's log")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True)
+    show = runs_sub.add_parser(
+        "show",
+        help="a run's branches, attempts and intents, from its log alone",
+        description=(
+            "Show a run's live branch (the highest-numbered one), or --branch N, or all of"
+            " them, from the execute log: the data directory's, or Postgres's when"
+            " ASSAY_DATABASE_URL is set."
+        ),
+    )
+    show.add_argument("run", help="run id")
+    show.add_argument("--tenant", default=None, help="the run's tenant UUID (default: its own)")
+    which = show.add_mutually_exclusive_group()
+    which.add_argument(
+        "--branch", type=int, default=None, help="show this branch (default: the live one)"
+    )
+    which.add_argument("--all-branches", action="store_true", help="show every branch")
+    show.add_argument("--json", action="store_true", help="print JSON with stable keys")
     serve = sub.add_parser("serve", help="run one stage against Kafka, Postgres and S3")
     serve.add_argument("stage", help="ingest, execute, verify, tournament, aggregate or decide")
     db = sub.add_parser("db", help="database administration")
@@ -148,6 +167,17 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.rebuild import rebuild
 
         return await rebuild(data_dir, check=args.check)
+    if args.command == "runs":
+        from assay.cli.runs import show_command
+
+        return await show_command(
+            data_dir,
+            args.run,
+            tenant=args.tenant,
+            branch=args.branch,
+            all_branches=args.all_branches,
+            as_json=args.json,
+        )
     if args.command in ("serve", "db", "topics", "register", "submit", "results", "cancel"):
         from assay.cli import distributed as d
 

@@ -131,6 +131,15 @@ class EventLog(Protocol):
         """Records of one branch from `from_lsn`, ascending, decoded at current versions."""
         ...
 
+    async def branches(self, stream: str, tenant: TenantId | None = None) -> list[BranchKey]:
+        """Every branch of `stream` that holds a record, ordered by tenant then branch.
+
+        With `tenant`, that tenant's branches only (another tenant's stream of the
+        same name is not there); without it, every tenant's — which finds whose a
+        stream is, at the cost of a scan of the log. Empty when no record exists.
+        """
+        ...
+
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         """Store a snapshot of `key` valid up to `upto`."""
         ...

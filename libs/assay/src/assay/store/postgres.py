@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from assay.kernel.ids import Lsn, MessageId, TenantId, tenant_id
+from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
 from assay.record.events import BranchKey, EventRegistry, LogRecord
 from assay.record.state import Fold, StateKey
 from assay.store.pg_commit import GroupCommitter
@@ -88,8 +88,13 @@ class PostgresEventLog:
             raise RuntimeError(f"event log {self._schema} is not open")
         return self._writer
 
-    async def open(self) -> PostgresEventLog:
+    async def open(self, *, migrate_schema: bool = True) -> PostgresEventLog:
         """Connect and bring the schema to the current migration version.
+
+        Args:
+            migrate_schema: False for a reader that must change nothing (`assay runs
+                show`): the schema is used as it is, and reading one that is not
+                there raises `asyncpg.UndefinedTableError`.
 
         Raises:
             asyncpg.PostgresError: the server refused (no such role, no privilege on
@@ -104,8 +109,9 @@ class PostgresEventLog:
             server_settings={"application_name": f"assay:{self._schema}"},
         )
         try:
-            async with pool.acquire() as conn:
-                await migrate(conn, self._schema, MIGRATIONS)
+            if migrate_schema:
+                async with pool.acquire() as conn:
+                    await migrate(conn, self._schema, MIGRATIONS)
         except BaseException:
             await pool.close()
             raise
@@ -154,6 +160,17 @@ class PostgresEventLog:
             LogRecord(key, Lsn(lsn), ver, at, self._registry.decode(typ, ver, json.loads(p)))
             for lsn, typ, ver, at, p in rows
         ]
+
+    async def branches(self, stream: str, tenant: TenantId | None = None) -> list[BranchKey]:
+        """See `EventLog.branches`."""
+        select = f"SELECT DISTINCT tenant, branch FROM {self._s}.log WHERE stream = $1"
+        if tenant is None:  # a scan: whose the stream is is what the caller asks
+            rows = await self._db.fetch(f"{select} ORDER BY tenant, branch", stream)
+        else:  # a range of the primary key
+            rows = await self._db.fetch(
+                f"{select} AND tenant = $2 ORDER BY tenant, branch", stream, tenant
+            )
+        return [BranchKey(tenant_id(t), stream, BranchId(b)) for t, b in rows]
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         """See `EventLog.put_checkpoint`."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from assay.kernel.canonical import document_bytes
-from assay.kernel.ids import Lsn, MessageId, TenantId, tenant_id
+from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
 from assay.record.events import BranchKey, EventRegistry, LogRecord
 from assay.record.state import Delete, Fold, Patch, Put, StateDelta, StateKey
 from assay.store.ports import (
@@ -337,6 +337,20 @@ class SqliteEventLog:
             LogRecord(key, Lsn(lsn), ver, at, self._registry.decode(typ, ver, json.loads(p)))
             for lsn, typ, ver, at, p in rows
         ]
+
+    async def branches(self, stream: str, tenant: TenantId | None = None) -> list[BranchKey]:
+        if tenant is None:
+            rows = self._db.execute(
+                "SELECT DISTINCT tenant, branch FROM log WHERE stream=? ORDER BY tenant, branch",
+                (stream,),
+            ).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT DISTINCT tenant, branch FROM log WHERE tenant=? AND stream=? "
+                "ORDER BY tenant, branch",
+                (_t(tenant), stream),
+            ).fetchall()
+        return [BranchKey(tenant_id(t), stream, BranchId(b)) for t, b in rows]
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         with self._db:

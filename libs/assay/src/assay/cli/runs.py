@@ -1,0 +1,276 @@
+"""`assay runs show RUN`: a run's branches, attempts and intents, from the execute log alone.
+
+Where the log is: with `ASSAY_DATABASE_URL` set, the `execute` schema in Postgres
+(read as it is: nothing is migrated or written); otherwise the data directory's
+`execute.sqlite`, then `local-runs.sqlite` (the runs of `assay run`). Nothing is
+read from derived state or blobs; the view is `assay.engine.episode_view`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import assert_never
+
+from assay.engine.episode_view import (
+    AttemptView,
+    BranchView,
+    IntentView,
+    RunView,
+    build_run_view,
+)
+from assay.engine.events import WORK_EVENTS, fold_work
+from assay.kernel.attempts import AttemptState
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import Lsn, TenantId, tenant_id
+from assay.kernel.intents import IntentState
+from assay.messages.models import Usage
+from assay.record.events import BranchKey, LogRecord
+from assay.runtime.settings import Settings
+from assay.store.ports import EventLog
+from assay.store.sqlite import SqliteEventLog
+
+EXECUTE_LOG = "execute.sqlite"
+"""The execute stage's log in an embedded data directory."""
+LOCAL_RUNS_LOG = "local-runs.sqlite"
+"""The log `assay run` writes its runs to."""
+PG_SCHEMA = "execute"
+"""The execute stage's schema in distributed mode."""
+_PAGE = 10_000
+
+
+class RunNotFound(AssayError):
+    """No such run (of that tenant, when one was given)."""
+
+
+async def show_command(
+    data_dir: Path,
+    run: str,
+    *,
+    tenant: str | None,
+    branch: int | None,
+    all_branches: bool,
+    as_json: bool,
+) -> int:
+    """Print one run's view: its live branch, `branch`, or every branch.
+
+    Raises:
+        AssayError: bad input, an unknown run (or one of another tenant than
+            `tenant`), no such branch, or a log that cannot be read.
+    """
+    only = _tenant(tenant) if tenant is not None else None
+    if branch is not None and branch < 0:
+        raise AssayError(f"--branch must be 0 or more, not {branch}")
+    view = await load_run(data_dir, run, only)
+    if branch is not None and branch not in view.branch_ids:
+        have = ", ".join(str(b) for b in view.branch_ids)
+        raise AssayError(f"run {run} has no branch {branch} (it has: {have})")
+    if not all_branches:
+        view = view.only([view.live_branch if branch is None else branch])
+    if as_json:
+        print(json.dumps(view.to_json(), indent=2, ensure_ascii=False))
+    else:
+        print(render_text(view), end="")
+    return 0
+
+
+def _tenant(value: str) -> TenantId:
+    try:
+        return tenant_id(value)
+    except ValueError as exc:
+        raise AssayError(f"--tenant must be a UUID, not {value!r}") from exc
+
+
+async def load_run(data_dir: Path, run: str, tenant: TenantId | None) -> RunView:
+    """The view of `run` from the execute log this environment points at.
+
+    Raises:
+        RunNotFound: no such run — or, with `tenant`, none of that tenant.
+        AssayError: the run id exists under several tenants and none was given,
+            or the log cannot be read.
+    """
+    view: RunView | None
+    database_url = Settings.from_env().database_url
+    if database_url:
+        async with _postgres(database_url) as log:
+            view = await find_run(log, run, tenant)
+        where = f"the {PG_SCHEMA} schema of $ASSAY_DATABASE_URL"
+    else:
+        view, where = None, str(data_dir)
+        logs = [p for p in (data_dir / EXECUTE_LOG, data_dir / LOCAL_RUNS_LOG) if p.is_file()]
+        if not logs:
+            raise RunNotFound(f"no run {run}: no execute log in {data_dir}")
+        for path in logs:
+            log = await SqliteEventLog(path, WORK_EVENTS, fold_work).open()
+            try:
+                view = await find_run(log, run, tenant)
+            finally:
+                await log.close()
+            if view is not None:
+                break
+    if view is None:
+        whose = f" of tenant {tenant}" if tenant is not None else ""
+        raise RunNotFound(f"no run {run}{whose} in {where}")
+    return view
+
+
+@asynccontextmanager
+async def _postgres(dsn: str) -> AsyncIterator[EventLog]:
+    import asyncpg
+
+    from assay.store.postgres import PostgresEventLog
+
+    log = PostgresEventLog(dsn, PG_SCHEMA, WORK_EVENTS, fold_work, pool_size=1)
+    try:
+        await log.open(migrate_schema=False)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise AssayError(f"cannot connect to $ASSAY_DATABASE_URL: {exc}") from exc
+    try:
+        yield log
+    except asyncpg.UndefinedTableError as exc:
+        raise AssayError(f"no {PG_SCHEMA} log in $ASSAY_DATABASE_URL's database") from exc
+    except asyncpg.PostgresError as exc:
+        raise AssayError(f"cannot read the {PG_SCHEMA} log: {exc}") from exc
+    finally:
+        await log.close()
+
+
+async def find_run(log: EventLog, run: str, tenant: TenantId | None) -> RunView | None:
+    """The view of `run` in one log, or None if it has no record of it (of `tenant`).
+
+    Raises:
+        AssayError: without `tenant`, the run id has records under several tenants.
+    """
+    keys = await log.branches(run, tenant)
+    if not keys:
+        return None
+    tenants = {k.tenant for k in keys}
+    if len(tenants) > 1:
+        raise AssayError(f"run {run} exists under {len(tenants)} tenants: name one with --tenant")
+    return build_run_view({k.branch: await read_branch(log, k) for k in keys})
+
+
+async def read_branch(log: EventLog, key: BranchKey) -> list[LogRecord]:
+    """Every record of one branch, in LSN order, read a page at a time."""
+    records: list[LogRecord] = []
+    while True:
+        page = await log.read(key, Lsn(records[-1].lsn + 1 if records else 0), _PAGE)
+        records.extend(page)
+        if len(page) < _PAGE:
+            return records
+
+
+# -- text --------------------------------------------------------------------------
+
+
+def render_text(view: RunView) -> str:
+    """A compact tree: the run, then each shown branch, its steps, attempts and intents."""
+    lines = [f"run {view.run_id}  tenant {view.tenant}"]
+    ref = view.ref
+    if ref is not None:
+        lines.append(
+            f"  workflow {ref.workflow_id} @ {_short(ref.workflow_version)}  role {ref.role.value}"
+            f"  purpose {ref.purpose.value}  task {_short(ref.task_id)}"
+        )
+    status = _status(view.status.value, view.failed_step, view.indeterminate)
+    if view.indeterminate:
+        which = ", ".join(str(b) for b in view.indeterminate_branches)
+        status += f" (branch {which})"
+    lines.append(f"  status {status}")
+    lines.append(f"  usage {_usage(view.usage)}")
+    lines.append(f"  episode {view.episode or '(none yet)'}")
+    lines.append(
+        f"  branches {', '.join(str(b) for b in view.branch_ids)}  live {view.live_branch}"
+    )
+    for branch in view.branches:
+        lines.extend(_branch(branch))
+    return "\n".join(lines) + "\n"
+
+
+def _branch(b: BranchView) -> Iterable[str]:
+    head = f"branch {b.branch}" + (" (live)" if b.live else "")
+    if b.fork is not None:
+        f = b.fork
+        if f.from_branch is not None and f.at_lsn is not None:
+            head += f"  forked from branch {f.from_branch} at lsn {f.at_lsn}"
+        else:
+            head += f"  forked: {f.type} {json.dumps(f.fields, sort_keys=True)}"
+    head += f"  {_status(b.status.value, b.failed_step, b.indeterminate)}"
+    if b.started_at_ms is not None:
+        head += f"  started {_when(b.started_at_ms)}"
+    yield head + f"  {b.records} records"
+    for step in b.steps:
+        yield f"  step {step.step}" + (f" (iteration {step.iteration})" if step.iteration else "")
+        for attempt in step.attempts:
+            yield from _attempt(attempt)
+    for other in b.other:
+        yield f"  record {other.lsn} {other.type} {json.dumps(other.fields, sort_keys=True)}"
+
+
+def _attempt(a: AttemptView) -> Iterable[str]:
+    line = f"    attempt {a.attempt}  {a.state.value}"
+    if a.duration_ms is not None:
+        line += f"  {_duration(a.duration_ms)}"
+    if a.usage is not None and a.usage.model_calls:
+        line += f"  {_usage(a.usage)}"
+    if a.interrupted:
+        line += "  interrupted"
+    yield line
+    if a.error is not None:
+        yield f"      error: {_flat(a.error, 200)}"
+    elif a.output is not None:
+        yield f"      output: {json.dumps(_flat(a.output, 80), ensure_ascii=False)}"
+    for intent in a.intents:
+        yield from _intent(intent, finished=a.state is not AttemptState.RUNNING)
+
+
+def _intent(i: IntentView, *, finished: bool) -> Iterable[str]:
+    states = " → ".join(t.state.value for t in i.transitions)
+    how = _resolution(i, finished=finished)
+    yield f"      intent {i.tool} ({i.effect})  {states}" + (f"  {how}" if how else "")
+    key = f"  key {i.idempotency_key}" if i.idempotency_key else ""
+    yield f"        request {i.request_id}{key}"
+
+
+def _resolution(i: IntentView, *, finished: bool) -> str:
+    """How the call ended, in §8.4's words."""
+    match i.state:
+        case IntentState.COMMITTED:
+            return f"recovered: {i.resolved_by}" if i.resolved_by else ""
+        case IntentState.PENDING:
+            return "never dispatched" if finished else "pending"
+        case IntentState.DISPATCHED:
+            return "unresolved: outcome unknown" if finished else "in flight"
+        case _:
+            assert_never(i.state)
+
+
+def _status(status: str, failed_step: str | None, indeterminate: bool) -> str:
+    out = status + (f" at step {failed_step}" if failed_step else "")
+    return out + (", indeterminate" if indeterminate else "")
+
+
+def _usage(u: Usage) -> str:
+    calls = "1 model call" if u.model_calls == 1 else f"{u.model_calls} model calls"
+    return f"{calls}, {u.prompt_tokens} prompt + {u.completion_tokens} completion tokens"
+
+
+def _duration(ms: int) -> str:
+    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _when(ms: int) -> str:
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _short(digest: str) -> str:
+    return digest[:12]
+
+
+def _flat(text: str, limit: int) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[: limit - 1] + "…"
