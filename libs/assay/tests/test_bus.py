@@ -65,6 +65,7 @@ from assay.messages import (
     Envelope,
     Promoted,
     Purpose,
+    RewindRun,
     Role,
     RunExecuted,
     RunGraded,
@@ -556,6 +557,7 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (RunSpawned(run=ref, definition={}, input={}), f"{t}:{RUN}"),
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
         (CancelRun(tenant=TENANT, run_id=RunId(RUN), reason="stop"), f"{t}:{RUN}"),
+        (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),
         (
             AttemptIndeterminate(
                 run=ref, step=StepId("pay"), attempt=1, tool="charge", request_id="r", reason="?"

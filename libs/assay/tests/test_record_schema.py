@@ -11,7 +11,7 @@ import pytest
 from pydantic import Field
 
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
-from assay.engine.events import CancelRequested, Intent, Routed, RunCancelled
+from assay.engine.events import CancelRequested, Forked, Intent, Routed, RunCancelled
 from assay.kernel import (
     AttemptNo,
     AttemptState,
@@ -46,6 +46,7 @@ from assay.messages import (
     ChallengerRejected,
     Promoted,
     Purpose,
+    RewindRun,
     Role,
     RunExecuted,
     RunGraded,
@@ -319,6 +320,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
+    RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
     AttemptIndeterminate(
         run=REF,
         step=StepId("pay"),
@@ -414,6 +416,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             ),
             Routed(step=StepId("route"), iteration=0, to=StepId("answer"), branch=0),
             CancelRequested(reason="wrong input"),
+            Forked(from_branch=0, at=3, reason="retry", command="m-1", discarded_effects=["r"]),
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE

@@ -22,16 +22,20 @@ from assay.devstack.postgres import scratch_database
 from assay.engine import (
     BUILTIN_TOOLS,
     AttemptFinished,
+    AttemptStarted,
     Pure,
     RunFinished,
     StubModel,
     Tool,
     ToolCall,
+    Unsafe,
 )
+from assay.engine.events import Forked, Intent
 from assay.grading import StubJudge
 from assay.kernel import (
     AttemptState,
     BranchId,
+    IntentState,
     RunState,
     TaskId,
     TenantId,
@@ -41,6 +45,7 @@ from assay.kernel import (
 from assay.messages import (
     CancelRun,
     Purpose,
+    RewindRun,
     Role,
     RunExecuted,
     RunRef,
@@ -280,3 +285,138 @@ async def test_a_cancel_handled_by_another_worker_reaches_the_driving_one(
         await asyncio.wait_for(running, 2 * TTL_S + 3)  # seen at the next heartbeat
         (result,) = [m for m in await a.emitted() if isinstance(m, RunResult)]
         assert result.status == "cancelled"
+
+
+# -- rewind: a fork, nothing deleted (§8.5) ------------------------------------------------
+
+
+def rewind_of(msg: RunSpawned, at: int, branch: int | None = None) -> RewindRun:
+    return RewindRun(tenant=TENANT, run_id=msg.run.run_id, at=at, branch=branch, reason="retry")
+
+
+def key_of(msg: RunSpawned, branch: int) -> BranchKey:
+    return BranchKey.for_run(TENANT, msg.run.run_id, BranchId(branch))
+
+
+async def test_a_rewind_forks_a_new_branch_and_keeps_the_old_one(
+    store: EventLog, tmp_path: Path
+) -> None:
+    outputs = iter(["first", "second"])
+
+    async def work(call: ToolCall) -> str:
+        return next(outputs)
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    d = deps(dict(BUILTIN_TOOLS, work=Tool("work", work, Pure(), "work")))
+    d.blobs = blobs
+    msg = spawned("work")
+    async with StageHarness(create_stage(d), blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        parent = await store.read(key_of(msg, 0))
+        at = next(
+            r.lsn for r in parent if isinstance(r.event, AttemptStarted) and r.event.step == "work"
+        )
+        await stage.deliver(RUN_COMMANDS, rewind_of(msg, at), TENANT)
+
+        assert await store.read(key_of(msg, 0)) == parent  # kept, unchanged
+        child = await store.read(key_of(msg, 1))
+        assert [r.lsn for r in child] == list(range(len(child)))  # LSNs from zero
+        assert [r.event for r in child[:at]] == [r.event for r in parent[:at]]
+        forked = child[at].event
+        assert isinstance(forked, Forked)
+        assert (forked.from_branch, forked.at) == (0, at)
+        outs = [r.event.output for r in child if isinstance(r.event, AttemptFinished)]
+        assert outs[0] == "second"  # the step ran again on the new branch
+        assert isinstance(child[-1].event, RunFinished)
+        doc = await stage.state(TENANT, "run", msg.run.run_id)
+        assert doc is not None
+        assert doc["branch"] == 1  # queries default to the live branch
+        assert doc["forked_from"] == {"branch": 0, "at": at}
+        assert await stage.dead_letters() == []
+
+
+async def test_a_rewind_past_a_committed_unsafe_call_flags_it(
+    store: EventLog, tmp_path: Path
+) -> None:
+    async def charge(call: ToolCall) -> str:
+        return "charged"
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    d = deps(dict(BUILTIN_TOOLS, work=Tool("work", charge, Unsafe(), "charges")))
+    d.blobs = blobs
+    msg = spawned("work")
+    async with StageHarness(create_stage(d), blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        parent = await store.read(key_of(msg, 0))
+        committed = [
+            r.event
+            for r in parent
+            if isinstance(r.event, Intent) and r.event.state is IntentState.COMMITTED
+        ]
+        await stage.deliver(RUN_COMMANDS, rewind_of(msg, 1), TENANT)
+        forked = next(
+            r.event for r in await store.read(key_of(msg, 1)) if isinstance(r.event, Forked)
+        )
+        assert forked.discarded_effects == [committed[0].request_id]
+
+
+@pytest.mark.parametrize(
+    ("at", "branch", "reason"),
+    [(10_000, None, "past the end"), (1, 7, "no branch 7")],
+)
+async def test_an_impossible_rewind_is_refused_with_the_reason(
+    store: EventLog, tmp_path: Path, at: int, branch: int | None, reason: str
+) -> None:
+    blobs = FsBlobStore(tmp_path / "blobs")
+    d = deps(dict(BUILTIN_TOOLS, work=echo_tool()))
+    d.blobs = blobs
+    msg = spawned("work")
+    async with StageHarness(create_stage(d), blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        await stage.deliver(RUN_COMMANDS, rewind_of(msg, at, branch), TENANT)
+        ((_, why),) = await stage.dead_letters()
+        assert reason in why
+        assert await store.read(key_of(msg, 1)) == []
+
+
+async def test_rewinding_an_unknown_run_is_refused(store: EventLog, tmp_path: Path) -> None:
+    blobs = FsBlobStore(tmp_path / "blobs")
+    d = deps(dict(BUILTIN_TOOLS, work=echo_tool()))
+    d.blobs = blobs
+    async with StageHarness(create_stage(d), blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUN_COMMANDS, rewind_of(spawned("work"), 0), TENANT)
+        ((_, why),) = await stage.dead_letters()
+        assert "no run" in why
+
+
+def echo_tool() -> Tool:
+    async def work(call: ToolCall) -> str:
+        return "ok"
+
+    return Tool("work", work, Pure(), "work")
+
+
+async def test_a_run_that_is_being_driven_is_not_rewound(store: EventLog, tmp_path: Path) -> None:
+    started = asyncio.Event()
+
+    async def slow(call: ToolCall) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "never"
+
+    blobs = FsBlobStore(tmp_path / "blobs")
+    driving = deps(dict(BUILTIN_TOOLS, work=Tool("work", slow, Pure(), "slow")), "worker-a")
+    other = deps(dict(BUILTIN_TOOLS, work=echo_tool()), "worker-b")
+    driving.blobs = other.blobs = blobs
+    msg = spawned("work")
+    async with (
+        StageHarness(create_stage(driving), blobs, tmp_path / "a", log=store) as a,
+        StageHarness(create_stage(other), blobs, tmp_path / "b", log=store) as b,
+    ):
+        running = asyncio.create_task(a.deliver(RUNS, msg, TENANT, idem="m"))
+        await started.wait()
+        await b.deliver(RUN_COMMANDS, rewind_of(msg, 1), TENANT)
+        ((_, why),) = await b.dead_letters()
+        assert "being driven" in why
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)

@@ -10,6 +10,9 @@ verification. A `CancelRun` stops a run wherever it is driven.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from assay.bus.topics import EPISODES, RESULTS, RUN_COMMANDS, RUN_STATUS, RUNS
 from assay.engine import (
     WORK_EVENTS,
@@ -21,10 +24,18 @@ from assay.engine import (
     check_executable,
     fold_work,
 )
-from assay.engine.events import CancelRequested, RunCancelled, commands_stream
+from assay.engine.events import (
+    CancelRequested,
+    Forked,
+    Intent,
+    RunCancelled,
+    RunStarted,
+    commands_stream,
+)
 from assay.kernel import (
     AttemptState,
     BranchId,
+    IntentState,
     Refused,
     RunId,
     RunState,
@@ -34,7 +45,9 @@ from assay.kernel import (
 from assay.messages import (
     CancelRun,
     Episode,
+    RewindRun,
     RunExecuted,
+    RunRef,
     RunResult,
     RunSpawned,
     RunStatusChanged,
@@ -42,7 +55,8 @@ from assay.messages import (
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
-from assay.workflow import WorkflowInvalid, from_document, validate
+from assay.store import Lease
+from assay.workflow import WorkflowDef, WorkflowInvalid, from_document, validate
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
@@ -53,31 +67,27 @@ def create_stage(deps: StageDeps) -> StageSpec:
     ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
 
-    async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
+    def pinned(definition: dict[str, Any], ref: RunRef) -> WorkflowDef:
         try:
-            wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
+            wf = validate(from_document(definition), known_tools, deps.verifier_kinds)
             check_executable(wf)
         except (WorkflowInvalid, StepNotExecutable) as exc:
-            raise Refused(f"run {msg.run.run_id}: invalid pinned workflow: {exc}") from exc
-        if wf.version != msg.run.workflow_version:
+            raise Refused(f"run {ref.run_id}: invalid pinned workflow: {exc}") from exc
+        if wf.version != ref.workflow_version:
             raise Refused(
-                f"run {msg.run.run_id}: definition hashes to {wf.version}, "
-                f"not the pinned {msg.run.workflow_version}"
+                f"run {ref.run_id}: definition hashes to {wf.version}, "
+                f"not the pinned {ref.workflow_version}"
             )
-        spec = RunSpec(ref=msg.run, definition=wf, input=msg.input, branch=BranchId(0))
-        # One worker at a time drives a run: its lease fences every commit below.
-        lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
-        uow.fence = lease
-        history = await uow.history(spec.key)
-        if any(isinstance(r.event, RunFinished | RunCancelled) for r in history):
-            return  # ended by a worker whose message commit raced this delivery
-        if not history:
-            uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
+        return wf
+
+    async def drive(spec: RunSpec, uow: UnitOfWork, lease: Lease) -> tuple[Episode, CancelScope]:
+        """Drive the run's branch under its lease, stoppable by a cancel from anywhere."""
+        run = spec.ref.run_id
         scope = CancelScope()
-        active[(uow.tenant, msg.run.run_id)] = scope
+        active[(uow.tenant, run)] = scope
 
         async def watch() -> None:  # a cancel handled by another worker reaches this one
-            requested = await uow.get("cancel", msg.run.run_id)
+            requested = await uow.get("cancel", run)
             if requested is not None:
                 scope.cancel(str(requested["reason"]))
 
@@ -87,20 +97,25 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 uow.log, lease, ttl, driver.drive(spec, uow, scope), watch=watch
             )
         finally:
-            active.pop((uow.tenant, msg.run.run_id), None)
+            active.pop((uow.tenant, run), None)
+        return episode, scope
+
+    async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
+        wf = pinned(msg.definition, msg.run)
+        spec = RunSpec(ref=msg.run, definition=wf, input=msg.input, branch=BranchId(0))
+        # One worker at a time drives a run: its lease fences every commit below.
+        lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
+        uow.fence = lease
+        history = await uow.history(spec.key)
+        if any(isinstance(r.event, RunFinished | RunCancelled) for r in history):
+            return  # ended by a worker whose message commit raced this delivery
+        if not history:
+            uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
+        episode, scope = await drive(spec, uow, lease)
         if scope.cancelled:
-            _cancelled(msg, uow, spec, episode, scope.reason)
+            _cancelled(msg.run, uow, spec, episode, scope.reason)
             return
-        ref = await uow.blobs.put(uow.tenant, episode.encode())
-        uow.record(
-            spec.key,
-            RunFinished(
-                succeeded=episode.succeeded,
-                failed_step=episode.failed_step,
-                episode=ref,
-                usage=episode.usage,
-            ),
-        )
+        ref = await _finished(uow, spec, episode)
         uow.emit(
             EPISODES,
             RunExecuted(
@@ -123,35 +138,164 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if scope is not None:  # driven here: stop it at once
             scope.cancel(reason)
 
+    async def on_rewind(msg: RewindRun, uow: UnitOfWork) -> None:
+        """Fork the run at `at` onto a new branch and drive the new branch (§8.5)."""
+        fork = await _existing_fork(uow, msg)
+        if fork is not None:  # redelivered after a crash: finish what this command began
+            lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
+        else:
+            held = await uow.log.claim(uow.tenant, msg.run_id, deps.worker, int(ttl * 1000))
+            if held is None and not await _ended(uow, msg.run_id):
+                raise Refused(f"run {msg.run_id} is being driven; cancel it before rewinding it")
+            # An ended run's last worker may hold its lease a while longer: wait it out.
+            lease = held or await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
+        uow.fence = lease
+        if fork is None:
+            fork = await _new_fork(uow, msg)
+        started = fork.started
+        spec = RunSpec(
+            ref=started.run,
+            definition=pinned(started.definition or {}, started.run),
+            input=started.input or {},
+            branch=fork.branch,
+        )
+        if fork.ended:
+            return  # a redelivered command whose fork already ran to its end
+        episode, scope = await drive(spec, uow, lease)
+        if scope.cancelled:
+            uow.record(
+                spec.key,
+                RunCancelled(
+                    reason=scope.reason, indeterminate=_unknown(episode), usage=episode.usage
+                ),
+            )
+            return
+        await _finished(uow, spec, episode)
+
     return StageSpec(
         name="execute",
         events=WORK_EVENTS,
         fold=fold_work,
         handlers={
             RUNS: {RunSpawned.type: on_run_spawned},
-            RUN_COMMANDS: {CancelRun.type: on_cancel},
+            RUN_COMMANDS: {CancelRun.type: on_cancel, RewindRun.type: on_rewind},
         },
     )
 
 
-def _cancelled(
-    msg: RunSpawned, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str
-) -> None:
+@dataclass(frozen=True)
+class _Fork:
+    branch: BranchId
+    started: RunStarted
+    ended: bool
+
+
+async def _existing_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork | None:
+    """The branch this command forked before, when it is delivered again."""
+    for k in reversed(await uow.log.branches(msg.run_id, uow.tenant)):
+        records = await uow.log.read(k)
+        forked = next((r.event for r in records if isinstance(r.event, Forked)), None)
+        if forked is not None and forked.command == str(uow.envelope.id):
+            head = records[0].event
+            assert isinstance(head, RunStarted)
+            ended = any(isinstance(r.event, RunFinished | RunCancelled) for r in records)
+            return _Fork(k.branch, head, ended)
+    return None
+
+
+async def _new_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork:
+    """Fork the run in one commit: the parent's records below `at`, then `Forked`.
+
+    Raises:
+        Refused: no such run, branch or LSN; a run recorded before runs kept their
+            definition; or an LSN past the branch's end.
+    """
+    keys = await uow.log.branches(msg.run_id, uow.tenant)
+    if not keys:
+        raise Refused(f"no run {msg.run_id} of this tenant")
+    live = max(k.branch for k in keys)
+    source = live if msg.branch is None else msg.branch
+    if source not in {k.branch for k in keys}:
+        raise Refused(f"run {msg.run_id} has no branch {source}")
+    records = await uow.log.read(BranchKey.for_run(uow.tenant, msg.run_id, BranchId(source)))
+    first = records[0].event if records else None
+    if not isinstance(first, RunStarted) or first.definition is None or first.input is None:
+        raise Refused(f"run {msg.run_id} was recorded before runs kept their definition")
+    prefix = [r for r in records if r.lsn < msg.at]
+    if len(prefix) < msg.at or any(isinstance(r.event, RunFinished | RunCancelled) for r in prefix):
+        raise Refused(
+            f"run {msg.run_id}: LSN {msg.at} is past the end of branch {source} "
+            "(a rewind departs at or before the run's last step)"
+        )
+    lost = [
+        r.event.request_id
+        for r in records
+        if r.lsn >= msg.at
+        and isinstance(r.event, Intent)
+        and r.event.state is IntentState.COMMITTED
+        and r.event.effect != "idempotent"
+    ]
+    new = BranchKey.for_run(uow.tenant, msg.run_id, BranchId(live + 1))
+    for r in prefix:
+        uow.record(new, r.event)
+    uow.record(
+        new,
+        Forked(
+            from_branch=source,
+            at=msg.at,
+            reason=msg.reason,
+            command=str(uow.envelope.id),
+            discarded_effects=lost,
+        ),
+    )
+    await uow.commit()
+    return _Fork(new.branch, first, False)
+
+
+async def _finished(uow: UnitOfWork, spec: RunSpec, episode: Episode) -> str:
+    """Freeze the episode (the snapshot barrier of §10.2) and record the branch's end."""
+    ref = await uow.blobs.put(uow.tenant, episode.encode())
+    uow.record(
+        spec.key,
+        RunFinished(
+            succeeded=episode.succeeded,
+            failed_step=episode.failed_step,
+            episode=ref,
+            usage=episode.usage,
+        ),
+    )
+    return ref
+
+
+async def _ended(uow: UnitOfWork, run: RunId) -> bool:
+    """Whether the run's live branch has reached its end."""
+    keys = await uow.log.branches(run, uow.tenant)
+    if not keys:
+        return False
+    records = await uow.log.read(max(keys, key=lambda k: k.branch))
+    return any(isinstance(r.event, RunFinished | RunCancelled) for r in records)
+
+
+def _unknown(episode: Episode) -> bool:
+    return any(a.state is AttemptState.INDETERMINATE for a in episode.attempts)
+
+
+def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str) -> None:
     """Record a stopped run and give its task its one result (§5.1, §5.2)."""
-    unknown = any(a.state is AttemptState.INDETERMINATE for a in episode.attempts)
+    unknown = _unknown(episode)
     run_transition(RunState.RUNNING, RunState.CANCELLED)
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
     detail = f"{reason}; an intent was dispatched and is unresolved" if unknown else reason
-    uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.CANCELLED, detail=detail))
+    uow.emit(RUN_STATUS, RunStatusChanged(run=run, state=RunState.CANCELLED, detail=detail))
     uow.emit(
         RESULTS,
         RunResult(
-            tenant=msg.run.tenant,
-            run_id=msg.run.run_id,
-            task_id=msg.run.task_id,
-            idempotency_key=msg.run.idempotency_key,
-            workflow_id=msg.run.workflow_id,
-            workflow_version=msg.run.workflow_version,
+            tenant=run.tenant,
+            run_id=run.run_id,
+            task_id=run.task_id,
+            idempotency_key=run.idempotency_key,
+            workflow_id=run.workflow_id,
+            workflow_version=run.workflow_version,
             status="cancelled",
             passed=False,
             verification=[],

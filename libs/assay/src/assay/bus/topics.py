@@ -15,6 +15,7 @@ from assay.messages import (
     CancelRun,
     ChallengerRejected,
     Promoted,
+    RewindRun,
     RunExecuted,
     RunGraded,
     RunResult,
@@ -101,7 +102,7 @@ TOPICS: dict[str, Topic] = {
             "tenant:workflow_version",
         ),
         Topic(RESULTS, (RunResult,), _k("tenant", "run_id"), "tenant:run_id"),
-        Topic(RUN_COMMANDS, (CancelRun,), _k("tenant", "run_id"), "tenant:run_id"),
+        Topic(RUN_COMMANDS, (CancelRun, RewindRun), _k("tenant", "run_id"), "tenant:run_id"),
         Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
         Topic(
             DECISIONS,

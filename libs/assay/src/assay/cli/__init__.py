@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("run", help="the run id")
     cancel.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
     cancel.add_argument("--reason", default="", help="why, recorded with the run")
+    rewind = sub.add_parser("rewind", help="fork a run at an LSN and drive the new branch")
+    rewind.add_argument("run", help="the run id")
+    rewind.add_argument("--at", type=int, required=True, help="LSN where the new branch departs")
+    rewind.add_argument("--branch", type=int, default=None, help="branch to fork (default: live)")
+    rewind.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
+    rewind.add_argument("--reason", default="", help="why, recorded with the fork")
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -178,7 +184,16 @@ async def _dispatch(args: argparse.Namespace) -> int:
             all_branches=args.all_branches,
             as_json=args.json,
         )
-    if args.command in ("serve", "db", "topics", "register", "submit", "results", "cancel"):
+    if args.command in (
+        "serve",
+        "db",
+        "topics",
+        "register",
+        "submit",
+        "results",
+        "cancel",
+        "rewind",
+    ):
         from assay.cli import distributed as d
 
         if args.command == "serve":
@@ -193,6 +208,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
             )
         if args.command == "submit":
             return await d.submit_command(args.file, args.tenant, args.workflow)
+        if args.command == "rewind":
+            return await d.rewind_command(
+                args.run, args.tenant or d.default_tenant(), args.at, args.branch, args.reason
+            )
         if args.command == "cancel":
             return await d.cancel_command(args.run, args.tenant or d.default_tenant(), args.reason)
         return await d.results_command(args.follow, args.tenant)

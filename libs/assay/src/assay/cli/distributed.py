@@ -14,7 +14,7 @@ from assay.bus.topics import RESULTS, RUN_COMMANDS, TASKS, WORKFLOWS, producer_e
 from assay.cli.tasks import read_tasks
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import RunId, TenantId, WorkflowId, is_run_id, tenant_id
-from assay.messages import MESSAGES, CancelRun, WorkflowRegistered, open_envelope
+from assay.messages import MESSAGES, CancelRun, RewindRun, WorkflowRegistered, open_envelope
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
 from assay.store.pg_provision import provision_stage
@@ -115,6 +115,19 @@ async def cancel_command(run: str, tenant: str, reason: str) -> int:
     msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
     await _produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
     print(f"asked to cancel run {run}")
+    return 0
+
+
+async def rewind_command(run: str, tenant: str, at: int, branch: int | None, reason: str) -> int:
+    """`assay rewind RUN --at LSN`: a `RewindRun` onto `assay.run-commands`."""
+    if not is_run_id(run):
+        raise AssayError(f"not a run id: {run!r}")
+    if at < 0 or (branch is not None and branch < 0):
+        raise AssayError("--at and --branch are LSNs and branch numbers: 0 or more")
+    t = _tenant(tenant)
+    msg = RewindRun(tenant=t, run_id=RunId(run), at=at, branch=branch, reason=reason)
+    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
+    print(f"asked to rewind run {run} at LSN {at}")
     return 0
 
 

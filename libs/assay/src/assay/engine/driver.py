@@ -93,7 +93,10 @@ class Driver:
         replay = Replay([r.event for r in await journal.history(spec.key)])
         run = RunContext(spec, journal, replay, cancel or CancelScope())
         if replay.take(RunStarted) is None:
-            await run.append(RunStarted(run=spec.ref))
+            definition = wf.model_dump(mode="json", by_alias=True)
+            await run.append(
+                RunStarted(run=spec.ref, definition=definition, input=dict(spec.input))
+            )
         runs_of: dict[StepId, int] = {}
         edges_taken: dict[tuple[StepId, StepId], int] = {}
         executions = 0

@@ -15,11 +15,39 @@ from assay.record.state import Patch, Put, StateDelta, StateKey
 
 
 class RunStarted(Event):
-    """A run began executing on this branch."""
+    """A run began executing on this branch.
+
+    Version 2 carries the pinned definition and the input, so that a run can be
+    driven again — rewound onto a new branch — from its log alone.
+    """
 
     type: ClassVar[str] = "RunStarted"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
+    definition: dict[str, Any] | None = Field(
+        None, description="The pinned workflow IR (v2; None in records written by v1)."
+    )
+    input: dict[str, Any] | None = Field(None, description="The task input (v2).")
+
+
+class Forked(Event):
+    """This branch is a rewind of `from_branch` at `at` (§8.5): its records below
+    `at` are copies of the parent's, this record sits at LSN `at`, and new work
+    follows. The parent branch is kept and stays readable."""
+
+    type: ClassVar[str] = "Forked"
+    version: ClassVar[int] = 1
+    from_branch: int = Field(ge=0, description="The branch rewound.")
+    at: int = Field(ge=0, description="The LSN of the parent at which this branch departs.")
+    reason: str = Field("", description="Why, for people.")
+    command: str = Field("", description="Id of the command that asked for it (idempotency).")
+    discarded_effects: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Request ids of calls with an effect (not idempotent) that the parent committed "
+            "at or after `at`: the log cannot un-happen them (a compensation problem)."
+        ),
+    )
 
 
 class AttemptStarted(Event):
@@ -134,6 +162,7 @@ class RunFinished(Event):
 WORK_EVENTS = EventRegistry(
     [
         RunStarted,
+        Forked,
         AttemptStarted,
         Intent,
         AttemptFinished,
@@ -143,6 +172,12 @@ WORK_EVENTS = EventRegistry(
         RunFinished,
     ]
 )
+
+
+@WORK_EVENTS.upcaster("RunStarted", 1)
+def _run_started_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not keep the definition and input: such a run cannot be rewound."""
+    return {**payload, "definition": None, "input": None}
 
 
 @WORK_EVENTS.upcaster("AttemptFinished", 1)
@@ -197,6 +232,18 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                     StateKey(t, "attempt", f"{run}/{branch}/{step}/{n}"),
                     {"state": state.value, "error": error},
                 ),
+            ]
+        case Forked(from_branch=parent, at=at, discarded_effects=lost):
+            return [
+                Patch(
+                    run_doc,
+                    {
+                        "status": "running",
+                        "branch": branch,
+                        "forked_from": {"branch": parent, "at": at},
+                        "discarded_effects": lost,
+                    },
+                )
             ]
         case CancelRequested(reason=reason):
             target = run.removesuffix("/commands")

@@ -219,6 +219,19 @@ class CancelRun(Versioned):
     reason: str = Field("", max_length=2000, description="Why, for people.")
 
 
+class RewindRun(Versioned):
+    """An operator command: fork a run at an LSN of one of its branches and drive the
+    new branch from there (`assay rewind`). Nothing is deleted (§8.5)."""
+
+    type: ClassVar[str] = "RewindRun"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant of the run.")
+    run_id: RunId = Field(description="The run to rewind.")
+    at: int = Field(ge=0, description="LSN of the branch at which the new branch departs.")
+    branch: int | None = Field(None, ge=0, description="Branch to rewind; None: the live one.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
+
+
 class VariantAggregate(Versioned):
     """A challenger's cumulative record against its baseline."""
 
