@@ -61,7 +61,7 @@ def _cases(root: Path) -> dict[str, list[str]]:
     awaits = root / "awaits.yaml"
     awaits.write_text(
         "id: approve\nsteps:\n"
-        "  - {id: ask, kind: await, signal: approval, timeout_s: 60}\n"
+        "  - {id: child, kind: subworkflow, workflow: other, version: latest}\n"
         "  - {id: x, kind: tool, tool: strip, args: {text: a}}\n"
     )
     (root / "rebuild_empty" / "data").mkdir(parents=True)
@@ -260,5 +260,5 @@ def test_cancel_of_something_that_is_not_a_run_id_is_one_line(runs: Runs) -> Non
     assert_usage_error(runs["cancel_bad_run"], "not a run id", "not-a-run")
 
 
-def test_run_of_a_workflow_with_an_await_step_says_it_cannot_run_yet(runs: Runs) -> None:
-    assert_usage_error(runs["run_await"], "await step", "cannot execute yet")
+def test_run_of_a_workflow_with_a_subworkflow_step_says_it_cannot_run_yet(runs: Runs) -> None:
+    assert_usage_error(runs["run_await"], "subworkflow step", "cannot execute yet")

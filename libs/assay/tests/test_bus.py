@@ -74,6 +74,7 @@ from assay.messages import (
     RunSpawned,
     RunStatusChanged,
     RunVerified,
+    SignalRun,
     TaskSubmitted,
     Usage,
     UsageRecorded,
@@ -558,6 +559,7 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
         (CancelRun(tenant=TENANT, run_id=RunId(RUN), reason="stop"), f"{t}:{RUN}"),
         (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),
+        (SignalRun(tenant=TENANT, run_id=RunId(RUN), signal="approval"), f"{t}:{RUN}"),
         (
             AttemptIndeterminate(
                 run=ref, step=StepId("pay"), attempt=1, tool="charge", request_id="r", reason="?"

@@ -352,17 +352,17 @@ async def test_a_sandboxed_tool_without_a_sandbox_is_refused(work_log: EventLog)
 # -- step kinds this executor refuses, and log evolution ---------------------------------
 
 
-def test_awaits_and_subworkflows_are_refused_before_a_run_starts() -> None:
+def test_subworkflows_are_refused_before_a_run_starts() -> None:
     wf = WorkflowDef.model_validate(
         {
             "id": "wf",
             "steps": [
-                {"id": "ask", "kind": "await", "signal": "approval", "timeout_s": 60},
+                {"id": "child", "kind": "subworkflow", "workflow": "other", "version": "latest"},
                 {"id": "x", "kind": "tool", "tool": "strip", "args": {"text": "a"}},
             ],
         }
     )
-    with pytest.raises(StepNotExecutable, match="await step"):
+    with pytest.raises(StepNotExecutable, match="subworkflow step"):
         check_executable(wf)
 
 
@@ -395,3 +395,75 @@ async def test_a_log_written_at_attempt_finished_v1_still_resumes(tmp_path: Path
         assert (await log.rebuild(keep=False)).identical
     finally:
         await log.close()
+
+
+# -- checkpoints: an optimisation only ---------------------------------------------------
+
+LONG = {
+    "steps": [
+        {"id": f"s{i}", "kind": "tool", "tool": "strip", "args": {"text": f" {i} "}}
+        for i in range(6)
+    ]
+    + [
+        {
+            "id": "route",
+            "kind": "conditional",
+            "branches": [{"when": "steps.s5.output == '5'", "to": "end"}],
+        },
+        {"id": "end", "kind": "tool", "tool": "strip", "args": {"text": "{{ steps.s2.output }}"}},
+    ],
+    "output": "end",
+}
+
+
+async def test_a_resumed_run_starts_from_its_checkpoint_and_deleting_them_changes_nothing(
+    work_logs: WorkLogs,
+) -> None:
+    tools = dict(BUILTIN_TOOLS)
+    spec = spec_for(LONG, {}, tools)
+    log = await work_logs.open()
+
+    class DiesAtEnd(LogJournal):
+        async def append(self, key: Any, *evs: Event, emits: Any = ()) -> None:
+            if any(getattr(e, "step", None) == "end" for e in evs):
+                raise asyncio.CancelledError
+            await super().append(key, *evs, emits=emits)
+
+    with pytest.raises(asyncio.CancelledError):
+        await Driver(StubModel(), tools, checkpoint_every=3).drive(spec, DiesAtEnd(log))
+    cp = await log.latest_checkpoint(spec.key)
+    assert cp is not None  # written at a step boundary, every 3 records or so
+    assert cp.upto > 0
+
+    class Reads(LogJournal):
+        def __init__(self, log: EventLog) -> None:
+            super().__init__(log)
+            self.read_from: list[int] = []
+
+        async def history(self, key: Any) -> list[Any]:
+            self.read_from.append(0)
+            return await super().history(key)
+
+        async def history_after(self, key: Any, upto: Any) -> list[Any]:
+            self.read_from.append(upto + 1)
+            return await super().history_after(key, upto)
+
+    resumed_log = await work_logs.open()
+    reads = Reads(resumed_log)
+    episode = await Driver(StubModel(), tools, checkpoint_every=3).drive(spec, reads)
+    assert reads.read_from == [cp.upto + 1]  # not from LSN 0
+    assert episode.succeeded
+    assert episode.output == "2"
+    records = [r.event for r in await resumed_log.read(spec.key)]
+
+    # Without any checkpoint, the same drive gives the same episode and appends nothing.
+    await resumed_log.delete_checkpoints(spec.key)
+    assert await resumed_log.latest_checkpoint(spec.key) is None
+    again = await Driver(StubModel(), tools, checkpoint_every=3).drive(
+        spec, LogJournal(resumed_log)
+    )
+    assert again.model_dump(exclude={"attempts"}) == episode.model_dump(exclude={"attempts"})
+    assert [(a.step, a.attempt, a.state, a.output) for a in again.attempts] == [
+        (a.step, a.attempt, a.state, a.output) for a in episode.attempts
+    ]
+    assert [r.event for r in await resumed_log.read(spec.key)] == records

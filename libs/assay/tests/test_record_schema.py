@@ -11,7 +11,15 @@ import pytest
 from pydantic import Field
 
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
-from assay.engine.events import CancelRequested, Forked, Intent, Routed, RunCancelled
+from assay.engine.events import (
+    CancelRequested,
+    Forked,
+    Intent,
+    Routed,
+    RunCancelled,
+    Signalled,
+    Suspended,
+)
 from assay.kernel import (
     AttemptNo,
     AttemptState,
@@ -55,6 +63,7 @@ from assay.messages import (
     RunSpawned,
     RunStatusChanged,
     RunVerified,
+    SignalRun,
     TaskSubmitted,
     Usage,
     UsageRecorded,
@@ -321,6 +330,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
     RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
+    SignalRun(tenant=REF.tenant, run_id=REF.run_id, signal="approval", payload="ok"),
     AttemptIndeterminate(
         run=REF,
         step=StepId("pay"),
@@ -416,6 +426,8 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             ),
             Routed(step=StepId("route"), iteration=0, to=StepId("answer"), branch=0),
             CancelRequested(reason="wrong input"),
+            Suspended(step=StepId("ask"), iteration=0, signal="approval", deadline_ms=1),
+            Signalled(step=StepId("ask"), iteration=0, signal="approval", payload="ok"),
             Forked(from_branch=0, at=3, reason="retry", command="m-1", discarded_effects=["r"]),
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(

@@ -432,6 +432,18 @@ async def test_scan_prefix_is_literal_not_a_pattern(event_log: EventLog) -> None
 # -- atomicity -------------------------------------------------------------------
 
 
+async def test_scan_kind_reads_one_kind_across_tenants_without_deleted_documents(
+    event_log: EventLog,
+) -> None:
+    t1, t2 = new_tenant(), new_tenant()
+    await event_log.commit(on(main(t1, "s"), put("a", v=1), put("b", v=2)))
+    await event_log.commit(on(main(t2, "s"), put("a", v=3)))
+    await event_log.commit(on(main(t1, "s"), ItemChanged(item="b", delete=True)))
+    found = {(t, k, d.get("v")) for t, k, d in await event_log.scan_kind("item")}
+    assert found == {(t1, "a", 1), (t2, "a", 3)}
+    assert all(k != "item" for _, k, _ in await event_log.scan_kind("last"))
+
+
 async def test_batch_whose_fold_raises_writes_nothing(event_log: EventLog) -> None:
     tenant = new_tenant()
     key, other = main(tenant, "s"), main(tenant, "s2")

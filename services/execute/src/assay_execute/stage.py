@@ -10,16 +10,26 @@ verification. A `CancelRun` stops a run wherever it is driven.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from assay.bus.topics import EPISODES, RESULTS, RUN_COMMANDS, RUN_STATUS, RUNS
+from assay.bus.topics import (
+    EPISODES,
+    RESULTS,
+    RUN_COMMANDS,
+    RUN_STATUS,
+    RUNS,
+    producer_entry,
+)
 from assay.engine import (
     WORK_EVENTS,
     CancelScope,
     Driver,
     RunFinished,
     RunSpec,
+    RunSuspended,
     StepNotExecutable,
     check_executable,
     fold_work,
@@ -30,6 +40,7 @@ from assay.engine.events import (
     Intent,
     RunCancelled,
     RunStarted,
+    Signalled,
     commands_stream,
 )
 from assay.kernel import (
@@ -39,6 +50,7 @@ from assay.kernel import (
     Refused,
     RunId,
     RunState,
+    StepId,
     TenantId,
     run_transition,
 )
@@ -51,17 +63,23 @@ from assay.messages import (
     RunResult,
     RunSpawned,
     RunStatusChanged,
+    SignalRun,
 )
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
-from assay.store import Lease
+from assay.store import CommitBatch, EventLog, Lease
 from assay.workflow import WorkflowDef, WorkflowInvalid, from_document, validate
+
+TIMER_TICK_S = 1.0
+"""How often the execute stage looks for waits whose deadline passed."""
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the execute stage."""
-    driver = Driver(deps.model, deps.tools, deps.sandbox)
+    driver = Driver(
+        deps.model, deps.tools, deps.sandbox, checkpoint_every=deps.checkpoint_every or None
+    )
     active: dict[tuple[TenantId, RunId], CancelScope] = {}
     """Runs this process is driving now, so that a cancel reaches them at once."""
     ttl = deps.lease_ttl_s
@@ -100,6 +118,46 @@ def create_stage(deps: StageDeps) -> StageSpec:
             active.pop((uow.tenant, run), None)
         return episode, scope
 
+    async def conclude(spec: RunSpec, uow: UnitOfWork, lease: Lease, *, graded: bool) -> None:
+        """Drive the branch, then record how it stopped: suspended at an await (the
+        lease is given up), cancelled, or ended — handed to verification when the
+        branch is the one the submission is graded by."""
+        ref = spec.ref
+        try:
+            episode, scope = await drive(spec, uow, lease)
+        except RunSuspended as waiting:
+            uow.fence = None  # what remains to commit is the message's own bookkeeping
+            await uow.log.release(lease)  # a suspended run holds no lease (§9.4)
+            at = waiting.suspended
+            detail = f"waiting at {at.step!r} for {at.signal!r}"
+            uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SUSPENDED, detail=detail))
+            return
+        if scope.cancelled:
+            if graded:
+                _cancelled(ref, uow, spec, episode, scope.reason)
+            else:
+                uow.record(
+                    spec.key,
+                    RunCancelled(
+                        reason=scope.reason, indeterminate=_unknown(episode), usage=episode.usage
+                    ),
+                )
+            return
+        blob = await _finished(uow, spec, episode)
+        if not graded:
+            return
+        uow.emit(
+            EPISODES,
+            RunExecuted(
+                run=ref,
+                episode=blob,
+                succeeded=episode.succeeded,
+                failed_step=episode.failed_step,
+                usage=episode.usage,
+            ),
+        )
+        uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
+
     async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
         wf = pinned(msg.definition, msg.run)
         spec = RunSpec(ref=msg.run, definition=wf, input=msg.input, branch=BranchId(0))
@@ -109,24 +167,78 @@ def create_stage(deps: StageDeps) -> StageSpec:
         history = await uow.history(spec.key)
         if any(isinstance(r.event, RunFinished | RunCancelled) for r in history):
             return  # ended by a worker whose message commit raced this delivery
+        if await uow.get("await", msg.run.run_id) is not None:
+            return  # suspended: a signal, a cancel or its deadline moves it on
         if not history:
             uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
-        episode, scope = await drive(spec, uow, lease)
-        if scope.cancelled:
-            _cancelled(msg.run, uow, spec, episode, scope.reason)
+        await conclude(spec, uow, lease, graded=True)
+
+    async def resumed(uow: UnitOfWork, run: RunId) -> tuple[RunSpec, Lease] | None:
+        """Take the lease of a suspended run and build its spec from its log; None if
+        it is not suspended (any more)."""
+        if await uow.get("await", run) is None:
+            return None
+        lease = await acquire(uow.log, uow.tenant, run, deps.worker, ttl)
+        uow.fence = lease
+        waiting = await uow.get("await", run)  # again, under the lease
+        if waiting is None:
+            return None
+        key = BranchKey.for_run(uow.tenant, run, BranchId(int(waiting["branch"])))
+        return await recorded(uow, key), lease
+
+    async def redrive(uow: UnitOfWork, run: RunId) -> None:
+        """Finish a run whose resumption a crash interrupted (once its lease is free)."""
+        lease = await acquire(uow.log, uow.tenant, run, deps.worker, ttl)
+        uow.fence = lease
+        if await _ended(uow, run) or await uow.get("await", run) is not None:
             return
-        ref = await _finished(uow, spec, episode)
-        uow.emit(
-            EPISODES,
-            RunExecuted(
-                run=msg.run,
-                episode=ref,
-                succeeded=episode.succeeded,
-                failed_step=episode.failed_step,
-                usage=episode.usage,
+        keys = await uow.log.branches(run, uow.tenant)
+        spec = await recorded(uow, max(keys, key=lambda k: k.branch))
+        await conclude(spec, uow, lease, graded=spec.branch == 0)
+
+    async def recorded(uow: UnitOfWork, key: BranchKey) -> RunSpec:
+        """A branch's run, as its first record (`RunStarted` v2) pinned it."""
+        started = (await uow.log.read(key, limit=1))[0].event
+        assert isinstance(started, RunStarted)
+        if started.definition is None or started.input is None:
+            raise Refused(f"run {key.stream} was recorded before runs kept their definition")
+        definition = pinned(started.definition, started.run)
+        return RunSpec(started.run, definition, started.input, key.branch)
+
+    async def on_signal(msg: SignalRun, uow: UnitOfWork) -> None:
+        """Resume a run suspended at an await step: approval, a signal, or its deadline."""
+        waiting = await uow.get("await", msg.run_id)
+        if waiting is None or (msg.timed_out and waiting["deadline_ms"] > driver.clock() * 1000):
+            if msg.timed_out:
+                return  # a timer for a wait that already ended (or not due): nothing to do
+            if await uow.log.branches(msg.run_id, uow.tenant) and not await _ended(uow, msg.run_id):
+                await redrive(uow, msg.run_id)  # redelivered after its Signalled was recorded
+                return
+            raise Refused(f"run {msg.run_id} is not waiting for a signal")
+        if not msg.timed_out and waiting["signal"] != msg.signal:
+            raise Refused(f"run {msg.run_id} waits for {waiting['signal']!r}, not {msg.signal!r}")
+        found = await resumed(uow, msg.run_id)
+        if found is None:
+            return
+        spec, lease = found
+        step = StepId(str(waiting["step"]))
+        uow.record(
+            spec.key,
+            Signalled(
+                step=step,
+                iteration=int(waiting["iteration"]),
+                signal=str(waiting["signal"]),
+                payload=msg.payload,
+                timed_out=msg.timed_out,
             ),
         )
-        uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.VERIFYING))
+        await uow.commit()
+        why = "its wait timed out" if msg.timed_out else f"signal {msg.signal!r}"
+        uow.emit(
+            RUN_STATUS,
+            RunStatusChanged(run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}"),
+        )
+        await conclude(spec, uow, lease, graded=spec.branch == 0)
 
     async def on_cancel(msg: CancelRun, uow: UnitOfWork) -> None:
         reason = msg.reason or "cancelled by an operator"
@@ -137,6 +249,35 @@ def create_stage(deps: StageDeps) -> StageSpec:
         scope = active.get((uow.tenant, msg.run_id))
         if scope is not None:  # driven here: stop it at once
             scope.cancel(reason)
+            return
+        await uow.commit()  # the request is recorded before a suspended run is stopped
+        found = await resumed(uow, msg.run_id)
+        if found is not None:  # suspended: no worker holds it, so end it here
+            spec, lease = found
+            await conclude(spec, uow, lease, graded=spec.branch == 0)
+
+    async def timeouts(log: EventLog, stop: asyncio.Event) -> None:
+        """Send each wait whose deadline passed its timeout signal (once per process;
+        the inbox drops repeats)."""
+        sent: set[tuple[TenantId, str, str]] = set()
+        while not stop.is_set():
+            now = driver.clock() * 1000
+            for tenant, run, waiting in await log.scan_kind("await"):
+                mark = (
+                    tenant,
+                    run,
+                    f"{waiting['branch']}/{waiting['step']}/{waiting['iteration']}",
+                )
+                if waiting["deadline_ms"] > now or mark in sent:
+                    continue
+                signal = SignalRun(
+                    tenant=tenant, run_id=RunId(run), signal=str(waiting["signal"]), timed_out=True
+                )
+                entry = producer_entry(RUN_COMMANDS, signal, tenant, f"timeout:{run}:{mark[2]}")
+                await log.commit(CommitBatch(outbox=[entry]))
+                sent.add(mark)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), TIMER_TICK_S)
 
     async def on_rewind(msg: RewindRun, uow: UnitOfWork) -> None:
         """Fork the run at `at` onto a new branch and drive the new branch (§8.5)."""
@@ -161,16 +302,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         )
         if fork.ended:
             return  # a redelivered command whose fork already ran to its end
-        episode, scope = await drive(spec, uow, lease)
-        if scope.cancelled:
-            uow.record(
-                spec.key,
-                RunCancelled(
-                    reason=scope.reason, indeterminate=_unknown(episode), usage=episode.usage
-                ),
-            )
-            return
-        await _finished(uow, spec, episode)
+        await conclude(spec, uow, lease, graded=False)
 
     return StageSpec(
         name="execute",
@@ -178,8 +310,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
         fold=fold_work,
         handlers={
             RUNS: {RunSpawned.type: on_run_spawned},
-            RUN_COMMANDS: {CancelRun.type: on_cancel, RewindRun.type: on_rewind},
+            RUN_COMMANDS: {
+                CancelRun.type: on_cancel,
+                RewindRun.type: on_rewind,
+                SignalRun.type: on_signal,
+            },
         },
+        background=(timeouts,),
     )
 
 

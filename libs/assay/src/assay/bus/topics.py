@@ -22,6 +22,7 @@ from assay.messages import (
     RunSpawned,
     RunStatusChanged,
     RunVerified,
+    SignalRun,
     TaskSubmitted,
     UsageRecorded,
     VariantAggregate,
@@ -102,7 +103,12 @@ TOPICS: dict[str, Topic] = {
             "tenant:workflow_version",
         ),
         Topic(RESULTS, (RunResult,), _k("tenant", "run_id"), "tenant:run_id"),
-        Topic(RUN_COMMANDS, (CancelRun, RewindRun), _k("tenant", "run_id"), "tenant:run_id"),
+        Topic(
+            RUN_COMMANDS,
+            (CancelRun, RewindRun, SignalRun),
+            _k("tenant", "run_id"),
+            "tenant:run_id",
+        ),
         Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
         Topic(
             DECISIONS,

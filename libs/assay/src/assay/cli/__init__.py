@@ -104,6 +104,15 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("run", help="the run id")
     cancel.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
     cancel.add_argument("--reason", default="", help="why, recorded with the run")
+    approve = sub.add_parser("approve", help="approve a run waiting at an await step")
+    approve.add_argument("run", help="the run id")
+    approve.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
+    approve.add_argument("--payload", default="approved", help="the await step's output")
+    signal = sub.add_parser("signal", help="send a named signal to a run waiting for it")
+    signal.add_argument("run", help="the run id")
+    signal.add_argument("name", help="the signal's name")
+    signal.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
+    signal.add_argument("--payload", default="", help="the await step's output")
     rewind = sub.add_parser("rewind", help="fork a run at an LSN and drive the new branch")
     rewind.add_argument("run", help="the run id")
     rewind.add_argument("--at", type=int, required=True, help="LSN where the new branch departs")
@@ -193,6 +202,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         "results",
         "cancel",
         "rewind",
+        "approve",
+        "signal",
     ):
         from assay.cli import distributed as d
 
@@ -208,6 +219,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
             )
         if args.command == "submit":
             return await d.submit_command(args.file, args.tenant, args.workflow)
+        if args.command in ("approve", "signal"):
+            name = "approval" if args.command == "approve" else args.name
+            return await d.signal_command(
+                args.run, args.tenant or d.default_tenant(), name, args.payload
+            )
         if args.command == "rewind":
             return await d.rewind_command(
                 args.run, args.tenant or d.default_tenant(), args.at, args.branch, args.reason

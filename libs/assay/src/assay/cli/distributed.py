@@ -9,12 +9,22 @@ import sys
 import uuid
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from assay.bus.kafka import KafkaTransport
 from assay.bus.topics import RESULTS, RUN_COMMANDS, TASKS, WORKFLOWS, producer_entry
 from assay.cli.tasks import read_tasks
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import RunId, TenantId, WorkflowId, is_run_id, tenant_id
-from assay.messages import MESSAGES, CancelRun, RewindRun, WorkflowRegistered, open_envelope
+from assay.kernel.schema import one_line
+from assay.messages import (
+    MESSAGES,
+    CancelRun,
+    RewindRun,
+    SignalRun,
+    WorkflowRegistered,
+    open_envelope,
+)
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
 from assay.store.pg_provision import provision_stage
@@ -115,6 +125,20 @@ async def cancel_command(run: str, tenant: str, reason: str) -> int:
     msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
     await _produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
     print(f"asked to cancel run {run}")
+    return 0
+
+
+async def signal_command(run: str, tenant: str, name: str, payload: str) -> int:
+    """`assay approve RUN` / `assay signal RUN NAME`: a `SignalRun` onto `assay.run-commands`."""
+    if not is_run_id(run):
+        raise AssayError(f"not a run id: {run!r}")
+    t = _tenant(tenant)
+    try:
+        msg = SignalRun(tenant=t, run_id=RunId(run), signal=name, payload=payload)
+    except ValidationError as exc:
+        raise AssayError(f"invalid signal: {one_line(exc)}") from exc
+    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"signal:{run}:{name}:{payload}")])
+    print(f"sent {name!r} to run {run}")
     return 0
 
 

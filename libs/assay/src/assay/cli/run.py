@@ -14,6 +14,7 @@ from assay.engine import (
     LogJournal,
     RunFinished,
     RunSpec,
+    RunSuspended,
     check_executable,
 )
 from assay.engine.events import fold_work
@@ -24,6 +25,7 @@ from assay.kernel import (
     new_run_id,
     tenant_id,
 )
+from assay.kernel.errors import AssayError
 from assay.messages import Purpose, Role, RunRef
 from assay.runtime.embedded import sandbox_from_env
 from assay.runtime.plugins import load_tools, load_verifiers
@@ -62,7 +64,14 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     sandbox = sandbox_from_env(blobs, data_dir, sandboxing)
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
-        episode = await Driver(model, tools, sandbox).drive(spec, LogJournal(log))
+        try:
+            episode = await Driver(model, tools, sandbox).drive(spec, LogJournal(log))
+        except RunSuspended as waiting:
+            raise AssayError(
+                f"the run waits at step {waiting.suspended.step!r} for "
+                f"{waiting.suspended.signal!r}; `assay run` cannot resume it — run the workflow "
+                "in the pipeline and use `assay approve` or `assay signal`"
+            ) from waiting
         blob = await blobs.put(tenant, episode.encode())
         await log.commit(
             CommitBatch(

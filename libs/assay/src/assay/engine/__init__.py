@@ -10,7 +10,14 @@ from assay.engine.chat_model import (
     request_seed,
 )
 from assay.engine.context import CancelScope
-from assay.engine.driver import Driver, Journal, RunSpec, StepNotExecutable, check_executable
+from assay.engine.driver import (
+    Driver,
+    Journal,
+    RunSpec,
+    RunSuspended,
+    StepNotExecutable,
+    check_executable,
+)
 from assay.engine.events import (
     WORK_EVENTS,
     AttemptFinished,
@@ -59,6 +66,7 @@ __all__ = [
     "RunFinished",
     "RunSpec",
     "RunStarted",
+    "RunSuspended",
     "StepNotExecutable",
     "StubModel",
     "Tool",

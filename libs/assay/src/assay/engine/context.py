@@ -12,14 +12,15 @@ import asyncio
 import collections
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from assay.kernel.ids import BranchId, StepId
+from assay.kernel.ids import BranchId, Lsn, StepId
 from assay.kernel.schema import Versioned
 from assay.messages.episode import AttemptView
 from assay.messages.models import RunRef, Usage
 from assay.record.events import BranchKey, Event, LogRecord
 from assay.sandbox.port import Workspace
+from assay.store.ports import Checkpoint
 from assay.workflow.ir import WorkflowDef
 
 E = TypeVar("E", bound=Event)
@@ -38,6 +39,30 @@ class Journal(Protocol):
     ) -> None:
         """Commit `events` (and messages to emit with them) in one durable commit."""
         ...
+
+
+@runtime_checkable
+class CheckpointingJournal(Journal, Protocol):
+    """A journal that also keeps checkpoints of a branch (an optimisation only)."""
+
+    async def history_after(self, key: BranchKey, upto: Lsn) -> list[LogRecord]:
+        """The branch's records after LSN `upto`, in LSN order."""
+        ...
+
+    async def latest_checkpoint(self, key: BranchKey) -> Checkpoint | None:
+        """The newest checkpoint of the branch, if any."""
+        ...
+
+    async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
+        """Store a checkpoint of the branch valid up to and including `upto`."""
+        ...
+
+
+@dataclass
+class Tally:
+    """How many records this drive appended (shared by a run and its branches)."""
+
+    n: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,9 +191,12 @@ class RunContext:
     totals: Totals = field(default_factory=Totals)
     outputs: dict[str, str] = field(default_factory=dict)
     succeeded: dict[str, bool] = field(default_factory=dict)
+    timed_out: set[str] = field(default_factory=set)
+    """Await steps whose wait ran out and that the run went past (`on_timeout: continue`)."""
     workspace: Workspace | None = None
     workspace_ref: str | None = None
     """The latest recorded snapshot of the run's workspace."""
+    appended: Tally = field(default_factory=Tally)
 
     def template_context(self) -> dict[str, Any]:
         """What templates and conditions read: the task and the steps' outputs."""
@@ -182,3 +210,4 @@ class RunContext:
     async def append(self, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()) -> None:
         """Commit events to the run's branch."""
         await self.journal.append(self.spec.key, *events, emits=emits)
+        self.appended.n += len(events)

@@ -11,27 +11,33 @@ joins them (all, any, quorum), cancelling the branches it no longer needs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from assay.engine.attempts import MAX_INTERRUPTED, AttemptRunner
 from assay.engine.context import (
     CancelScope,
+    CheckpointingJournal,
     Journal,
     Replay,
     RunContext,
     RunSpec,
 )
-from assay.engine.events import Routed, RunStarted
+from assay.engine.events import Routed, RunStarted, Signalled, Suspended
 from assay.engine.models import Model
 from assay.engine.tools import Tool
+from assay.kernel.canonical import canonical_bytes
 from assay.kernel.errors import AssayError
-from assay.kernel.ids import StepId
-from assay.messages.episode import Episode
+from assay.kernel.ids import Lsn, StepId
+from assay.messages.episode import AttemptView, Episode
 from assay.sandbox.port import SandboxProvider
 from assay.workflow.expr import ExprError, holds, parse
 from assay.workflow.ir import (
     AnyStep,
+    AwaitStep,
     ConditionalStep,
     ModelStep,
     ParallelStep,
@@ -44,6 +50,7 @@ __all__ = [
     "Driver",
     "Journal",
     "RunSpec",
+    "RunSuspended",
     "StepNotExecutable",
     "check_executable",
 ]
@@ -53,7 +60,15 @@ class StepNotExecutable(AssayError):
     """The workflow has a step kind this executor does not run (refused before it starts)."""
 
 
-NOT_EXECUTABLE = frozenset({"subworkflow", "await"})
+class RunSuspended(Exception):
+    """The run waits at an await step; drive it again once `Signalled` is recorded."""
+
+    def __init__(self, suspended: Suspended) -> None:
+        super().__init__(f"waiting at {suspended.step!r} for {suspended.signal!r}")
+        self.suspended = suspended
+
+
+NOT_EXECUTABLE = frozenset({"subworkflow"})
 """Step kinds that load and validate but that this executor refuses to run."""
 
 
@@ -79,7 +94,14 @@ class Driver:
         model: Model,
         tools: Mapping[str, Tool],
         sandbox: SandboxProvider | None = None,
+        clock: Callable[[], float] = time.time,
+        checkpoint_every: int | None = None,
     ) -> None:
+        self.checkpoint_every = checkpoint_every
+        """Store the drive's state every this many records (at a step boundary); None:
+        never. Checkpoints only shorten a resumption: deleting them changes nothing else."""
+        self.clock = clock
+        """Wall clock (seconds since the epoch) that await deadlines are set by."""
         self.model = model
         self.tools = tools
         self.sandbox = sandbox
@@ -90,20 +112,35 @@ class Driver:
     ) -> Episode:
         """Execute (or resume) a run until every step is terminal or it is cancelled."""
         wf = spec.definition
-        replay = Replay([r.event for r in await journal.history(spec.key)])
-        run = RunContext(spec, journal, replay, cancel or CancelScope())
-        if replay.take(RunStarted) is None:
-            definition = wf.model_dump(mode="json", by_alias=True)
-            await run.append(
-                RunStarted(run=spec.ref, definition=definition, input=dict(spec.input))
+        loop = _Loop(step_id=wf.steps[0].id)
+        restored = await self._restore(spec, journal)
+        if restored is not None:  # the checkpoint's state, then only the records after it
+            loop, run, base = restored
+            run.cancel = cancel or CancelScope()
+        else:
+            history = await journal.history(spec.key)
+            base = len(history)
+            run = RunContext(
+                spec, journal, Replay([r.event for r in history]), cancel or CancelScope()
             )
-        runs_of: dict[StepId, int] = {}
-        edges_taken: dict[tuple[StepId, StepId], int] = {}
-        executions = 0
+            if run.replay.take(RunStarted) is None:
+                definition = wf.model_dump(mode="json", by_alias=True)
+                await run.append(
+                    RunStarted(run=spec.ref, definition=definition, input=dict(spec.input))
+                )
+        saved = base + run.appended.n
+        runs_of, edges_taken = loop.runs_of, loop.edges_taken
         failed_step: StepId | None = None
-        step_id: StepId | None = wf.steps[0].id
+        step_id: StepId | None = loop.step_id
+        executions = loop.executions
         try:
-            while step_id is not None and not run.cancel.cancelled:
+            while step_id is not None:  # a cancelled run still replays what it recorded
+                written = base + run.appended.n
+                if self.checkpoint_every and written - saved >= self.checkpoint_every:
+                    await self._checkpoint(
+                        run, _Loop(step_id, runs_of, edges_taken, executions), Lsn(written - 1)
+                    )
+                    saved = written
                 step = wf.node(step_id)
                 iteration = runs_of.get(step_id, 0)
                 runs_of[step_id] = iteration + 1
@@ -112,7 +149,7 @@ class Driver:
                     failed_step = step_id
                     break
                 routed = await self._run(run, step, iteration)
-                run.succeeded[step_id] = routed is not False
+                run.succeeded[step_id] = routed is not False and step_id not in run.timed_out
                 if routed is False:
                     failed_step = step_id
                     break
@@ -138,6 +175,57 @@ class Driver:
             workspace=run.workspace_ref,
         )
 
+    async def _checkpoint(self, run: RunContext, loop: _Loop, upto: Lsn) -> None:
+        """Store the drive's state at a step boundary, valid up to `upto`."""
+        journal = run.journal
+        if not isinstance(journal, CheckpointingJournal):
+            return
+        state = {
+            "v": 1,
+            "workflow_version": run.spec.definition.version,
+            "step_id": loop.step_id,
+            "runs_of": loop.runs_of,
+            "edges_taken": [[a, b, n] for (a, b), n in sorted(loop.edges_taken.items())],
+            "executions": loop.executions,
+            "outputs": run.outputs,
+            "succeeded": run.succeeded,
+            "timed_out": sorted(run.timed_out),
+            "attempts": [a.model_dump(mode="json") for a in run.totals.attempts],
+            "workspace_ref": run.workspace_ref,
+        }
+        await journal.put_checkpoint(run.spec.key, upto, canonical_bytes(state))
+
+    async def _restore(
+        self, spec: RunSpec, journal: Journal
+    ) -> tuple[_Loop, RunContext, int] | None:
+        """The drive's state from the branch's newest checkpoint, with a replay of the
+        records after it; None without a usable checkpoint (fold from LSN 0)."""
+        if not self.checkpoint_every or not isinstance(journal, CheckpointingJournal):
+            return None
+        cp = await journal.latest_checkpoint(spec.key)
+        if cp is None:
+            return None
+        state = json.loads(cp.state)
+        if state.get("v") != 1 or state.get("workflow_version") != spec.definition.version:
+            return None
+        after = await journal.history_after(spec.key, cp.upto)
+        run = RunContext(spec, journal, Replay([r.event for r in after]), CancelScope())
+        run.outputs.update(state["outputs"])
+        run.succeeded.update(state["succeeded"])
+        run.timed_out.update(state["timed_out"])
+        run.workspace_ref = state["workspace_ref"]
+        for view in state["attempts"]:
+            attempt = AttemptView.model_validate(view)
+            run.totals.attempts.append(attempt)
+            run.totals.add(attempt.usage)
+        loop = _Loop(
+            StepId(state["step_id"]),
+            {StepId(k): v for k, v in state["runs_of"].items()},
+            {(StepId(a), StepId(b)): n for a, b, n in state["edges_taken"]},
+            state["executions"],
+        )
+        return loop, run, cp.upto + 1 + len(after)
+
     async def _run(self, run: RunContext, step: AnyStep, iteration: int) -> bool | StepId:
         """Run one step: False if it failed, a step id if it chose where to go, else True."""
         if isinstance(step, ModelStep | ToolStep):
@@ -146,15 +234,43 @@ class Driver:
             return await self._conditional(run, step, iteration)
         if isinstance(step, ParallelStep):
             return await self._parallel(run, step, iteration)
+        if isinstance(step, AwaitStep):
+            return await self._await(run, step, iteration)
         raise StepNotExecutable(
             f"step {step.id!r}: {step.kind} steps cannot be executed by this version of Assay"
         )
+
+    async def _await(self, run: RunContext, step: AwaitStep, iteration: int) -> bool:
+        """Suspend until a signal or the deadline is recorded; the signal's payload is
+        the step's output. A timeout fails the run, or (`continue`) goes on with the
+        step not succeeded."""
+        suspended = run.replay.take(Suspended, step.id, iteration=iteration)
+        signalled = run.replay.take(Signalled, step.id, iteration=iteration)
+        if signalled is None:
+            if run.cancel.cancelled:
+                return False  # stopped while it waited
+            if suspended is None:
+                deadline = int((self.clock() + step.timeout_s) * 1000)
+                suspended = Suspended(
+                    step=step.id, iteration=iteration, signal=step.signal, deadline_ms=deadline
+                )
+                await run.append(suspended)
+            raise RunSuspended(suspended)
+        if signalled.timed_out:
+            if step.on_timeout == "fail":
+                return False
+            run.timed_out.add(step.id)
+            return True
+        run.outputs[step.id] = signalled.payload
+        return True
 
     async def _conditional(
         self, run: RunContext, step: ConditionalStep, iteration: int
     ) -> bool | StepId:
         routed = run.replay.take(Routed, step.id, iteration=iteration)
         if routed is None:
+            if run.cancel.cancelled:
+                return False
             routed = _choose(step, iteration, run.template_context())
             await run.append(routed)
         if routed.error is not None:
@@ -202,22 +318,22 @@ class Driver:
     @staticmethod
     def _branch_context(run: RunContext, scope: CancelScope) -> RunContext:
         """A branch shares the run's record and outputs, with a cancel scope of its own."""
-        return RunContext(
-            run.spec,
-            run.journal,
-            run.replay,
-            scope,
-            run.totals,
-            run.outputs,
-            run.succeeded,
-            run.workspace,
-            run.workspace_ref,
-        )
+        return dataclasses.replace(run, cancel=scope)
 
     async def _branch(self, run: RunContext, step: AnyStep, iteration: int) -> bool:
         if not isinstance(step, ModelStep | ToolStep):  # validation allows subworkflows only
             raise StepNotExecutable(f"parallel branch {step.id!r} is a {step.kind} step")
         return await self._attempts.run_step(run, step, iteration)
+
+
+@dataclass
+class _Loop:
+    """Where the drive loop stands between two steps: what a checkpoint restores."""
+
+    step_id: StepId
+    runs_of: dict[StepId, int] = field(default_factory=dict)
+    edges_taken: dict[tuple[StepId, StepId], int] = field(default_factory=dict)
+    executions: int = 0
 
 
 def _choose(step: ConditionalStep, iteration: int, context: dict[str, object]) -> Routed:

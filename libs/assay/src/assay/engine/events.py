@@ -11,7 +11,7 @@ from assay.kernel.ids import AttemptNo, StepId
 from assay.kernel.intents import IntentState
 from assay.messages.models import RunRef, Usage
 from assay.record.events import Event, EventRegistry, LogRecord
-from assay.record.state import Patch, Put, StateDelta, StateKey
+from assay.record.state import Delete, Patch, Put, StateDelta, StateKey
 
 
 class RunStarted(Event):
@@ -134,6 +134,31 @@ class RunCancelled(Event):
     usage: Usage = Field(description="Model usage of the run until then.")
 
 
+class Suspended(Event):
+    """The run waits at an await step for a signal (§5.2): it releases its lease and
+    holds no worker until `Signalled` — a signal, an approval, or the deadline."""
+
+    type: ClassVar[str] = "Suspended"
+    version: ClassVar[int] = 1
+    step: StepId = Field(description="The await step.")
+    iteration: int = Field(ge=0, description="Times the step had run before.")
+    signal: str = Field(description="What it waits for (`approval` or a signal name).")
+    deadline_ms: int = Field(ge=0, description="When the wait times out (epoch ms).")
+
+
+class Signalled(Event):
+    """The await step's wait ended: the signal came (its payload is the step's output),
+    or the deadline passed (`timed_out`)."""
+
+    type: ClassVar[str] = "Signalled"
+    version: ClassVar[int] = 1
+    step: StepId = Field(description="The await step.")
+    iteration: int = Field(ge=0, description="Times the step had run before.")
+    signal: str = Field(description="The signal.")
+    payload: str = Field("", description="What the signal carried (the step's output).")
+    timed_out: bool = Field(False, description="The deadline passed before any signal.")
+
+
 class CancelRequested(Event):
     """Someone asked to stop the run. Recorded on the run's commands stream
     (`<run>/commands`), beside the branch its worker writes under its lease."""
@@ -167,6 +192,8 @@ WORK_EVENTS = EventRegistry(
         Intent,
         AttemptFinished,
         Routed,
+        Suspended,
+        Signalled,
         CancelRequested,
         RunCancelled,
         RunFinished,
@@ -245,6 +272,23 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                     },
                 )
             ]
+        case Suspended(step=step, iteration=i, signal=signal, deadline_ms=deadline):
+            waiting = {
+                "branch": branch,
+                "step": step,
+                "iteration": i,
+                "signal": signal,
+                "deadline_ms": deadline,
+            }
+            return [
+                Patch(run_doc, {"status": "suspended", "last_lsn": record.lsn}),
+                Put(StateKey(t, "await", run), waiting),
+            ]
+        case Signalled():
+            return [
+                Patch(run_doc, {"status": "running", "last_lsn": record.lsn}),
+                Delete(StateKey(t, "await", run)),
+            ]
         case CancelRequested(reason=reason):
             target = run.removesuffix("/commands")
             return [Put(StateKey(t, "cancel", target), {"reason": reason, "at_ms": record.at_ms})]
@@ -260,7 +304,8 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                         "indeterminate": unknown,
                         "finished_ms": record.at_ms,
                     },
-                )
+                ),
+                Delete(StateKey(t, "await", run)),  # a cancelled run waits for nothing
             ]
         case RunFinished(succeeded=ok, episode=episode, usage=usage):
             return [

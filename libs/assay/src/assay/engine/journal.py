@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from assay.kernel.ids import Lsn
 from assay.kernel.schema import Versioned
 from assay.record.events import BranchKey, Event, LogRecord
-from assay.store.ports import CommitBatch, EventLog
+from assay.store.ports import Checkpoint, CommitBatch, EventLog
 
 
 class LogJournal:
@@ -19,6 +20,18 @@ class LogJournal:
     async def history(self, key: BranchKey) -> list[LogRecord]:
         """Every record of the branch."""
         return await self.log.read(key)
+
+    async def history_after(self, key: BranchKey, upto: Lsn) -> list[LogRecord]:
+        """The branch's records after `upto`."""
+        return await self.log.read(key, Lsn(upto + 1))
+
+    async def latest_checkpoint(self, key: BranchKey) -> Checkpoint | None:
+        """The branch's newest checkpoint."""
+        return await self.log.latest_checkpoint(key)
+
+    async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
+        """Store a checkpoint of the branch."""
+        await self.log.put_checkpoint(key, upto, state)
 
     async def append(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()

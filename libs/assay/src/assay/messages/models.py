@@ -219,6 +219,21 @@ class CancelRun(Versioned):
     reason: str = Field("", max_length=2000, description="Why, for people.")
 
 
+class SignalRun(Versioned):
+    """A signal for a run suspended at an await step: a human approval (`assay
+    approve`), an external signal (`assay signal`), or its own deadline passing."""
+
+    type: ClassVar[str] = "SignalRun"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant of the run.")
+    run_id: RunId = Field(description="The suspended run.")
+    signal: str = Field(
+        pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="`approval` or the signal's name."
+    )
+    payload: str = Field("", max_length=100_000, description="Becomes the await step's output.")
+    timed_out: bool = Field(False, description="Sent by Assay when the wait's deadline passed.")
+
+
 class RewindRun(Versioned):
     """An operator command: fork a run at an LSN of one of its branches and drive the
     new branch from there (`assay rewind`). Nothing is deleted (§8.5)."""

@@ -115,11 +115,16 @@ class StageRunner:
         if self.source is None:
             raise RuntimeError(f"stage {self.spec.name} has no source to consume from")
         relay = asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")
+        chores = [
+            asyncio.create_task(task(self.log, stop), name=f"{self.spec.name}-background")
+            for task in self.spec.background
+        ]
         try:
             await self.source.consume(self.spec.topics, self.handle, self.log.positions, stop)
         finally:
             stop.set()
             await relay
+            await asyncio.gather(*chores, return_exceptions=True)
 
     async def handle(self, m: BusMessage) -> None:
         """Handle one record exactly once at the fold; never raises for bad input."""

@@ -8,8 +8,9 @@ the inbox entry. Nothing in a handler knows which mode it runs in.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,11 +28,13 @@ from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, StateKey
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.sandbox.port import SandboxProvider
-from assay.store.ports import BlobStore, CommitBatch, EventLog, Lease, OutboxEntry
+from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
 from assay.verification.verifiers import Verifier
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
 Handler = Callable[[Any, "UnitOfWork"], Awaitable[None]]
+Background = Callable[[EventLog, asyncio.Event], Coroutine[Any, Any, None]]
+"""A stage's background task: gets the stage's store and the stop event."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class StageSpec:
     events: EventRegistry
     fold: Fold
     handlers: dict[str, dict[str, Handler]]
+    background: tuple[Background, ...] = ()
+    """Housekeeping that runs beside the consumers while the stage runs (timers)."""
 
     @property
     def topics(self) -> list[str]:
@@ -71,6 +76,8 @@ class StageDeps:
     """This process's identity as a lease holder."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     """How long a run's lease lasts without a heartbeat."""
+    checkpoint_every: int = 64
+    """Execute checkpoints a run's drive every this many records (0: never)."""
     sandbox: SandboxProvider | None = None
     verifiers: dict[str, Verifier] = field(default_factory=dict)
 
@@ -156,9 +163,27 @@ class UnitOfWork:
 
     async def history(self, key: BranchKey) -> list[LogRecord]:
         """Every committed record of one stream of this tenant."""
+        self._own(key)
+        return await self.log.read(key)
+
+    async def history_after(self, key: BranchKey, upto: Lsn) -> list[LogRecord]:
+        """The records of one stream of this tenant after LSN `upto`."""
+        self._own(key)
+        return await self.log.read(key, Lsn(upto + 1))
+
+    async def latest_checkpoint(self, key: BranchKey) -> Checkpoint | None:
+        """The newest checkpoint of one stream of this tenant."""
+        self._own(key)
+        return await self.log.latest_checkpoint(key)
+
+    async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
+        """Store a checkpoint of one stream of this tenant (outside the message's commit)."""
+        self._own(key)
+        await self.log.put_checkpoint(key, upto, state)
+
+    def _own(self, key: BranchKey) -> None:
         if key.tenant != self.tenant:
             raise Refused(f"stage {self.stage}: a {self.tenant} message cannot read {key.tenant}")
-        return await self.log.read(key)
 
     async def append(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()

@@ -162,6 +162,14 @@ class EventLog(Protocol):
         """Derived documents of a kind for one tenant whose key starts with `prefix`."""
         ...
 
+    async def scan_kind(self, kind: str) -> list[tuple[TenantId, str, dict[str, Any]]]:
+        """Derived documents of a kind across every tenant, as (tenant, key, document).
+
+        For the stage's own housekeeping (timers, sweeps) — never for answering a
+        tenant's query, which `scan` scopes to that tenant.
+        """
+        ...
+
     async def positions(self) -> dict[tuple[str, int], int]:
         """Stored consumer positions: (topic, partition) -> next offset."""
         ...

@@ -230,6 +230,15 @@ class PostgresEventLog:
         )
         return [(k, dict(json.loads(v))) for k, v in rows]
 
+    async def scan_kind(self, kind: str) -> list[tuple[TenantId, str, dict[str, Any]]]:
+        """See `EventLog.scan_kind`."""
+        rows = await self._db.fetch(
+            f"SELECT tenant, key, value FROM {self._s}.state"
+            " WHERE kind = $1 AND value IS NOT NULL ORDER BY tenant, key",
+            kind,
+        )
+        return [(tenant_id(t), k, dict(json.loads(v))) for t, k, v in rows]
+
     async def positions(self) -> dict[tuple[str, int], int]:
         """See `EventLog.positions`."""
         rows = await self._db.fetch(

@@ -394,6 +394,12 @@ class SqliteEventLog:
         ).fetchall()
         return [(k, dict(json.loads(v))) for k, v in rows]
 
+    async def scan_kind(self, kind: str) -> list[tuple[TenantId, str, dict[str, Any]]]:
+        rows = self._db.execute(
+            "SELECT tenant, key, value FROM state WHERE kind=? ORDER BY tenant, key", (kind,)
+        ).fetchall()
+        return [(tenant_id(t), k, dict(json.loads(v))) for t, k, v in rows]
+
     async def positions(self) -> dict[tuple[str, int], int]:
         rows = self._db.execute("SELECT topic, partition, next_offset FROM positions").fetchall()
         return {(t, p): o for t, p, o in rows}
