@@ -43,6 +43,7 @@ from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
 from assay.workflow import WorkflowInvalid, from_document, validate
+from assay_execute.retention import Retention
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
@@ -130,6 +131,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         handlers={
             RUNS: {RunSpawned.type: on_run_spawned},
             RUN_COMMANDS: {CancelRun.type: on_cancel},
+            RESULTS: {RunResult.type: Retention(deps.retention).on_result},
         },
     )
 

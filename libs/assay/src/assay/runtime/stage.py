@@ -15,6 +15,7 @@ from typing import Any
 
 from assay.bus.topics import topic_for
 from assay.engine.models import Model
+from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.sprt import SprtPolicy
@@ -58,7 +59,8 @@ class StageDeps:
 
     `sandbox` is where tools and command verifiers run (None: nowhere — they
     are refused and fail closed); `verifiers` are the verifier kinds installed
-    packages register, beside the built-in ones.
+    packages register, beside the built-in ones; `retention` says when finished
+    runs are reduced and tiered.
     """
 
     blobs: BlobStore
@@ -73,6 +75,8 @@ class StageDeps:
     """How long a run's lease lasts without a heartbeat."""
     sandbox: SandboxProvider | None = None
     verifiers: dict[str, Verifier] = field(default_factory=dict)
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    """When finished runs are reduced and tiered (§8.6)."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
