@@ -12,13 +12,18 @@ from pydantic import Field
 
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
 from assay.engine.events import (
+    ArchivedBranch,
     CancelRequested,
     Forked,
+    GradingEnded,
     Intent,
+    Reduced,
     Routed,
     RunCancelled,
     Signalled,
+    SnapshotDocument,
     Suspended,
+    Tiered,
 )
 from assay.kernel import (
     AttemptNo,
@@ -432,6 +437,27 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
+            ),
+            GradingEnded(status="ungraded"),
+            Reduced(
+                original="blob:abc",
+                summary="blob:def",
+                tokens_before=250_000,
+                tokens_after=12_000,
+                ceiling=200_000,
+            ),
+            Tiered(
+                run=REF.run_id,
+                archive="blob:ghi",
+                records=7,
+                streams=[
+                    ArchivedBranch(stream=REF.run_id, branch=0, records=6),
+                    ArchivedBranch(stream=f"{REF.run_id}/commands", branch=0, records=1),
+                ],
+                documents=[
+                    SnapshotDocument(kind="run", key=REF.run_id, value={"status": "verifying"}),
+                    SnapshotDocument(kind="cancel", key=REF.run_id, value={"reason": "late"}),
+                ],
             ),
         ],
     ),

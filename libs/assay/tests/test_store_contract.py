@@ -38,6 +38,7 @@ from assay.record import (
 from assay.store import (
     BadBlobRef,
     BlobStore,
+    BranchDeletion,
     Checkpoint,
     CommitBatch,
     ConsumerPosition,
@@ -49,6 +50,7 @@ from assay.store import (
     S3BlobStore,
     SqliteEventLog,
     StaleFence,
+    StreamChanged,
     connect,
 )
 from assay.store.postgres import PostgresEventLog
@@ -90,6 +92,14 @@ class RenamedV2(Event):
     last: str
 
 
+class Restated(Event):
+    """Put documents as they stand (what a tiering record does for the records it moves)."""
+
+    type: ClassVar[str] = "contract.Restated"
+    version: ClassVar[int] = 1
+    documents: list[tuple[str, str, dict[str, Any]]]
+
+
 class PoisonError(Exception):
     pass
 
@@ -109,10 +119,12 @@ def fold(record: LogRecord) -> list[StateDelta]:
             raise PoisonError(f"poison event for {ev.item}")
         at = StateKey(key.tenant, "item", ev.item)
         return [Delete(at) if ev.delete else Patch(at, dict(ev.fields)), last]
+    if isinstance(ev, Restated):
+        return [Put(StateKey(key.tenant, kind, k), dict(v)) for kind, k, v in ev.documents]
     return [last]
 
 
-REGISTRY = EventRegistry([ItemPut, ItemChanged, Renamed])
+REGISTRY = EventRegistry([ItemPut, ItemChanged, Renamed, Restated])
 
 
 def new_tenant() -> TenantId:
@@ -744,6 +756,162 @@ async def test_reads_under_one_tenant_never_see_another_tenants_data(
     assert not await event_log.seen(b, MessageId("m"))
     assert await event_log.latest_checkpoint(main(b, "s")) is None
     assert await event_log.scan(a, "item") == [("secret", {"v": "a"}), ("x", {})]
+
+
+# -- deleting branches (tiering, §8.6) ---------------------------------------------
+
+
+async def test_a_deletion_moves_a_branch_out_in_the_commit_that_appends_its_tombstone(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    a, a_fork, b, tomb = (
+        main(tenant, "a"),
+        BranchKey(tenant, "a", BranchId(1)),
+        main(tenant, "b"),
+        main(tenant, "a/tomb"),
+    )
+    await event_log.commit(on(a, put("x", n=1), put("y"), ItemChanged(item="x", fields={"m": 2})))
+    await event_log.commit(CommitBatch(records=[(a_fork, put("z")), (b, put("w"))]))
+    await event_log.put_checkpoint(a, Lsn(1), b"a@1")
+    documents = await event_log.scan(tenant, "item")
+
+    batch = CommitBatch(
+        records=[(tomb, put("moved", to="archive"))],
+        deletions=[BranchDeletion(a, Lsn(3))],
+        position=ConsumerPosition("in", 0, 5),
+        inbox=(tenant, MessageId("tier-a")),
+        outbox=[OutboxEntry("out", "k", b"tiered")],
+    )
+    assert await event_log.commit(batch) == [0]
+
+    assert await event_log.read(a) == []
+    assert await event_log.latest_checkpoint(a) is None
+    assert await event_log.branches("a", tenant) == [a_fork]  # the other branch stays
+    assert [r.event for r in await event_log.read(b)] == [put("w")]
+    assert [r.event for r in await event_log.read(tomb)] == [put("moved", to="archive")]
+    # The fold is not run backwards: what the moved records folded to is still there.
+    assert await event_log.scan(tenant, "item") == sorted(
+        [*documents, ("moved", {"to": "archive"})]
+    )
+    assert await event_log.seen(tenant, MessageId("tier-a"))
+    assert await event_log.positions() == {("in", 0): 5}
+    assert [p.entry.value for p in await event_log.drain_outbox(10)] == [b"tiered"]
+
+
+async def test_a_deletion_of_a_branch_that_moved_on_writes_nothing(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    a, tomb = main(tenant, "a"), main(tenant, "a/tomb")
+    await event_log.commit(on(a, put("x"), put("y")))
+    inbox = (tenant, MessageId("tier"))
+    for end in (1, 3):  # read before the last append; or a record it never saw
+        stale = CommitBatch(
+            records=[(tomb, put("moved"))],
+            deletions=[BranchDeletion(a, Lsn(end))],
+            position=ConsumerPosition("tier.topic", 0, 1),
+            inbox=inbox,
+            outbox=[OutboxEntry("tier.topic", "k", b"v")],
+        )
+        with pytest.raises(StreamChanged, match="holds 2 records"):
+            await event_log.commit(stale)
+        await assert_nothing_of(event_log, inbox, "tier.topic", ["a/tomb"], ["moved"])
+        assert [r.lsn for r in await event_log.read(a)] == [0, 1]
+    await event_log.commit(CommitBatch(deletions=[BranchDeletion(a, Lsn(2))]))
+    with pytest.raises(StreamChanged):  # already gone: a second mover finds nothing to move
+        await event_log.commit(CommitBatch(deletions=[BranchDeletion(a, Lsn(2))]))
+
+
+async def test_a_deletion_refused_by_its_inbox_or_fence_deletes_nothing(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    a = main(tenant, "a")
+    await event_log.commit(CommitBatch(records=[(a, put("x"))], inbox=(tenant, MessageId("m"))))
+    with pytest.raises(DuplicateMessage):
+        await event_log.commit(
+            CommitBatch(deletions=[BranchDeletion(a, Lsn(1))], inbox=(tenant, MessageId("m")))
+        )
+    old = await event_log.claim(tenant, "a", "worker-a", ttl_ms=100)
+    assert old is not None
+    await asyncio.sleep(0.3)
+    assert await event_log.claim(tenant, "a", "worker-b", ttl_ms=10_000) is not None
+    with pytest.raises(StaleFence):
+        await event_log.commit(CommitBatch(deletions=[BranchDeletion(a, Lsn(1))], fence=old))
+    assert [r.event for r in await event_log.read(a)] == [put("x")]
+
+
+async def test_a_deleted_branch_written_again_starts_over_at_lsn_zero(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    a = main(tenant, "a")
+    await event_log.commit(on(a, put("x"), put("y")))
+    await event_log.commit(CommitBatch(deletions=[BranchDeletion(a, Lsn(2))]))
+    assert await event_log.commit(on(a, put("z"))) == [0]
+    assert [r.event for r in await event_log.read(a)] == [put("z")]
+
+
+async def test_rebuild_after_a_deletion_is_identical_when_the_tombstone_restates_the_documents(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    a, other = main(tenant, "a"), main(tenant, "other")
+    await event_log.commit(on(a, put("x", n=1), ItemChanged(item="x", fields={"m": 2})))
+    await event_log.commit(on(other, put("o")))
+    await event_log.commit(CommitBatch(deletions=[BranchDeletion(a, Lsn(2))]))
+    # Without a restatement, what the moved records folded to has no record left.
+    report = await event_log.rebuild(keep=False)
+    assert report.differences == [
+        f"{tenant}/item/x: missing after rebuild",
+        f"{tenant}/last/a/0: missing after rebuild",
+    ]
+    await event_log.rebuild(keep=True)  # the state is what the log says again
+
+    b = main(tenant, "b")
+    await event_log.commit(on(b, put("y", v=[1, 2.5, "ü"]), put("z")))
+    documents = [
+        (kind, key, doc)
+        for kind in ("item", "last")
+        for key, doc in await event_log.scan(tenant, kind)
+        if key in ("y", "z", "b/0")
+    ]
+    tomb = CommitBatch(
+        records=[(main(tenant, "b/tomb"), Restated(documents=documents))],
+        deletions=[BranchDeletion(b, Lsn(2))],
+    )
+    await event_log.commit(tomb)
+    assert await event_log.read(b) == []
+    report = await event_log.rebuild(keep=False)
+    assert (report.identical, report.differences) == (True, [])
+
+
+async def test_a_deletion_among_concurrent_commits_leaves_them_dense_and_intact(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    doomed, shared = main(tenant, "doomed"), main(tenant, "shared")
+    await event_log.commit(on(doomed, put("d0"), put("d1")))
+    batches = [CommitBatch(records=[(shared, put("s", i=i))]) for i in range(20)]
+    batches.insert(7, CommitBatch(deletions=[BranchDeletion(doomed, Lsn(2))]))
+    results = await asyncio.gather(*(event_log.commit(b) for b in batches))
+    assert sorted(r[0] for r in results if r) == list(range(20))
+    assert [r.lsn for r in await event_log.read(shared)] == list(range(20))
+    assert await event_log.read(doomed) == []
+
+
+async def test_a_deletion_never_touches_another_tenants_stream_of_the_same_name(
+    event_log: EventLog,
+) -> None:
+    a, b = new_tenant(), new_tenant()
+    await event_log.commit(on(main(a, "s"), put("x")))
+    await event_log.commit(on(main(b, "s"), put("x"), put("y")))
+    await event_log.put_checkpoint(main(b, "s"), Lsn(0), b"b@0")
+    await event_log.commit(CommitBatch(deletions=[BranchDeletion(main(a, "s"), Lsn(1))]))
+    assert await event_log.read(main(a, "s")) == []
+    assert [r.event for r in await event_log.read(main(b, "s"))] == [put("x"), put("y")]
+    assert await event_log.latest_checkpoint(main(b, "s")) is not None
+    with pytest.raises(StreamChanged):  # a's deletion counted b's records: it does not
+        await event_log.commit(CommitBatch(deletions=[BranchDeletion(main(a, "s"), Lsn(2))]))
 
 
 # -- SQLite adapter specifics ----------------------------------------------------

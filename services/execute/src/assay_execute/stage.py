@@ -70,6 +70,7 @@ from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
 from assay.store import CommitBatch, EventLog, Lease
 from assay.workflow import WorkflowDef, WorkflowInvalid, from_document, validate
+from assay_execute.retention import Retention
 
 TIMER_TICK_S = 1.0
 """How often the execute stage looks for waits whose deadline passed."""
@@ -315,6 +316,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 RewindRun.type: on_rewind,
                 SignalRun.type: on_signal,
             },
+            RESULTS: {RunResult.type: Retention(deps.retention).on_result},
         },
         background=(timeouts,),
     )

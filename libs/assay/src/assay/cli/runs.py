@@ -3,7 +3,8 @@
 Where the log is: with `ASSAY_DATABASE_URL` set, the `execute` schema in Postgres
 (read as it is: nothing is migrated or written); otherwise the data directory's
 `execute.sqlite`, then `local-runs.sqlite` (the runs of `assay run`). Nothing is
-read from derived state or blobs; the view is `assay.engine.episode_view`'s.
+read from derived state or blobs; the view is `assay.engine.episode_view`'s. A run
+whose records were tiered (§8.6) is shown as its tombstone says: where the archive is.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from assay.engine.episode_view import (
     RunView,
     build_run_view,
 )
-from assay.engine.events import WORK_EVENTS, fold_work
+from assay.engine.events import WORK_EVENTS, Tiered, fold_work
+from assay.engine.retention import tiered_stream
 from assay.kernel.attempts import AttemptState
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import Lsn, TenantId, tenant_id
@@ -46,6 +48,44 @@ class RunNotFound(AssayError):
     """No such run (of that tenant, when one was given)."""
 
 
+class RunTiered(AssayError):
+    """The run's records left the log for an archive blob (§8.6); its tombstone says where."""
+
+    def __init__(self, tenant: TenantId, tiered: Tiered, at_ms: int) -> None:
+        self.tenant = tenant
+        self.tiered = tiered
+        self.at_ms = at_ms
+        super().__init__(
+            f"run {tiered.run} was tiered: its {tiered.records} records are in archive blob "
+            f"{tiered.archive} of tenant {tenant}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON form `--json` prints."""
+        return {
+            "run_id": self.tiered.run,
+            "tenant": str(self.tenant),
+            "tiered": {
+                "archive": self.tiered.archive,
+                "records": self.tiered.records,
+                "at_ms": self.at_ms,
+                "streams": [s.model_dump(mode="json") for s in self.tiered.streams],
+            },
+        }
+
+    def render(self) -> str:
+        """The text form."""
+        streams = ", ".join(f"{s.stream}@{s.branch} ({s.records})" for s in self.tiered.streams)
+        return (
+            f"run {self.tiered.run}  tenant {self.tenant}\n"
+            f"  tiered {_when(self.at_ms)}: {self.tiered.records} records moved to archive blob "
+            f"{self.tiered.archive}\n"
+            f"  streams {streams}\n"
+            "  the archive is JSON lines, one record each, in the tenant's blobs; "
+            "assay.engine.retention.decode_archive reads it back\n"
+        )
+
+
 async def show_command(
     data_dir: Path,
     run: str,
@@ -64,7 +104,14 @@ async def show_command(
     only = _tenant(tenant) if tenant is not None else None
     if branch is not None and branch < 0:
         raise AssayError(f"--branch must be 0 or more, not {branch}")
-    view = await load_run(data_dir, run, only)
+    try:
+        view = await load_run(data_dir, run, only)
+    except RunTiered as tiered:
+        if as_json:
+            print(json.dumps(tiered.to_json(), indent=2))
+        else:
+            print(tiered.render(), end="")
+        return 0
     if branch is not None and branch not in view.branch_ids:
         have = ", ".join(str(b) for b in view.branch_ids)
         raise AssayError(f"run {run} has no branch {branch} (it has: {have})")
@@ -142,14 +189,20 @@ async def find_run(log: EventLog, run: str, tenant: TenantId | None) -> RunView 
     """The view of `run` in one log, or None if it has no record of it (of `tenant`).
 
     Raises:
+        RunTiered: its records were moved to an archive; the tombstone says where.
         AssayError: without `tenant`, the run id has records under several tenants.
     """
     keys = await log.branches(run, tenant)
-    if not keys:
-        return None
-    tenants = {k.tenant for k in keys}
+    tombstones = [] if keys else await log.branches(tiered_stream(run), tenant)
+    tenants = {k.tenant for k in keys or tombstones}
     if len(tenants) > 1:
         raise AssayError(f"run {run} exists under {len(tenants)} tenants: name one with --tenant")
+    for key in tombstones:
+        for record in await log.read(key):
+            if isinstance(record.event, Tiered):
+                raise RunTiered(key.tenant, record.event, record.at_ms)
+    if not keys:
+        return None
     return build_run_view({k.branch: await read_branch(log, k) for k in keys})
 
 

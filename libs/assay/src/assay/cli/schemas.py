@@ -15,7 +15,7 @@ import yaml
 
 from assay.bus.topics import TOPICS, dlq
 from assay.kernel.errors import AssayError
-from assay.messages import MESSAGES, Envelope, Episode
+from assay.messages import MESSAGES, Envelope, Episode, ReducedEpisode
 from assay.runtime.embedded import STAGES
 
 
@@ -28,6 +28,10 @@ def render() -> dict[str, str]:
 
     put("Envelope.schema.json", Envelope.model_json_schema())
     put(f"Episode.v{Episode.version}.schema.json", Episode.model_json_schema())
+    put(
+        f"ReducedEpisode.v{ReducedEpisode.version}.schema.json",
+        ReducedEpisode.model_json_schema(),
+    )
     for name, model in sorted(MESSAGES.types().items()):
         put(f"{name}.v{model.version}.schema.json", model.model_json_schema())
     channels: dict[str, Any] = {}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from assay.kernel.attempts import AttemptState
-from assay.kernel.ids import AttemptNo, StepId
+from assay.kernel.ids import AttemptNo, RunId, StepId
 from assay.kernel.intents import IntentState
+from assay.kernel.schema import Versioned
 from assay.messages.models import RunRef, Usage
 from assay.record.events import Event, EventRegistry, LogRecord
 from assay.record.state import Delete, Patch, Put, StateDelta, StateKey
@@ -184,6 +185,74 @@ class RunFinished(Event):
     usage: Usage = Field(description="Model usage of the run.")
 
 
+class GradingEnded(Event):
+    """Grading of the run terminated (§10.3): its `RunResult` said how. Recorded once,
+    on the run's live branch; from here on the run may be reduced and tiered (§8.6)."""
+
+    type: ClassVar[str] = "GradingEnded"
+    version: ClassVar[int] = 1
+    status: Literal["graded", "ungraded", "cancelled"] = Field(
+        description="How grading ended; `cancelled`: the run was stopped and never graded."
+    )
+
+
+class Reduced(Event):
+    """The episode's body was reduced at the tenant's token ceiling (§8.6).
+
+    A later fact about an earlier record: `summary` (a new blob, a `ReducedEpisode`)
+    stands for `original` (the `RunFinished` episode), whose body is deleted only
+    after this record is committed. No blob is edited and no record is rewritten.
+    """
+
+    type: ClassVar[str] = "Reduced"
+    version: ClassVar[int] = 1
+    original: str = Field(description="BlobRef of the episode reduced (deleted after this).")
+    summary: str = Field(description="BlobRef of the summary that stands for it.")
+    tokens_before: int = Field(ge=0, description="The episode's tokens (retention's measure).")
+    tokens_after: int = Field(ge=0, description="The summary's tokens, by the same measure.")
+    ceiling: int = Field(ge=1, description="The tenant's ceiling the episode was over.")
+
+
+class ArchivedBranch(Versioned):
+    """One branch of one stream whose records a `Tiered` archive holds."""
+
+    type: ClassVar[str] = "ArchivedBranch"
+    version: ClassVar[int] = 1
+    stream: str = Field(description="The stream (the run, or its commands stream).")
+    branch: int = Field(ge=0, description="The branch.")
+    records: int = Field(ge=0, description="How many records it held (LSNs 0 .. n - 1).")
+
+
+class SnapshotDocument(Versioned):
+    """A derived document as it stood when the records that folded to it were tiered."""
+
+    type: ClassVar[str] = "SnapshotDocument"
+    version: ClassVar[int] = 1
+    kind: str = Field(description="Document kind.")
+    key: str = Field(description="Document key.")
+    value: dict[str, Any] = Field(description="The document.")
+
+
+class Tiered(Event):
+    """A terminal, reduced run's records moved to cold storage (§8.6).
+
+    Recorded on the run's tombstone stream (`<run>/tiered`) in the commit that
+    deleted the records from the log, after `archive` was durably written. The run's
+    derived documents are restated in `documents`, so a re-fold of a log without the
+    moved records still yields them byte for byte.
+    """
+
+    type: ClassVar[str] = "Tiered"
+    version: ClassVar[int] = 1
+    run: RunId = Field(description="The run whose records moved.")
+    archive: str = Field(description="BlobRef of the archive (JSON lines, one per record).")
+    records: int = Field(ge=0, description="Records moved (every branch of every stream).")
+    streams: list[ArchivedBranch] = Field(description="The branches moved, with their sizes.")
+    documents: list[SnapshotDocument] = Field(
+        description="The derived documents the moved records had folded to, as they stood."
+    )
+
+
 WORK_EVENTS = EventRegistry(
     [
         RunStarted,
@@ -197,6 +266,9 @@ WORK_EVENTS = EventRegistry(
         CancelRequested,
         RunCancelled,
         RunFinished,
+        GradingEnded,
+        Reduced,
+        Tiered,
     ]
 )
 
@@ -319,5 +391,30 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                         "finished_ms": record.at_ms,
                     },
                 )
+            ]
+        case GradingEnded(status=status):
+            return [Patch(run_doc, {"grading": status})]
+        case Reduced(summary=summary, tokens_before=before, tokens_after=after):
+            return [
+                Patch(
+                    run_doc,
+                    {
+                        "reduced": True,
+                        "summary": summary,
+                        "tokens_before": before,
+                        "tokens_after": after,
+                    },
+                ),
+                # Reduced and not yet tiered: the queue tiering sweeps (§8.6).
+                Put(StateKey(t, "tiering", run), {"reduced_ms": record.at_ms}),
+            ]
+        case Tiered(run=moved, archive=archive, records=n, documents=documents):
+            return [
+                *(Put(StateKey(t, d.kind, d.key), d.value) for d in documents),
+                Delete(StateKey(t, "tiering", moved)),
+                Patch(
+                    StateKey(t, "run", moved),
+                    {"tiered": True, "archive": archive, "archived_records": n},
+                ),
             ]
     return []

@@ -9,7 +9,7 @@ from assay.messages.envelope import (
     seal,
     traceparent_for,
 )
-from assay.messages.episode import AttemptView, Episode
+from assay.messages.episode import AttemptView, Elision, Episode, ReducedEpisode
 from assay.messages.models import (
     AllocationChanged,
     AttemptIndeterminate,
@@ -71,10 +71,12 @@ __all__ = [
     "AttemptView",
     "CancelRun",
     "ChallengerRejected",
+    "Elision",
     "Envelope",
     "Episode",
     "Promoted",
     "Purpose",
+    "ReducedEpisode",
     "RewindRun",
     "Role",
     "RunExecuted",

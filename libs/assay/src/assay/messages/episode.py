@@ -58,3 +58,37 @@ class Episode(Versioned):
     def encode(self) -> bytes:
         """Canonical bytes (what is stored and hashed)."""
         return canonical_bytes(self.model_dump(mode="json"))
+
+
+class Elision(Versioned):
+    """One text that reduction shortened: where it was, and how much of it is gone."""
+
+    type: ClassVar[str] = "Elision"
+    version: ClassVar[int] = 1
+    path: str = Field(description="Where in the episode, e.g. `attempts[2].output`, `input.q`.")
+    chars: int = Field(ge=0, description="Its length before, in characters.")
+    elided: int = Field(ge=0, description="Characters removed (the marker says so in place).")
+
+
+class ReducedEpisode(Versioned):
+    """An episode reduced at its tenant's token ceiling (§8.6): the summary blob.
+
+    Every transition is kept — every attempt with its step, number, iteration,
+    state, usage and duration, the pinned definition, the run's identity, its
+    outcome and workspace ref. Only long texts (task input strings, prompts,
+    outputs, errors) are shortened, each to its head and tail around a marker
+    naming how many characters were elided; `elisions` lists them. It can still be
+    graded, attributed and structurally rewound, not replayed verbatim.
+    """
+
+    type: ClassVar[str] = "ReducedEpisode"
+    version: ClassVar[int] = 1
+    original: str = Field(description="BlobRef of the episode this stands for (deleted).")
+    episode: Episode = Field(description="The episode with its long texts shortened.")
+    elisions: list[Elision] = Field(description="Every text shortened, in episode order.")
+    tokens_before: int = Field(ge=0, description="The original's tokens (retention's measure).")
+    tokens_after: int = Field(ge=0, description="This episode's tokens, by the same measure.")
+
+    def encode(self) -> bytes:
+        """Canonical bytes (what is stored and hashed)."""
+        return canonical_bytes(self.model_dump(mode="json"))

@@ -30,7 +30,7 @@ from assay.runtime.embedded import (
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import stage_registry
 from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import ModelSettings, SandboxSettings, Settings
+from assay.runtime.settings import ModelSettings, RetentionSettings, SandboxSettings, Settings
 from assay.runtime.stage import StageDeps
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
@@ -71,6 +71,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     assert settings.kafka_bootstrap is not None
     assert settings.database_url is not None
     model_settings = ModelSettings.from_env()
+    retention = RetentionSettings.from_env().policy()
     await create_topics(settings)
     async with AsyncExitStack() as stack:
         blobs = blob_store(settings)
@@ -89,6 +90,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             lease_ttl_s=settings.lease_ttl_s,
             sandbox=sandbox_from_env(blobs, default_data_dir(), sandboxing),
             verifiers=load_verifiers(),
+            retention=retention,
         )
         spec = factories[stage](deps)
         event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)

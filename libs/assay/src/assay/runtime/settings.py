@@ -1,5 +1,5 @@
 """Configuration from the environment (documented in README): a distributed stage's
-services, and the model every mode calls."""
+services, the model every mode calls, the sandbox, and retention."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
 from assay.engine.models import StubModel
+from assay.engine.retention import DEFAULT_TOKEN_CEILING, RetentionPolicy
 from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId, tenant_id
 from assay.kernel.schema import one_line
 from assay.sandbox.local import Limits, LocalSandbox
 from assay.sandbox.port import NetworkPolicy
@@ -236,4 +238,96 @@ class SandboxSettings(_FromEnv):
             network=self.network,
             uid=self.sandbox_uid,
             gid=self.sandbox_gid,
+        )
+
+
+_DEFAULT_RETENTION = RetentionPolicy()
+
+
+class RetentionSettings(BaseModel):
+    """Retention (§8.6); each field reads `ASSAY_RETENTION_<FIELD>` (see README).
+
+    `ceilings` is a per-tenant map written `<tenant-uuid>=<tokens>,...`; a tenant
+    not in it has `token_ceiling`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    token_ceiling: int = Field(
+        DEFAULT_TOKEN_CEILING, ge=1, description="Tokens a run may hold before it is reduced."
+    )
+    ceilings: dict[TenantId, int] = Field(
+        default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<tokens>,...`."
+    )
+    keep_chars: int = Field(
+        _DEFAULT_RETENTION.keep_chars, ge=0, description="Characters a summary keeps per text."
+    )
+    tier_after_s: float = Field(
+        _DEFAULT_RETENTION.tier_after_s,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds after its reduction that a run is tiered.",
+    )
+    sweep_interval_s: float = Field(
+        _DEFAULT_RETENTION.sweep_interval_s,
+        ge=0,
+        allow_inf_nan=False,
+        description="Least seconds between two tiering sweeps of one tenant.",
+    )
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _tenant_map(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        out: dict[TenantId, int] = {}
+        for entry in (e.strip() for e in value.split(",")):
+            if not entry:
+                continue
+            tenant, sep, tokens = entry.partition("=")
+            if not sep:
+                raise ValueError(f"{entry!r} is not <tenant-uuid>=<tokens>")
+            try:
+                who = tenant_id(tenant.strip())
+            except ValueError:
+                raise ValueError(f"{tenant.strip()!r} is not a tenant UUID") from None
+            if not tokens.strip().isdigit() or int(tokens) < 1:
+                raise ValueError(f"{tokens.strip()!r} for {who} is not a whole number >= 1")
+            if who in out:
+                raise ValueError(f"tenant {who} is given twice")
+            out[who] = int(tokens)
+        return out
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionSettings:
+        """Read `ASSAY_RETENTION_*` variables.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (the message
+                names the variable and the value).
+        """
+        env = os.environ if environ is None else environ
+        values = {
+            name: env[f"ASSAY_RETENTION_{name.upper()}"]
+            for name in cls.model_fields
+            if env.get(f"ASSAY_RETENTION_{name.upper()}") not in (None, "")
+        }
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else ""
+            reason = str(first["ctx"]["error"]) if "error" in first.get("ctx", {}) else first["msg"]
+            raise SettingsInvalid(
+                f"invalid setting ASSAY_RETENTION_{name.upper()}={values.get(name)!r}: {reason}"
+            ) from exc
+
+    def policy(self) -> RetentionPolicy:
+        """The retention policy these settings describe."""
+        return RetentionPolicy(
+            token_ceiling=self.token_ceiling,
+            ceilings=dict(self.ceilings),
+            keep_chars=self.keep_chars,
+            tier_after_s=self.tier_after_s,
+            sweep_interval_s=self.sweep_interval_s,
         )

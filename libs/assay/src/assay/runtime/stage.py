@@ -16,6 +16,7 @@ from typing import Any
 
 from assay.bus.topics import topic_for
 from assay.engine.models import Model
+from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.sprt import SprtPolicy
@@ -63,7 +64,8 @@ class StageDeps:
 
     `sandbox` is where tools and command verifiers run (None: nowhere — they
     are refused and fail closed); `verifiers` are the verifier kinds installed
-    packages register, beside the built-in ones.
+    packages register, beside the built-in ones; `retention` says when finished
+    runs are reduced and tiered.
     """
 
     blobs: BlobStore
@@ -80,6 +82,8 @@ class StageDeps:
     """Execute checkpoints a run's drive every this many records (0: never)."""
     sandbox: SandboxProvider | None = None
     verifiers: dict[str, Verifier] = field(default_factory=dict)
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    """When finished runs are reduced and tiered (§8.6)."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from assay.store.fs_blobs import BadBlobRef, FsBlobStore, check_ref
 from assay.store.ports import (
     BlobStore,
+    BranchDeletion,
     Checkpoint,
     CommitBatch,
     ConsumerPosition,
@@ -19,6 +20,7 @@ from assay.store.ports import (
     PendingOutbox,
     RebuildReport,
     StaleFence,
+    StreamChanged,
 )
 from assay.store.s3_blobs import S3BlobStore
 from assay.store.sqlite import SqliteEventLog, connect
@@ -48,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BadBlobRef",
     "BlobStore",
+    "BranchDeletion",
     "Checkpoint",
     "CommitBatch",
     "ConsumerPosition",
@@ -65,6 +68,7 @@ __all__ = [
     "S3BlobStore",
     "SqliteEventLog",
     "StaleFence",
+    "StreamChanged",
     "check_ref",
     "connect",
     "listen_for_outbox",

@@ -6,7 +6,8 @@ is in flight form the next group: one call of the server-side `assay_commit`,
 one transaction, each batch under its own savepoint. A batch that fails on the
 server (a duplicate message, a stale guess) never takes the others down; a later
 batch that built on it in the same group is not attempted and goes again with
-the next group, with fresh guesses, so LSNs stay dense.
+the next group, with fresh guesses, so LSNs stay dense. A batch that deletes
+branches (tiering, rare) goes alone, as one explicit transaction (`pg_deleting`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from asyncpg.pool import PoolConnectionProxy
 from assay.kernel.ids import Lsn
 from assay.record.state import Fold
 from assay.store.pg_batch_sql import FENCE_CHECK, Shape, fence_cte, one_batch, statement
+from assay.store.pg_deleting import commit_deleting
 from assay.store.pg_fold import Branch, Doc, Folded, WriterView
-from assay.store.pg_schema import DUPLICATE_MESSAGE, STALE_FENCE, STALE_GUESS, Outcome, quoted
+from assay.store.pg_schema import (
+    DUPLICATE_MESSAGE,
+    STALE_FENCE,
+    STALE_GUESS,
+    Outcome,
+    outbox_channel,
+    quoted,
+)
 from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence
 from assay.store.sqlite import encode_headers
 
@@ -49,6 +58,8 @@ class GroupCommitter:
     def __init__(self, pool: asyncpg.Pool, schema: str, fold: Fold) -> None:
         self._pool = pool
         self._s = s = quoted(schema)
+        self._channel = outbox_channel(schema)
+        self._fold = fold
         self._view = WriterView(s, fold)
         self._commit_sql = (
             f"SELECT {s}.assay_commit($1::{s}.commit_batch[], $2::{s}.log_row[],"
@@ -91,8 +102,10 @@ class GroupCommitter:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Lsn]] = loop.create_future()
         self._order += 1
-        # A fenced batch goes alone: its fence check is part of its own statement.
-        self._queue.append(_Pending(batch, fut, self._order, alone=batch.fence is not None))
+        # A fenced batch goes alone: its fence check is part of its own statement; so
+        # does one that deletes branches: it is its own transaction.
+        alone = batch.fence is not None or bool(batch.deletions)
+        self._queue.append(_Pending(batch, fut, self._order, alone=alone))
         return await fut
 
     def forget_documents(self) -> None:
@@ -124,6 +137,8 @@ class GroupCommitter:
     # -- one batch, nothing else in flight --------------------------------------
 
     async def _alone(self, batch: CommitBatch) -> list[Lsn]:
+        if batch.deletions:
+            return await self._deleting(batch)
         view = self._view
         f: Folded | None = None
         for tries in range(_MAX_TRIES + 1):
@@ -156,6 +171,24 @@ class GroupCommitter:
                 raise
             view.committed(f)
             return f.lsns
+        raise AssertionError("unreachable")
+
+    async def _deleting(self, batch: CommitBatch) -> list[Lsn]:
+        """A batch that deletes branches, as its own transaction on the writer's
+        connection; the writer's guesses are dropped after it, since it wrote around them."""
+        for tries in range(_MAX_TRIES + 1):
+            conn = await self._connection()
+            try:
+                lsns = await commit_deleting(conn, self._s, self._channel, self._fold, batch)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate not in _AGAIN or tries == _MAX_TRIES:
+                    raise
+                continue
+            except (OSError, asyncpg.InterfaceError, asyncio.CancelledError):
+                await self._unknown_outcome()
+                raise
+            self._view.clear()
+            return lsns
         raise AssertionError("unreachable")
 
     def _write(self, f: Folded) -> tuple[Any, ...]:

@@ -24,6 +24,11 @@ class LeaseLost(AssayError):
     """A renewal found the lease held under another fence: stop working on the run."""
 
 
+class StreamChanged(AssayError):
+    """A branch to be deleted does not end where the caller read it (a record was
+    appended since, or the branch was already deleted). Nothing of the batch was written."""
+
+
 @dataclass(frozen=True)
 class Lease:
     """A claim on one stream (a run), granted by the store under its own clock.
@@ -76,6 +81,16 @@ class Checkpoint:
     state: bytes
 
 
+@dataclass(frozen=True)
+class BranchDeletion:
+    """Delete every record of one branch — which must hold exactly LSNs `0 .. end - 1`,
+    the records the caller read (and, for tiering, archived) — and its checkpoints."""
+
+    key: BranchKey
+    end: Lsn
+    """The branch's next LSN as the caller saw it: how many records it holds."""
+
+
 @dataclass
 class CommitBatch:
     """Everything one commit writes, all or nothing (§8.3).
@@ -93,9 +108,17 @@ class CommitBatch:
     fence: Lease | None = None
     """When set, the commit is refused (`StaleFence`) unless this is still the
     stream's current lease — checked in the same transaction."""
+    deletions: list[BranchDeletion] = field(default_factory=list)
+    """Branches whose records leave the log in this commit (tiering, §8.6), before
+    `records` are appended. The fold is not run backwards: the documents the deleted
+    records folded to stay as they are, so a caller that wants `rebuild` to stay
+    identical appends a record here that folds to them. A deleted branch is not meant
+    to be written again: if it is, its writer starts it over at LSN 0 (a replica that
+    still caches where it ended may go on from there). Rare: an adapter may take a
+    slower path for such a batch."""
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.position or self.inbox or self.outbox)
+        return bool(self.records or self.position or self.inbox or self.outbox or self.deletions)
 
 
 @dataclass(frozen=True)
@@ -122,6 +145,8 @@ class EventLog(Protocol):
         Raises:
             DuplicateMessage: the inbox id was committed before; nothing was written.
             StaleFence: the batch's lease was taken over; nothing was written.
+            StreamChanged: a branch of `batch.deletions` does not end at its `end`;
+                nothing was written.
         """
         ...
 

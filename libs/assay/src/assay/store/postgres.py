@@ -4,7 +4,8 @@ Tables mirror the SQLite adapter's (`pg_schema`), and so do the semantics: the
 same LSNs, the same canonical document bytes, the same inbox, positions, outbox
 and checkpoints, the same byte-for-byte `rebuild`. The fold runs in the client
 (`pg_fold`); a commit alone is one statement, concurrent commits share one
-transaction with each batch isolated (`pg_commit`, `pg_batch_sql`). A commit that
+transaction with each batch isolated (`pg_commit`, `pg_batch_sql`); a rare commit
+that deletes branches (tiering) is one explicit transaction (`pg_deleting`). A commit that
 adds outbox rows notifies `<schema>_outbox`, so a listening relay wakes at once
 (§9.3; `pg_relay`). A deleted document is kept as a tombstone row (value NULL),
 which reads as absent.

@@ -31,6 +31,7 @@ from assay.store.ports import (
     PendingOutbox,
     RebuildReport,
     StaleFence,
+    StreamChanged,
 )
 
 _SCHEMA = """
@@ -251,6 +252,9 @@ class SqliteEventLog:
                 db.execute("INSERT INTO inbox VALUES (?, ?)", (_t(tenant), mid))
             except sqlite3.IntegrityError as exc:
                 raise DuplicateMessage(f"message {mid} was already handled") from exc
+        for deletion in batch.deletions:
+            _delete_branch(db, deletion.key, deletion.end)
+            next_lsn[(_t(deletion.key.tenant), deletion.key.stream, deletion.key.branch)] = 0
         lsns: list[Lsn] = []
         now = int(time.time() * 1000)
         for key, event in batch.records:
@@ -459,6 +463,21 @@ class SqliteEventLog:
                 db.execute("ROLLBACK")
             raise
         return RebuildReport(n, len(before), len(after), _differences(before, after))
+
+
+def _delete_branch(db: sqlite3.Cursor, key: BranchKey, end: int) -> None:
+    """Delete a branch's records and checkpoints if it holds exactly LSNs 0 .. end - 1."""
+    row = (_t(key.tenant), key.stream, key.branch)
+    count, top = db.execute(
+        "SELECT COUNT(*), MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?", row
+    ).fetchone()
+    if count != end or (count and top != end - 1):
+        raise StreamChanged(
+            f"stream {key.stream} branch {key.branch}: holds {count} records, not the {end} "
+            "the deletion was computed on"
+        )
+    db.execute("DELETE FROM log WHERE tenant=? AND stream=? AND branch=?", row)
+    db.execute("DELETE FROM checkpoints WHERE tenant=? AND stream=? AND branch=?", row)
 
 
 def _differences(before: list[Any], after: list[Any]) -> list[str]:

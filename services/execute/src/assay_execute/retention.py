@@ -1,0 +1,222 @@
+"""Retention in the execute stage (§8.6, §10.3): reduce at the token ceiling, then tier.
+
+Execute reads `assay.results`. A `RunResult` means grading of that run has ended
+(graded, ungraded, or a cancelled run): `GradingEnded` is recorded on the run's
+live branch, and nothing before it makes a run eligible for anything here.
+
+**Reduction.** If the run's episode is over its tenant's token ceiling (the
+measure is `assay.engine.retention.episode_tokens`), its summary is written as a
+new blob, `Reduced{original, summary}` is committed to the run's branch, and only
+then is the original blob deleted. A crash before that commit leaves at most a
+summary blob no record names — harmless: content-addressed, and written again to
+the same ref if the message comes back. A crash after it, before the delete,
+leaves the message unacknowledged (its inbox entry rides on the handler's last
+commit), so its redelivery finds the run reduced and deletes the original then;
+tiering deletes it again before it moves a run, in case the message never came
+back. Deleting a blob that is gone is a no-op.
+
+**Tiering.** A reduced run is tiered once `tier_after_s` has passed since its
+reduction. A sweep of the tenant's queue of reduced, untiered runs follows every
+result the stage handles (at most once per `sweep_interval_s` per tenant, at most
+`sweep_limit` runs). Tiering writes every record of the run — each branch of the
+run's stream and of its commands stream — to an archive blob (`encode_archive`),
+reads it back, and then, in one commit, deletes those rows from the log and
+appends `Tiered{archive, records, streams, documents}` to the run's tombstone
+stream (`<run>/tiered`), which stays. `documents` restates what the moved
+records had folded to, so re-folding the log without them is still byte-identical.
+If a record was appended to one of the streams meanwhile, the commit is refused
+(`StreamChanged`) and the run waits for the next sweep; the archive written for
+nothing is an orphan blob, like the summary above.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from assay.engine.events import (
+    ArchivedBranch,
+    GradingEnded,
+    Reduced,
+    SnapshotDocument,
+    Tiered,
+    commands_stream,
+    fold_work,
+)
+from assay.engine.retention import (
+    RetentionPolicy,
+    encode_archive,
+    episode_tokens,
+    reduce_episode,
+    tiered_stream,
+)
+from assay.kernel import AssayError, BranchId, Lsn, RunId, TenantId
+from assay.kernel.schema import one_line
+from assay.messages import Episode, RunResult
+from assay.record import BranchKey, LogRecord, StateKey
+from assay.runtime import UnitOfWork
+from assay.store.ports import BlobStore, BranchDeletion, CommitBatch, EventLog, StreamChanged
+
+log = logging.getLogger(__name__)
+
+TIERING_QUEUE = "tiering"
+"""The document kind `fold_work` keeps per reduced, untiered run (`Reduced` puts it with
+the reduction's time, `Tiered` deletes it): what the sweep reads."""
+_PAGE = 10_000
+
+
+class ArchiveUnreadable(AssayError):
+    """The archive read back is not what was written: nothing is deleted."""
+
+
+class Retention:
+    """The execute stage's `RunResult` handler and its tiering sweep."""
+
+    def __init__(self, policy: RetentionPolicy, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._swept: dict[TenantId, float] = {}
+        """When each tenant's queue was last swept by this process."""
+
+    async def on_result(self, msg: RunResult, uow: UnitOfWork) -> None:
+        """Grading of `msg.run_id` ended: record it, reduce the run if it is over its
+        tenant's ceiling, then sweep the tenant's runs that are due to be tiered."""
+        doc = await uow.get("run", msg.run_id)
+        if doc is None:
+            log.info("retention: no run %s of tenant %s here", msg.run_id, uow.tenant)
+        elif not doc.get("tiered"):
+            await self._grading_ended(msg, doc, uow)
+        await self.sweep(uow)
+
+    async def _grading_ended(self, msg: RunResult, doc: dict[str, Any], uow: UnitOfWork) -> None:
+        key = BranchKey.for_run(uow.tenant, msg.run_id, BranchId(doc.get("branch", 0)))
+        pending = False
+        if "grading" not in doc:
+            uow.record(key, GradingEnded(status=msg.status))
+            pending = True
+        episode = doc.get("episode")
+        reduced = bool(doc.get("reduced"))
+        if isinstance(episode, str) and not reduced:
+            event = await self._reduction(uow, episode)
+            if event is not None:
+                uow.record(key, event)
+                pending = reduced = True
+        if pending:
+            await uow.commit()  # `Reduced` is durable before the original goes
+        if reduced and isinstance(episode, str):
+            await uow.blobs.delete(uow.tenant, episode)
+
+    async def _reduction(self, uow: UnitOfWork, ref: str) -> Reduced | None:
+        """`Reduced`, its summary blob written, if the episode is over the ceiling."""
+        raw = await uow.blobs.get(uow.tenant, ref)
+        if raw is None:
+            log.warning("retention: episode %s of tenant %s is gone", ref, uow.tenant)
+            return None
+        try:
+            episode = Episode.model_validate_json(raw)
+        except ValidationError as exc:
+            log.warning("retention: episode %s is not an episode: %s", ref, one_line(exc))
+            return None
+        ceiling = self.policy.ceiling_for(uow.tenant)
+        if episode_tokens(episode) <= ceiling:
+            return None
+        summary = reduce_episode(episode, ref, self.policy.keep_chars)
+        summary_ref = await uow.blobs.put(uow.tenant, summary.encode())
+        return Reduced(
+            original=ref,
+            summary=summary_ref,
+            tokens_before=summary.tokens_before,
+            tokens_after=summary.tokens_after,
+            ceiling=ceiling,
+        )
+
+    async def sweep(self, uow: UnitOfWork) -> list[RunId]:
+        """Tier the tenant's reduced runs that are due (unless swept too recently);
+        the runs tiered. A run that cannot be tiered now is left for a later sweep."""
+        now = self._clock()
+        last = self._swept.get(uow.tenant)
+        if last is not None and now - last < self.policy.sweep_interval_s:
+            return []
+        self._swept[uow.tenant] = now
+        cutoff_ms = (now - self.policy.tier_after_s) * 1000
+        queue = await uow.scan(TIERING_QUEUE)
+        due = [RunId(run) for run, q in queue if q["reduced_ms"] <= cutoff_ms]
+        tiered: list[RunId] = []
+        for run in due[: self.policy.sweep_limit]:
+            try:
+                if await tier_run(uow.log, uow.blobs, uow.tenant, run) is not None:
+                    tiered.append(run)
+            except StreamChanged as exc:  # written meanwhile, or moved by another worker
+                log.info("retention: run %s not tiered now: %s", run, exc)
+            except Exception:  # the result being handled is not this run's: never fail it
+                log.warning("retention: tiering run %s failed", run, exc_info=True)
+        return tiered
+
+
+async def tier_run(log_: EventLog, blobs: BlobStore, tenant: TenantId, run: RunId) -> Tiered | None:
+    """Move a terminal, reduced run's records to an archive blob (see the module's
+    docstring); the `Tiered` record committed, or None if the run is not eligible
+    (unknown, grading not ended, not reduced, already tiered).
+
+    Raises:
+        StreamChanged: a record was appended to the run meanwhile; nothing was deleted.
+        ArchiveUnreadable: the archive did not read back as written; nothing was deleted.
+    """
+    doc = await log_.get(StateKey(tenant, "run", run))
+    if doc is None or doc.get("tiered") or not doc.get("reduced") or "grading" not in doc:
+        return None
+    # Completes a reduction whose delete a crash interrupted (a no-op otherwise).
+    await blobs.delete(tenant, str(doc["episode"]))
+    keys = [*await log_.branches(run, tenant), *await log_.branches(commands_stream(run), tenant)]
+    branches = {key: await _read_all(log_, key) for key in keys}
+    records = [r for recs in branches.values() for r in recs]
+    archive = encode_archive(records)
+    ref = await blobs.put(tenant, archive)
+    if await blobs.get(tenant, ref) != archive:
+        raise ArchiveUnreadable(f"archive {ref} of run {run} did not read back as written")
+    event = Tiered(
+        run=run,
+        archive=ref,
+        records=len(records),
+        streams=[
+            ArchivedBranch(stream=k.stream, branch=k.branch, records=len(recs))
+            for k, recs in branches.items()
+        ],
+        documents=await _documents(log_, tenant, records),
+    )
+    await log_.commit(
+        CommitBatch(
+            records=[(BranchKey.main(tenant, tiered_stream(run)), event)],
+            deletions=[BranchDeletion(k, Lsn(len(recs))) for k, recs in branches.items()],
+        )
+    )
+    return event
+
+
+async def _read_all(log_: EventLog, key: BranchKey) -> list[LogRecord]:
+    records: list[LogRecord] = []
+    while True:
+        page = await log_.read(key, Lsn(records[-1].lsn + 1 if records else 0), _PAGE)
+        records.extend(page)
+        if len(page) < _PAGE:
+            return records
+
+
+async def _documents(
+    log_: EventLog, tenant: TenantId, records: list[LogRecord]
+) -> list[SnapshotDocument]:
+    """Every document the records fold to, as the store holds it now (the queue entry
+    aside: `Tiered` deletes it)."""
+    touched = sorted({d.at for r in records for d in fold_work(r)})
+    out: list[SnapshotDocument] = []
+    for at in touched:
+        if at.kind == TIERING_QUEUE or at.tenant != tenant:
+            continue
+        value = await log_.get(at)
+        if value is not None:
+            out.append(SnapshotDocument(kind=at.kind, key=at.key, value=value))
+    return out
