@@ -260,5 +260,5 @@ def test_cancel_of_something_that_is_not_a_run_id_is_one_line(runs: Runs) -> Non
     assert_usage_error(runs["cancel_bad_run"], "not a run id", "not-a-run")
 
 
-def test_run_of_a_workflow_with_a_subworkflow_step_says_it_cannot_run_yet(runs: Runs) -> None:
-    assert_usage_error(runs["run_await"], "subworkflow step", "cannot execute yet")
+def test_run_of_a_workflow_with_a_subworkflow_step_says_where_it_runs(runs: Runs) -> None:
+    assert_usage_error(runs["run_await"], "sub-workflow steps", "run it in the pipeline")

@@ -4,6 +4,7 @@ on SQLite and on Postgres."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import uuid
@@ -28,7 +29,7 @@ from assay.engine import (
     Unsafe,
     check_executable,
 )
-from assay.engine.events import WORK_EVENTS, Intent, Routed, fold_work
+from assay.engine.events import WORK_EVENTS, Intent, Routed, RunStarted, fold_work
 from assay.engine.sandbox_tools import sandbox_tools
 from assay.kernel import (
     AttemptState,
@@ -40,7 +41,7 @@ from assay.kernel import (
     tenant_id,
 )
 from assay.messages import AttemptIndeterminate, Purpose, Role, RunRef
-from assay.record import Event
+from assay.record import BranchKey, Event
 from assay.sandbox.local import LocalSandbox
 from assay.store import FsBlobStore, SqliteEventLog
 from assay.store.ports import EventLog
@@ -352,18 +353,73 @@ async def test_a_sandboxed_tool_without_a_sandbox_is_refused(work_log: EventLog)
 # -- step kinds this executor refuses, and log evolution ---------------------------------
 
 
-def test_subworkflows_are_refused_before_a_run_starts() -> None:
-    wf = WorkflowDef.model_validate(
+CHILD = {
+    "id": "child",
+    "steps": [
         {
-            "id": "wf",
-            "steps": [
-                {"id": "child", "kind": "subworkflow", "workflow": "other", "version": "latest"},
-                {"id": "x", "kind": "tool", "tool": "strip", "args": {"text": "a"}},
-            ],
+            "id": "double",
+            "kind": "tool",
+            "tool": "strip",
+            "args": {"text": " {{ task.x }}{{ task.x }} "},
+        }
+    ],
+}
+
+
+async def test_a_subworkflow_runs_on_its_own_stream_and_its_output_is_the_steps(
+    work_log: EventLog,
+) -> None:
+    tools = dict(BUILTIN_TOOLS)
+    child = validate(WorkflowDef.model_validate(CHILD), frozenset(tools))
+    parent = {
+        "steps": [
+            {
+                "id": "call",
+                "kind": "subworkflow",
+                "workflow": "child",
+                "version": "latest",
+                "input": {"x": "{{ task.n }}"},
+            },
+            {
+                "id": "after",
+                "kind": "tool",
+                "tool": "strip",
+                "args": {"text": "{{ steps.call.output }}!"},
+            },
+        ],
+        "output": "after",
+    }
+    spec = spec_for(parent, {"n": "4"}, tools)
+    spec = dataclasses.replace(spec, children={"child@latest": child})
+    journal = LogJournal(work_log)
+    episode = await Driver(StubModel(), tools).drive(spec, journal)
+    assert episode.succeeded
+    assert episode.output == "44!"
+    inner = BranchKey(TENANT, f"{spec.ref.run_id}/sub/call/0", BranchId(0))
+    inner_events = [r.event for r in await work_log.read(inner)]
+    assert [e.type for e in inner_events][:2] == ["RunStarted", "AttemptStarted"]
+    started = next(r.event for r in await work_log.read(spec.key))
+    assert isinstance(started, RunStarted)
+    assert started.subworkflows["child@latest"]["id"] == "child"  # the pin is recorded
+    # Driving it again re-runs nothing, in the run or in the sub-workflow.
+    before = [r.event for r in await work_log.read(spec.key)] + inner_events
+    await Driver(StubModel(), tools).drive(spec, LogJournal(work_log))
+    after = [r.event for r in await work_log.read(spec.key)]
+    assert after + [r.event for r in await work_log.read(inner)] == before
+
+
+def test_an_await_inside_a_subworkflow_is_refused_before_a_run_starts() -> None:
+    parent = WorkflowDef.model_validate(
+        {
+            "id": "p",
+            "steps": [{"id": "c", "kind": "subworkflow", "workflow": "w", "version": "latest"}],
         }
     )
-    with pytest.raises(StepNotExecutable, match="subworkflow step"):
-        check_executable(wf)
+    waits = WorkflowDef.model_validate(
+        {"id": "w", "steps": [{"id": "ask", "kind": "await", "timeout_s": 60}]}
+    )
+    with pytest.raises(StepNotExecutable, match="await"):
+        check_executable(parent, {"w@latest": waits})
 
 
 async def test_a_log_written_at_attempt_finished_v1_still_resumes(tmp_path: Path) -> None:

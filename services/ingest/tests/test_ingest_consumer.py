@@ -683,3 +683,61 @@ async def test_deeply_nested_json_on_the_task_topic_is_dead_lettered() -> None:
     value = b"[" * 100_000
     with pytest.raises(Refused):
         decode(BusMessage("assay.tasks", 0, 0, "k", value, ()))
+
+
+# -- sub-workflows: cycles refused at load, `latest` pinned at spawn (§4.4) ---------------
+
+
+def caller(child_version: str = "latest", wf_id: str = "outer") -> dict[str, Any]:
+    return {
+        "id": wf_id,
+        "steps": [
+            {
+                "id": "call",
+                "kind": "subworkflow",
+                "workflow": "inner",
+                "version": child_version,
+                "input": {"text": "{{ task.question }}"},
+            }
+        ],
+    }
+
+
+def inner(prompt: str = "Say {{ task.text }}") -> dict[str, Any]:
+    return {"id": "inner", "steps": [{"id": "say", "kind": "model", "prompt": prompt}]}
+
+
+async def test_a_spawned_run_carries_its_subworkflows_pinned_at_spawn(h: Harness) -> None:
+    first = await h.register(inner())
+    await h.ready(caller())
+    await h.send(TASKS, task("t-sub", workflow="outer"))
+    (spawned,) = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+    assert ir(spawned.subworkflows["inner@latest"]).version == first.version
+    # A newer inner version changes what later spawns pin, never an earlier run.
+    second = await h.register(inner("Now say {{ task.text }}"))
+    await h.send(TASKS, task("t-sub-2", workflow="outer"))
+    (later,) = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+    assert ir(later.subworkflows["inner@latest"]).version == second.version
+    assert ir(spawned.subworkflows["inner@latest"]).version == first.version
+
+
+async def test_a_subworkflow_cycle_is_refused_at_registration(h: Harness) -> None:
+    await h.register(inner())
+    outer = await h.register(caller())
+    await h.take()
+    # inner, version 2, calls outer: outer -> inner@latest -> outer@... is a cycle.
+    cyclic = {
+        "id": "inner",
+        "steps": [
+            {"id": "say", "kind": "model", "prompt": "x"},
+            {"id": "back", "kind": "subworkflow", "workflow": "outer", "version": outer.version},
+        ],
+    }
+    m = await h.send(WORKFLOWS, WorkflowRegistered(tenant=TENANT, definition=cyclic))
+    reason = await assert_dead_lettered(h, m, "cycle")
+    assert "outer" in reason
+
+
+async def test_a_call_of_an_unregistered_workflow_is_refused_at_registration(h: Harness) -> None:
+    m = await h.send(WORKFLOWS, WorkflowRegistered(tenant=TENANT, definition=caller()))
+    await assert_dead_lettered(h, m, "inner")

@@ -69,7 +69,7 @@ from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
 from assay.store import CommitBatch, EventLog, Lease
-from assay.workflow import WorkflowDef, WorkflowInvalid, from_document, validate
+from assay.workflow import LATEST, WorkflowInvalid, from_document, validate
 from assay_execute.retention import Retention
 
 TIMER_TICK_S = 1.0
@@ -86,10 +86,21 @@ def create_stage(deps: StageDeps) -> StageSpec:
     ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
 
-    def pinned(definition: dict[str, Any], ref: RunRef) -> WorkflowDef:
+    def pinned(
+        ref: RunRef,
+        definition: dict[str, Any],
+        input_: dict[str, Any],
+        children: dict[str, dict[str, Any]],
+        branch: BranchId,
+    ) -> RunSpec:
+        """The run as spawned: its definition and sub-workflows checked against the pins."""
         try:
             wf = validate(from_document(definition), known_tools, deps.verifier_kinds)
-            check_executable(wf)
+            calls = {
+                key: validate(from_document(doc), known_tools, deps.verifier_kinds)
+                for key, doc in children.items()
+            }
+            check_executable(wf, calls)
         except (WorkflowInvalid, StepNotExecutable) as exc:
             raise Refused(f"run {ref.run_id}: invalid pinned workflow: {exc}") from exc
         if wf.version != ref.workflow_version:
@@ -97,7 +108,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 f"run {ref.run_id}: definition hashes to {wf.version}, "
                 f"not the pinned {ref.workflow_version}"
             )
-        return wf
+        for key, child in calls.items():
+            selector = key.rpartition("@")[2]
+            if selector not in (LATEST, child.version):
+                raise Refused(f"run {ref.run_id}: sub-workflow {key} hashes to {child.version}")
+        return RunSpec(ref, wf, input_, branch, children=calls)
 
     async def drive(spec: RunSpec, uow: UnitOfWork, lease: Lease) -> tuple[Episode, CancelScope]:
         """Drive the run's branch under its lease, stoppable by a cancel from anywhere."""
@@ -160,8 +175,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
 
     async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
-        wf = pinned(msg.definition, msg.run)
-        spec = RunSpec(ref=msg.run, definition=wf, input=msg.input, branch=BranchId(0))
+        spec = pinned(msg.run, msg.definition, msg.input, msg.subworkflows, BranchId(0))
         # One worker at a time drives a run: its lease fences every commit below.
         lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
         uow.fence = lease
@@ -203,8 +217,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         assert isinstance(started, RunStarted)
         if started.definition is None or started.input is None:
             raise Refused(f"run {key.stream} was recorded before runs kept their definition")
-        definition = pinned(started.definition, started.run)
-        return RunSpec(started.run, definition, started.input, key.branch)
+        return pinned(
+            started.run, started.definition, started.input, started.subworkflows, key.branch
+        )
 
     async def on_signal(msg: SignalRun, uow: UnitOfWork) -> None:
         """Resume a run suspended at an await step: approval, a signal, or its deadline."""
@@ -295,11 +310,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if fork is None:
             fork = await _new_fork(uow, msg)
         started = fork.started
-        spec = RunSpec(
-            ref=started.run,
-            definition=pinned(started.definition or {}, started.run),
-            input=started.input or {},
-            branch=fork.branch,
+        spec = pinned(
+            started.run,
+            started.definition or {},
+            started.input or {},
+            started.subworkflows,
+            fork.branch,
         )
         if fork.ended:
             return  # a redelivered command whose fork already ran to its end

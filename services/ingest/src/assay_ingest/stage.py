@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import DECISIONS, RUN_STATUS, RUNS, TASKS, WORKFLOWS
-from assay.engine import StepNotExecutable, check_executable
+from assay.engine import StepNotExecutable, check_executable, child_key
 from assay.kernel import (
     Refused,
     RunId,
@@ -38,7 +38,17 @@ from assay.messages import (
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
-from assay.workflow import WorkflowDef, WorkflowInvalid, check_version_bump, from_document, validate
+from assay.workflow import (
+    LATEST,
+    MAX_SUBWORKFLOW_DEPTH,
+    SubworkflowStep,
+    WorkflowDef,
+    WorkflowInvalid,
+    check_subworkflows,
+    check_version_bump,
+    from_document,
+    validate,
+)
 
 
 class WorkflowStored(Event):
@@ -132,6 +142,18 @@ def create_stage(deps: StageDeps) -> StageSpec:
             raise Refused(f"invalid workflow: {exc}") from exc
         if await uow.get("definition", wf.version) is not None:
             return  # already stored: registration is idempotent
+        if any(isinstance(s, SubworkflowStep) for s in wf.steps):
+            known: dict[tuple[WorkflowId, WorkflowVersion], WorkflowDef] = {
+                (WorkflowId(d["workflow_id"]), WorkflowVersion(v)): WorkflowDef.model_validate(
+                    d["definition"]
+                )
+                for v, d in await uow.scan("definition")
+            }
+            known[(wf.id, wf.version)] = wf
+            try:  # cycles (through `latest` too) and nesting depth are refused here, at load
+                check_subworkflows(known)
+            except WorkflowInvalid as exc:
+                raise Refused(f"invalid workflow: {exc}") from exc
         latest = await uow.get("workflow", wf.id)
         parent: WorkflowVersion | None = None
         added: list[str] = sorted(s.id for s in wf.steps)
@@ -202,8 +224,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 baseline_version=alloc["current"] if role is Role.CHALLENGER else None,
                 reference_expected=purpose is Purpose.SHADOW,
             )
+            definition = alloc["definitions"][version]
+            children = await _resolve(uow, WorkflowDef.model_validate(definition), {})
             uow.emit(
-                RUNS, RunSpawned(run=ref, definition=alloc["definitions"][version], input=msg.input)
+                RUNS,
+                RunSpawned(run=ref, definition=definition, input=msg.input, subworkflows=children),
             )
             uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
             spawned.append(
@@ -237,3 +262,32 @@ def create_stage(deps: StageDeps) -> StageSpec:
             DECISIONS: {AllocationChanged.type: on_allocation},
         },
     )
+
+
+async def _resolve(
+    uow: UnitOfWork, wf: WorkflowDef, out: dict[str, dict[str, Any]], depth: int = 0
+) -> dict[str, dict[str, Any]]:
+    """Pin every sub-workflow `wf` can call, now, once (§4.4): `latest` is the version
+    registered last at this moment. Nested calls are pinned too.
+
+    Raises:
+        Refused: a called workflow or version is not registered, or calls nest too deep.
+    """
+    if depth > MAX_SUBWORKFLOW_DEPTH:
+        raise Refused(f"workflow {wf.id!r}: sub-workflows nest deeper than {MAX_SUBWORKFLOW_DEPTH}")
+    for step in wf.steps:
+        if not isinstance(step, SubworkflowStep) or child_key(step) in out:
+            continue
+        version: str | None = step.version
+        if version == LATEST:
+            latest = await uow.get("workflow", step.workflow)
+            version = None if latest is None else str(latest["latest"])
+        doc = None if version is None else await uow.get("definition", version)
+        if doc is None or doc["workflow_id"] != step.workflow:
+            raise Refused(
+                f"workflow {wf.id!r}: step {step.id!r} calls {child_key(step)}, "
+                "which is not registered"
+            )
+        out[child_key(step)] = doc["definition"]
+        await _resolve(uow, WorkflowDef.model_validate(doc["definition"]), out, depth + 1)
+    return out

@@ -32,7 +32,7 @@ from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import ModelSettings, SandboxSettings
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
 from assay.verification import verifier_registry, verify_episode
-from assay.workflow import load_workflow
+from assay.workflow import SubworkflowStep, load_workflow
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
 LOCAL_TENANT = uuid.uuid5(uuid.NAMESPACE_URL, "assay:local")
@@ -44,6 +44,11 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     tools = load_tools(network=sandboxing.network)
     installed = load_verifiers()
     wf = load_workflow(workflow, frozenset(tools), BUILTIN_VERIFIER_KINDS | frozenset(installed))
+    if any(isinstance(step, SubworkflowStep) for step in wf.steps):
+        raise AssayError(
+            "`assay run` runs one workflow on its own: sub-workflow steps call registered "
+            "workflows, so run it in the pipeline (assay register, assay submit)"
+        )
     check_executable(wf)
     tenant = tenant_id(os.environ.get("ASSAY_TENANT", str(LOCAL_TENANT)))
     task_id = TaskId(content_hash(task_input))

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,6 +250,7 @@ def start_cluster(workdir: Path) -> Service:
             )
         try:
             wait_for_port("127.0.0.1", port, _START_TIMEOUT_S, process)
+            _wait_accepting(bindir, port, process)  # listening is not yet accepting
         except InfraUnavailable as exc:
             _fast_shutdown(process)
             reason = f"{exc} (log: {log})"
@@ -262,6 +264,22 @@ def start_cluster(workdir: Path) -> Service:
         return Service("postgres", dsn, process=process, stop_hook=stop)
     shutil.rmtree(home, ignore_errors=True)
     raise InfraUnavailable(reason)
+
+
+def _wait_accepting(bindir: Path, port: int, process: subprocess.Popen[bytes]) -> None:
+    """Wait until the server accepts connections: it listens before recovery ends, and
+    a connection then is refused with "the database system is starting up"."""
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise InfraUnavailable(f"postgres exited with {process.returncode} while starting")
+        ready = subprocess.run(
+            [bindir / "pg_isready", "-q", "-h", "127.0.0.1", "-p", str(port)], check=False
+        )
+        if ready.returncode == 0:
+            return
+        time.sleep(0.05)
+    raise InfraUnavailable(f"postgres on port {port} did not accept connections in time")
 
 
 def _fast_shutdown(process: subprocess.Popen[bytes]) -> None:

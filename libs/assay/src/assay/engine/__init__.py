@@ -17,6 +17,7 @@ from assay.engine.driver import (
     RunSuspended,
     StepNotExecutable,
     check_executable,
+    child_key,
 )
 from assay.engine.events import (
     WORK_EVENTS,
@@ -75,6 +76,7 @@ __all__ = [
     "ToolRefused",
     "Unsafe",
     "check_executable",
+    "child_key",
     "fold_work",
     "request_seed",
     "solve",

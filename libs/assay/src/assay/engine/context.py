@@ -73,11 +73,15 @@ class RunSpec:
     definition: WorkflowDef
     input: Mapping[str, Any]
     branch: BranchId
+    children: Mapping[str, WorkflowDef] = field(default_factory=dict)
+    """The sub-workflows the run calls, pinned when it was spawned (`child_key`)."""
+    stream: str | None = None
+    """The stream driven; None: the run's own (a sub-workflow has one inside the run)."""
 
     @property
     def key(self) -> BranchKey:
         """The log key of this run's branch."""
-        return BranchKey.for_run(self.ref.tenant, self.ref.run_id, self.branch)
+        return BranchKey(self.ref.tenant, self.stream or self.ref.run_id, self.branch)
 
 
 class Cancelled(Exception):
@@ -197,6 +201,8 @@ class RunContext:
     workspace_ref: str | None = None
     """The latest recorded snapshot of the run's workspace."""
     appended: Tally = field(default_factory=Tally)
+    depth: int = 0
+    """How deep in sub-workflows this stream is (the run itself: 0)."""
 
     def template_context(self) -> dict[str, Any]:
         """What templates and conditions read: the task and the steps' outputs."""

@@ -41,9 +41,12 @@ from assay.workflow.ir import (
     ConditionalStep,
     ModelStep,
     ParallelStep,
+    SubworkflowStep,
     ToolStep,
     WorkflowDef,
 )
+from assay.workflow.subworkflows import MAX_SUBWORKFLOW_DEPTH
+from assay.workflow.templates import TemplateError, render
 
 __all__ = [
     "MAX_INTERRUPTED",
@@ -68,22 +71,25 @@ class RunSuspended(Exception):
         self.suspended = suspended
 
 
-NOT_EXECUTABLE = frozenset({"subworkflow"})
-"""Step kinds that load and validate but that this executor refuses to run."""
+def child_key(step: SubworkflowStep) -> str:
+    """How a run's resolved sub-workflows are keyed: `<workflow>@<version or latest>`."""
+    return f"{step.workflow}@{step.version}"
 
 
-def check_executable(wf: WorkflowDef) -> None:
-    """Refuse a workflow with a step kind this executor does not run.
+def check_executable(wf: WorkflowDef, children: Mapping[str, WorkflowDef] | None = None) -> None:
+    """Refuse what this executor cannot run: an await step inside a sub-workflow (a
+    signal names the run, not a stream inside it).
 
     Raises:
         StepNotExecutable: naming the first such step.
     """
-    for step in wf.steps:
-        if step.kind in NOT_EXECUTABLE:
-            raise StepNotExecutable(
-                f"workflow {wf.id!r}: step {step.id!r} is a {step.kind} step, which this "
-                "version of Assay validates but cannot execute yet"
-            )
+    for child in (children or {}).values():
+        for step in child.steps:
+            if isinstance(step, AwaitStep):
+                raise StepNotExecutable(
+                    f"workflow {wf.id!r} calls {child.id!r}, whose step {step.id!r} is an "
+                    "await step: awaits inside sub-workflows cannot execute yet"
+                )
 
 
 class Driver:
@@ -111,6 +117,20 @@ class Driver:
         self, spec: RunSpec, journal: Journal, cancel: CancelScope | None = None
     ) -> Episode:
         """Execute (or resume) a run until every step is terminal or it is cancelled."""
+        episode, run = await self._drive(spec, journal, cancel, parent=None)
+        if run.workspace is not None and self.sandbox is not None:
+            await self.sandbox.discard(run.workspace)  # its last snapshot stays
+        return episode
+
+    async def _drive(
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        cancel: CancelScope | None,
+        parent: RunContext | None,
+        depth: int = 0,
+    ) -> tuple[Episode, RunContext]:
+        """Drive one stream: a run, or (with `parent`) a sub-workflow inside it."""
         wf = spec.definition
         loop = _Loop(step_id=wf.steps[0].id)
         restored = await self._restore(spec, journal)
@@ -125,9 +145,20 @@ class Driver:
             )
             if run.replay.take(RunStarted) is None:
                 definition = wf.model_dump(mode="json", by_alias=True)
+                children = {
+                    k: v.model_dump(mode="json", by_alias=True) for k, v in spec.children.items()
+                }
                 await run.append(
-                    RunStarted(run=spec.ref, definition=definition, input=dict(spec.input))
+                    RunStarted(
+                        run=spec.ref,
+                        definition=definition,
+                        input=dict(spec.input),
+                        subworkflows=children,
+                    )
                 )
+        if parent is not None:  # a sub-workflow works in its run's workspace
+            run.workspace, run.workspace_ref = parent.workspace, parent.workspace_ref
+        run.depth = depth
         saved = base + run.appended.n
         runs_of, edges_taken = loop.runs_of, loop.edges_taken
         failed_step: StepId | None = None
@@ -155,12 +186,12 @@ class Driver:
                     break
                 step_id = routed if isinstance(routed, str) else _route(wf, step_id, edges_taken)
         finally:
-            if run.workspace is not None and self.sandbox is not None:
-                await self.sandbox.discard(run.workspace)  # its last snapshot stays
+            if parent is not None:
+                parent.workspace, parent.workspace_ref = run.workspace, run.workspace_ref
         cancelled = run.cancel.cancelled
         if cancelled:
             failed_step = None  # the run did not fail: it was stopped (the caller records why)
-        return Episode(
+        episode = Episode(
             run=spec.ref,
             definition=wf.model_dump(mode="json", by_alias=True),
             input=dict(spec.input),
@@ -174,6 +205,7 @@ class Driver:
             usage=run.totals.usage(),
             workspace=run.workspace_ref,
         )
+        return episode, run
 
     async def _checkpoint(self, run: RunContext, loop: _Loop, upto: Lsn) -> None:
         """Store the drive's state at a step boundary, valid up to `upto`."""
@@ -236,9 +268,40 @@ class Driver:
             return await self._parallel(run, step, iteration)
         if isinstance(step, AwaitStep):
             return await self._await(run, step, iteration)
+        if isinstance(step, SubworkflowStep):
+            return await self._subworkflow(run, step, iteration)
         raise StepNotExecutable(
             f"step {step.id!r}: {step.kind} steps cannot be executed by this version of Assay"
         )
+
+    async def _subworkflow(self, run: RunContext, step: SubworkflowStep, iteration: int) -> bool:
+        """Drive the child workflow, pinned when the run was spawned, on a stream of its
+        own inside the run; its output is the step's output."""
+        if run.depth >= MAX_SUBWORKFLOW_DEPTH:
+            raise StepNotExecutable(f"step {step.id!r}: sub-workflows nest too deep")
+        child = run.spec.children.get(child_key(step))
+        if child is None:
+            raise StepNotExecutable(
+                f"step {step.id!r}: {child_key(step)} was not resolved when the run was spawned"
+            )
+        try:
+            task = {k: render(v, run.template_context()) for k, v in step.input.items()}
+        except TemplateError:
+            return False
+        spec = dataclasses.replace(
+            run.spec,
+            definition=child,
+            input=task,
+            stream=f"{run.spec.key.stream}/sub/{step.id}/{iteration}",
+        )
+        episode, _ = await self._drive(
+            spec, run.journal, run.cancel.child(), parent=run, depth=run.depth + 1
+        )
+        run.totals.add(episode.usage)
+        if not episode.succeeded or episode.output is None:
+            return False
+        run.outputs[step.id] = episode.output
+        return True
 
     async def _await(self, run: RunContext, step: AwaitStep, iteration: int) -> bool:
         """Suspend until a signal or the deadline is recorded; the signal's payload is

@@ -29,6 +29,10 @@ class RunStarted(Event):
         None, description="The pinned workflow IR (v2; None in records written by v1)."
     )
     input: dict[str, Any] | None = Field(None, description="The task input (v2).")
+    subworkflows: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="The sub-workflows the run calls, pinned at spawn: `<id>@<selector>` -> IR.",
+    )
 
 
 class Forked(Event):
@@ -276,7 +280,7 @@ WORK_EVENTS = EventRegistry(
 @WORK_EVENTS.upcaster("RunStarted", 1)
 def _run_started_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 did not keep the definition and input: such a run cannot be rewound."""
-    return {**payload, "definition": None, "input": None}
+    return {**payload, "definition": None, "input": None, "subworkflows": {}}
 
 
 @WORK_EVENTS.upcaster("AttemptFinished", 1)

@@ -34,6 +34,7 @@ from assay.messages.models import (
     VerifierResult,
     WorkflowRegistered,
     run_result_v1_to_v2,
+    run_spawned_v1_to_v2,
     usage_recorded_v1_to_v2,
 )
 
@@ -62,6 +63,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
 
 MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
 MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
+MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -98,10 +98,17 @@ class RunSpawned(Versioned):
     """Ingest spawned a run: pinned version, role, purpose, and the task snapshot."""
 
     type: ClassVar[str] = "RunSpawned"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
     definition: dict[str, Any] = Field(description="The pinned workflow IR.")
     input: dict[str, Any] = Field(description="The immutable task input.")
+    subworkflows: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "v2: every sub-workflow the run can call, resolved once at spawn — "
+            "`<workflow>@<version or latest>` -> that version's IR."
+        ),
+    )
 
 
 class RunStatusChanged(Versioned):
@@ -340,3 +347,8 @@ def usage_recorded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 def run_result_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """RunResult v1 -> v2: v1 only knew graded and ungraded runs, which v2 reads as they are."""
     return dict(payload)
+
+
+def run_spawned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunSpawned v1 -> v2: v1 runs called no sub-workflows."""
+    return {**payload, "subworkflows": {}}
