@@ -54,6 +54,7 @@ from assay.store import (
     connect,
 )
 from assay.store.postgres import PostgresEventLog
+from assay.store.sqlite import WAL_CHECKPOINT_PAGES, WAL_SIZE_LIMIT
 
 EVENT_LOG_ADAPTERS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 BLOB_STORE_ADAPTERS = ["fs", pytest.param("s3", marks=pytest.mark.s3)]
@@ -981,6 +982,8 @@ async def test_sqlite_connections_are_wal_and_synchronous_full(
     with closing(connect(tmp_path / "fresh.sqlite")) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == WAL_CHECKPOINT_PAGES
+        assert conn.execute("PRAGMA journal_size_limit").fetchone()[0] == WAL_SIZE_LIMIT
     # WAL is a property of the file: the log's own file is in WAL for any opener.
     with closing(sqlite3.connect(tmp_path / "stage.sqlite")) as plain:
         assert plain.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
