@@ -99,7 +99,11 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         transport = KafkaTransport(settings.kafka_bootstrap, client_id=f"assay-{stage}")
         await transport.open()
         stack.push_async_callback(transport.close)
-        leader = PgAdvisoryLeader(settings.database_url, stage)
+        # A replica that stalls (SIGSTOP, a frozen VM) gives relay leadership up after the
+        # lease TTL, as it gives its runs up: the stage's messages keep flowing meanwhile.
+        leader = PgAdvisoryLeader(
+            settings.database_url, stage, stalled_after_s=settings.lease_ttl_s
+        )
         relay = OutboxRelay(stage, event_log, transport, leader)
         listener = await listen_for_outbox(settings.database_url, stage, relay.wake)
         stack.push_async_callback(listener.close)
