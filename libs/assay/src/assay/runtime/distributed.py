@@ -111,6 +111,8 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             settings.kafka_bootstrap,
             group_id=f"assay-{stage}",
             client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
+            member_timeout_ms=settings.kafka_member_timeout_ms,
+            heartbeat_interval_ms=min(3_000, settings.kafka_member_timeout_ms // 3),
         )
         runner = StageRunner(spec, event_log, blobs, relay, source)
         started = asyncio.Event()
