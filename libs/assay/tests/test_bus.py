@@ -383,6 +383,49 @@ async def test_a_relay_that_cannot_take_the_lock_never_ships(
     assert await stage_log.drain_outbox(100) == []
 
 
+class Revocable:
+    """A `Leadership` the test grants and takes away (as a lock whose connection died)."""
+
+    def __init__(self) -> None:
+        self.granted = True
+        self.released = 0
+
+    async def try_acquire(self) -> bool:
+        return self.granted
+
+    async def release(self) -> None:
+        self.released += 1
+
+
+async def test_a_relay_that_loses_leadership_stops_shipping_until_it_leads_again(
+    stage_log: SqliteEventLog, bus: EmbeddedBus, topic: str
+) -> None:
+    leadership = Revocable()
+    relay = OutboxRelay("stage", stage_log, bus, leadership, poll_s=0.01)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        await stage_log.commit(CommitBatch(outbox=rows(topic, ["t:run-a"], 0, 2)))
+        await eventually(has_published(bus, topic, 2))
+        leadership.granted = False  # another replica leads now
+
+        async def gave_up() -> bool:
+            return leadership.released == 1
+
+        await eventually(gave_up)
+        await stage_log.commit(CommitBatch(outbox=rows(topic, ["t:run-a"], 2, 2)))
+        relay.wake.set()
+        await asyncio.sleep(0.2)
+        assert await published(bus, topic) == 2
+        leadership.granted = True
+        await eventually(has_published(bus, topic, 4))  # it asks again every second
+    finally:
+        stop.set()
+        relay.wake.set()
+        await asyncio.wait_for(running, 5.0)
+    assert relay.shipped == 4
+
+
 def test_file_lock_excludes_a_second_holder(tmp_path: Path) -> None:
     path = tmp_path / "locks" / "stage.lock"
     first, second = FileLock(path), FileLock(path)

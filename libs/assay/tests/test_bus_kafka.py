@@ -58,7 +58,7 @@ def unique(prefix: str) -> str:
 def source(kafka: Service, group: str) -> KafkaSource:
     """A source with short group timeouts: every join costs a session of waiting otherwise."""
     return KafkaSource(
-        kafka.address, group_id=group, session_timeout_ms=2000, heartbeat_interval_ms=500
+        kafka.address, group_id=group, member_timeout_ms=2000, heartbeat_interval_ms=500
     )
 
 

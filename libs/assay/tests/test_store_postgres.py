@@ -526,6 +526,26 @@ async def test_one_advisory_leader_per_schema(admin_dsn: str) -> None:
     await second.release()  # releasing twice is harmless
 
 
+async def test_an_advisory_leader_that_stalls_is_ended_by_the_one_waiting_for_the_lock(
+    admin_dsn: str,
+) -> None:
+    schema = unique("lead")
+    stalled = PgAdvisoryLeader(admin_dsn, schema, stalled_after_s=1.0)
+    waiting = PgAdvisoryLeader(admin_dsn, schema, stalled_after_s=1.0)
+    try:
+        assert await stalled.try_acquire()
+        for _ in range(8):  # asked more often than the timeout: it keeps the lock
+            await asyncio.sleep(0.25)
+            assert await stalled.try_acquire()
+            assert not await waiting.try_acquire()
+        await asyncio.sleep(1.5)  # stalled (SIGSTOP): not a word to the server
+        assert await waiting.try_acquire()
+        assert not await stalled.try_acquire()  # it hears it lost the lock
+    finally:
+        for leader in (stalled, waiting):
+            await leader.release()
+
+
 @pytest.fixture
 async def bus(tmp_path: Path) -> AsyncIterator[EmbeddedBus]:
     b = await EmbeddedBus(tmp_path / "bus.sqlite", 2).open()

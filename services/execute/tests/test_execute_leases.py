@@ -55,6 +55,7 @@ from assay.messages import (
 )
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageHarness
+from assay.runtime.metrics import stage_registry
 from assay.store import FsBlobStore, SqliteEventLog
 from assay.store.ports import EventLog, Lease
 from assay.store.postgres import PostgresEventLog
@@ -189,6 +190,15 @@ async def test_a_frozen_worker_is_taken_over_and_none_of_its_writes_land(
         assert await store.read(key) == records_after_b  # no write of A's was accepted
         assert a.runner is not None
         assert a.runner.abandoned == 1
+        metrics = stage_registry(a.runner)
+        assert metrics.get_sample_value("assay_messages_abandoned_total", {"stage": "execute"}) == 1
+        assert b.runner is not None
+        assert (
+            stage_registry(b.runner).get_sample_value(
+                "assay_messages_abandoned_total", {"stage": "execute"}
+            )
+            == 0
+        )
         finished = [r.event for r in records_after_b if isinstance(r.event, AttemptFinished)]
         # B closed A's attempt as interrupted and ran its own.
         assert [(f.step, f.attempt, f.interrupted) for f in finished][:2] == [

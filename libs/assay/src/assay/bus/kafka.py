@@ -187,7 +187,7 @@ class KafkaSource:
     the failed record and retried after a backoff, so nothing is skipped.
 
     Attributes:
-        session_timeout_ms: how long the group waits for a silent member before
+        member_timeout_ms: how long the group waits for a silent member before
             giving its partitions to the others.
         heartbeat_interval_ms: how often a member tells the group it is alive.
         poll_ms: the longest a fetch waits for records.
@@ -199,7 +199,7 @@ class KafkaSource:
     bootstrap: str
     _: KW_ONLY
     group_id: str
-    session_timeout_ms: int = 10_000
+    member_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     client_id: str | None = None
     poll_ms: int = 500
@@ -235,7 +235,7 @@ class KafkaSource:
                 client_id=self.client_id or self.group_id,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
-                session_timeout_ms=self.session_timeout_ms,
+                session_timeout_ms=self.member_timeout_ms,
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
                 fetch_max_wait_ms=self.fetch_max_wait_ms,
             )

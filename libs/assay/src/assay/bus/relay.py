@@ -113,32 +113,56 @@ class OutboxRelay:
         return len(rows)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Lead when the lock is free; ship until `stop` is set, then drain what is left."""
-        while not await self._lock.try_acquire():
-            if stop.is_set():
-                return  # never led: the leader ships what is committed
-            await _sleep_or(stop, 1.0)
-        try:
-            backoff = self._poll_s
-            while not stop.is_set():
-                try:
-                    if await self.ship_once():
-                        backoff = self._poll_s
-                        continue
-                except Exception:  # the transport is down: keep the rows, retry later
-                    log.warning("relay %s: publish failed; retrying", self.stage, exc_info=True)
-                    await _sleep_or(stop, backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                self.wake.clear()
-                await _sleep_or(self.wake, self._poll_s)
+        """Lead when the lock is free; ship until `stop` is set, then drain what is left.
+
+        Leadership is confirmed before every batch: a relay that lost it (say its
+        lock's connection timed out while its process was stopped) stops shipping and
+        waits to lead again. A batch it had in flight may then ship twice; each row
+        keeps its message id, so the consumers' inboxes drop the repeat.
+        """
+        while True:
+            while not await self._leading():
+                if stop.is_set():
+                    return  # never led: the leader ships what is committed
+                await _sleep_or(stop, 1.0)
             try:
-                while await self.ship_once():
-                    pass
-            except Exception:  # the transport is down at shutdown: rows wait for the next start
-                log.warning("relay %s: stopping with rows still in the outbox", self.stage)
-        finally:
-            await self._lock.release()
+                if await self._lead(stop):
+                    return
+            finally:
+                await self._lock.release()
+
+    async def _lead(self, stop: asyncio.Event) -> bool:
+        """Ship while leading; True once stopped and drained, False if leadership was lost."""
+        backoff = self._poll_s
+        while not stop.is_set():
+            if not await self._leading():
+                log.warning("relay %s: leadership lost; shipping stops", self.stage)
+                return False
+            try:
+                if await self.ship_once():
+                    backoff = self._poll_s
+                    continue
+            except Exception:  # the transport is down: keep the rows, retry later
+                log.warning("relay %s: publish failed; retrying", self.stage, exc_info=True)
+                await _sleep_or(stop, backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self.wake.clear()
+            await _sleep_or(self.wake, self._poll_s)
+        try:
+            while await self.ship_once():
+                pass
+        except Exception:  # the transport is down at shutdown: rows wait for the next start
+            log.warning("relay %s: stopping with rows still in the outbox", self.stage)
+        return True
+
+    async def _leading(self) -> bool:
+        """Whether this relay leads (taking the lock if free); False when that is unknown."""
+        try:
+            return await self._lock.try_acquire()
+        except Exception:  # the lock's server is unreachable: not leading, try again later
+            log.warning("relay %s: leadership unknown", self.stage, exc_info=True)
+            return False
 
 
 async def _sleep_or(event: asyncio.Event, seconds: float) -> None:

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ class Deployment:
     owned_database: tuple[str, str] | None = None
     """(server admin DSN, name) of a database made for this deployment, dropped at stop."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    """Stage processes by name: the stage's, or a replica's (`start(stage, name=...)`)."""
     ports: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -50,28 +52,42 @@ class Deployment:
         """The broker's bootstrap address."""
         return self.broker.address
 
-    def start(self, stage: str) -> None:
-        """Start (or restart) one stage process; `wait_healthy` waits for it."""
+    def start(
+        self, stage: str, *, name: str | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """Start (or restart) one stage process; `wait_healthy` waits for it.
+
+        Args:
+            name: the process's name in `procs`, `ports` and `log` (default: the
+                stage's); two names for one stage run two replicas of it.
+            env: variables set for this process only, over the deployment's.
+        """
+        name = name or stage
         port = free_port()
-        env = {**self.env, "ASSAY_DATABASE_URL": self.dsns[stage], "ASSAY_HTTP_PORT": str(port)}
-        with open(self.workdir / f"{stage}.log", "ab") as out:
-            self.procs[stage] = subprocess.Popen(
+        process_env = {
+            **self.env,
+            "ASSAY_DATABASE_URL": self.dsns[stage],
+            "ASSAY_HTTP_PORT": str(port),
+            **(env or {}),
+        }
+        with open(self.workdir / f"{name}.log", "ab") as out:
+            self.procs[name] = subprocess.Popen(
                 [ASSAY, "serve", stage],
-                env=env,
+                env=process_env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=self.detached,
             )
-        self.ports[stage] = port
+        self.ports[name] = port
 
     def wait_healthy(self, timeout_s: float = 60) -> None:
-        """Block until every running stage answers /healthz with ok."""
+        """Block until every started process answers /healthz with ok."""
         deadline = time.monotonic() + timeout_s
-        for stage, port in self.ports.items():
+        for name, port in self.ports.items():
             while True:
-                proc = self.procs[stage]
+                proc = self.procs[name]
                 if proc.poll() is not None:
-                    raise AssertionError(f"{stage} exited: {self.log(stage)[-2000:]}")
+                    raise AssertionError(f"{name} exited: {self.log(name)[-2000:]}")
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                         if json.loads(r.read()).get("ok"):
@@ -79,23 +95,24 @@ class Deployment:
                 except OSError:
                     pass
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"{stage} not healthy: {self.log(stage)[-2000:]}")
+                    raise AssertionError(f"{name} not healthy: {self.log(name)[-2000:]}")
                 time.sleep(0.1)
 
-    def kill(self, stage: str) -> None:
+    def kill(self, name: str) -> None:
         """SIGKILL one stage process."""
-        proc = self.procs[stage]
+        proc = self.procs[name]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
-    def log(self, stage: str) -> str:
-        """What a stage printed."""
-        return (self.workdir / f"{stage}.log").read_text(errors="replace")
+    def log(self, name: str) -> str:
+        """What a stage process printed."""
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
         """Terminate every stage, then the broker; drop a database made for this deployment."""
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped process would not see SIGTERM
                 proc.terminate()
         for proc in self.procs.values():
             try:
@@ -126,6 +143,7 @@ async def deploy(
     database: str | None = None,
     bucket: str | None = None,
     detached: bool = False,
+    stages: Sequence[str] = STAGES,
 ) -> Deployment:
     """Start a broker, provision a database and a bucket, and start the six stages.
 
@@ -134,6 +152,8 @@ async def deploy(
             default a fresh, uniquely named one.
         bucket: the blob bucket; by default a uniquely named one.
         detached: stage processes run in their own sessions, outliving the caller.
+        stages: the stages started here (every stage is provisioned); a test that
+            needs fewer, or replicas, starts them with `Deployment.start`.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
@@ -162,7 +182,7 @@ async def deploy(
     await create_topics(Settings.from_env(env))
     dsns = {s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}") for s in STAGES}
     d = Deployment(workdir, broker, admin, env, dsns, detached=detached, owned_database=owned)
-    for stage in STAGES:
+    for stage in stages:
         d.start(stage)
     await asyncio.to_thread(d.wait_healthy)
     return d

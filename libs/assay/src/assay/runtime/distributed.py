@@ -99,7 +99,11 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         transport = KafkaTransport(settings.kafka_bootstrap, client_id=f"assay-{stage}")
         await transport.open()
         stack.push_async_callback(transport.close)
-        leader = PgAdvisoryLeader(settings.database_url, stage)
+        # A replica that stalls (SIGSTOP, a frozen VM) gives relay leadership up after the
+        # lease TTL, as it gives its runs up: the stage's messages keep flowing meanwhile.
+        leader = PgAdvisoryLeader(
+            settings.database_url, stage, stalled_after_s=settings.lease_ttl_s
+        )
         relay = OutboxRelay(stage, event_log, transport, leader)
         listener = await listen_for_outbox(settings.database_url, stage, relay.wake)
         stack.push_async_callback(listener.close)
@@ -107,6 +111,8 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             settings.kafka_bootstrap,
             group_id=f"assay-{stage}",
             client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
+            member_timeout_ms=settings.kafka_member_timeout_ms,
+            heartbeat_interval_ms=min(3_000, settings.kafka_member_timeout_ms // 3),
         )
         runner = StageRunner(spec, event_log, blobs, relay, source)
         started = asyncio.Event()

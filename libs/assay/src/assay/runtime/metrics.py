@@ -42,6 +42,14 @@ class StageCollector(Collector):
         )
         dead.add_metric([stage], self.runner.dead_lettered)
         yield dead
+        abandoned = CounterMetricFamily(
+            "assay_messages_abandoned",
+            "Messages given up because another worker took their run over (stale fence, lost "
+            "lease); that worker owns their outcome.",
+            labels=["stage"],
+        )
+        abandoned.add_metric([stage], self.runner.abandoned)
+        yield abandoned
         emitted = CounterMetricFamily(
             "assay_messages_emitted",
             "Messages a stage committed to its outbox, by type.",

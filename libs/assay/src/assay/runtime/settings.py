@@ -63,6 +63,14 @@ class Settings(_FromEnv):
     lease_ttl_s: float = Field(
         15.0, gt=0.1, le=3600, description="Lease of a run without a heartbeat, in seconds."
     )
+    kafka_member_timeout_ms: int = Field(
+        10_000,
+        ge=1_000,
+        le=300_000,
+        description="How long the consumer group waits for a silent member before giving its "
+        "partitions to the others, in milliseconds (its heartbeat is every third of this, at "
+        "most 3 s).",
+    )
     stage_password: str | None = Field(
         None,
         description="Password of every stage role at provisioning (or ASSAY_<STAGE>_PASSWORD).",

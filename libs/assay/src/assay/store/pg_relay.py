@@ -2,7 +2,9 @@
 
 `PgAdvisoryLeader` is the distributed counterpart of the embedded `FileLock`: a
 session-level advisory lock, keyed by the stage's schema, held on a connection
-of its own — so it is released when the holder releases it, closes, or dies.
+of its own — so it is released when the holder releases it, closes, or dies;
+and, when a silence limit is set, when the holder stalls (SIGSTOP, a frozen VM):
+the replica waiting for the lock ends the silent holder's connection.
 `listen_for_outbox` sets the relay's wake event whenever a commit that added
 outbox rows notifies `<schema>_outbox`; polling stays the fallback.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import asyncpg
 
@@ -26,8 +29,17 @@ class PgAdvisoryLeader:
     lock is gone with it (the server frees it) and `held` turns false.
     """
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, *, stalled_after_s: float | None = None) -> None:
         """Describe the lock; nothing connects until `try_acquire`.
+
+        Args:
+            stalled_after_s: when set, a holder whose lock connection has been idle
+                this long is taken to have stalled: an instance that finds the lock
+                taken ends that connection (the server then frees the lock) and takes
+                it. A live holder stays heard by calling `try_acquire` more often than
+                this: while held, it pings its connection every third of it. Both
+                instances must log in as one role (a stage's replicas do), or the
+                caller must be allowed to signal the holder's backend.
 
         Raises:
             ValueError: `schema` is not a plain lower-case identifier.
@@ -35,8 +47,10 @@ class PgAdvisoryLeader:
         self._dsn = dsn
         self._schema = checked_schema(schema)
         self._key = lock_key("relay", schema)
+        self._stalled_after_s = stalled_after_s
         self._conn: asyncpg.Connection | None = None
         self._held = False
+        self._pinged = 0.0
 
     @property
     def held(self) -> bool:
@@ -44,21 +58,47 @@ class PgAdvisoryLeader:
         return self._held and self._conn is not None and not self._conn.is_closed()
 
     async def try_acquire(self) -> bool:
-        """Take the lock if free; True if this instance now holds it.
+        """Take the lock if free (or held by a stalled holder); True if this instance holds it.
 
         Raises:
             OSError, asyncpg.PostgresError: the server cannot be reached.
         """
         if self.held:
-            return True
+            await self._ping()
+            return self.held
         if self._conn is None or self._conn.is_closed():
             self._held = False
             self._conn = await asyncpg.connect(
                 self._dsn, server_settings={"application_name": f"assay:{self._schema}:relay"}
             )
             self._conn.add_termination_listener(self._lost)
-        self._held = bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", self._key))
+        conn = self._conn
+        self._held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", self._key))
+        if not self._held and self._stalled_after_s is not None:
+            evicted = await conn.fetch(_EVICT_STALLED, self._key, self._stalled_after_s)
+            if any(row[0] for row in evicted):
+                log.warning("relay leadership on %s: ended a holder silent too long", self._schema)
+                for _ in range(40):  # its backend frees the lock as it exits
+                    await asyncio.sleep(0.05)
+                    if await conn.fetchval("SELECT pg_try_advisory_lock($1)", self._key):
+                        self._held = True
+                        break
+        self._pinged = time.monotonic()
         return self._held
+
+    async def _ping(self) -> None:
+        """Show the server this holder is alive, every third of the silence limit."""
+        if self._stalled_after_s is None or self._conn is None:
+            return
+        if time.monotonic() - self._pinged < self._stalled_after_s / 3:
+            return
+        try:
+            await self._conn.fetchval("SELECT 1")
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._lost(self._conn)  # ended as stalled, or the server went away
+            self._conn.terminate()
+            return
+        self._pinged = time.monotonic()
 
     async def release(self) -> None:
         """Let go of the lock and its connection (harmless when not held)."""
@@ -76,6 +116,18 @@ class PgAdvisoryLeader:
         if self._held:
             log.warning("relay leadership on %s lost with its connection", self._schema)
         self._held = False
+
+
+_EVICT_STALLED = """
+SELECT pg_terminate_backend(a.pid)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND ((l.classid::bigint << 32) | l.objid::bigint) = $1
+  AND a.state = 'idle' AND a.state_change < clock_timestamp() - make_interval(secs => $2)
+"""
+"""End the connections holding the advisory lock `$1` (a bigint: its high and low halves
+are `classid` and `objid`) that have been idle for more than `$2` seconds."""
 
 
 class OutboxListener:
