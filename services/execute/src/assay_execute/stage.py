@@ -9,6 +9,7 @@ snapshot barrier of §10.2) and handed to verification.
 from __future__ import annotations
 
 from assay.bus.topics import EPISODES, RUN_STATUS, RUNS
+from assay.crash import crash_point
 from assay.engine import WORK_EVENTS, Driver, RunFinished, RunSpec, fold_work
 from assay.kernel import BranchId, Refused, RunState
 from assay.messages import RunExecuted, RunSpawned, RunStatusChanged
@@ -36,6 +37,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         spec = RunSpec(ref=msg.run, definition=wf, input=msg.input, branch=BranchId(0))
         # One worker at a time drives a run: its lease fences every commit below.
         lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
+        crash_point("execute.after_claim")  # dying here, the lease must lapse to free the run
         uow.fence = lease
         history = await uow.history(spec.key)
         if any(isinstance(r.event, RunFinished) for r in history):

@@ -126,6 +126,7 @@ async def deploy(
     database: str | None = None,
     bucket: str | None = None,
     detached: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> Deployment:
     """Start a broker, provision a database and a bucket, and start the six stages.
 
@@ -134,6 +135,7 @@ async def deploy(
             default a fresh, uniquely named one.
         bucket: the blob bucket; by default a uniquely named one.
         detached: stage processes run in their own sessions, outliving the caller.
+        extra_env: more environment for every stage process (settings, PYTHONPATH).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
@@ -145,6 +147,7 @@ async def deploy(
     else:
         admin = await ensure_database(postgres.address, database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    env.update(extra_env or {})
     env.update(
         {
             "ASSAY_KAFKA_BOOTSTRAP": broker.address,

@@ -101,9 +101,12 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         relay = OutboxRelay(stage, event_log, transport, leader)
         listener = await listen_for_outbox(settings.database_url, stage, relay.wake)
         stack.push_async_callback(listener.close)
+        member_timeout_ms = settings.kafka_member_timeout_ms
         source = KafkaSource(
             settings.kafka_bootstrap,
             group_id=f"assay-{stage}",
+            session_timeout_ms=member_timeout_ms,
+            heartbeat_interval_ms=min(3_000, member_timeout_ms // 3),
             client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
         )
         runner = StageRunner(spec, event_log, blobs, relay, source)

@@ -46,6 +46,15 @@ class Settings(_FromEnv):
     """Everything `assay serve` needs; each field reads `ASSAY_<FIELD>`."""
 
     kafka_bootstrap: str | None = Field(None, description="Kafka bootstrap, host:port[,...].")
+    kafka_member_timeout_ms: int = Field(
+        10_000,
+        ge=500,
+        le=300_000,
+        description=(
+            "How long the consumer group waits for a silent member (one that was killed) "
+            "before its partitions go to the others or to its replacement."
+        ),
+    )
     database_url: str | None = Field(None, description="The stage's own Postgres role DSN.")
     admin_database_url: str | None = Field(
         None, description="A superuser DSN, used only by `assay db provision`."
