@@ -23,6 +23,7 @@ from assay.bus.topics import (
     RUNS,
     producer_entry,
 )
+from assay.crash import crash_point
 from assay.engine import (
     WORK_EVENTS,
     CancelScope,
@@ -178,6 +179,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         spec = pinned(msg.run, msg.definition, msg.input, msg.subworkflows, BranchId(0))
         # One worker at a time drives a run: its lease fences every commit below.
         lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
+        crash_point("execute.after_claim")  # dying here, the lease must lapse to free the run
         uow.fence = lease
         history = await uow.history(spec.key)
         if any(isinstance(r.event, RunFinished | RunCancelled) for r in history):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from assay.bus.transport import Transport
+from assay.crash import crash_point
 from assay.store.ports import EventLog
 
 log = logging.getLogger(__name__)
@@ -101,14 +102,25 @@ class OutboxRelay:
         self._poll_s = poll_s
         self.wake = asyncio.Event()
         self.shipped = 0
+        self._after_drain = f"{stage}.relay.after_drain"
+        self._after_publish = f"{stage}.relay.after_publish"
+        self._after_ack = f"{stage}.relay.after_ack"
 
     async def ship_once(self) -> int:
-        """Ship one batch; return how many rows shipped (0 when the outbox is empty)."""
+        """Ship one batch; return how many rows shipped (0 when the outbox is empty).
+
+        Crash points: `<stage>.relay.after_drain` (read, not published),
+        `<stage>.relay.after_publish` (published, not acknowledged) and
+        `<stage>.relay.after_ack`.
+        """
         rows = await self._log.drain_outbox(self._batch)
         if not rows:
             return 0
+        crash_point(self._after_drain)
         await self._transport.publish([r.entry for r in rows])
+        crash_point(self._after_publish)
         await self._log.ack_outbox([r.seq for r in rows])
+        crash_point(self._after_ack)
         self.shipped += len(rows)
         return len(rows)
 

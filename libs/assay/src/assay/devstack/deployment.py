@@ -144,6 +144,7 @@ async def deploy(
     bucket: str | None = None,
     detached: bool = False,
     stages: Sequence[str] = STAGES,
+    extra_env: dict[str, str] | None = None,
 ) -> Deployment:
     """Start a broker, provision a database and a bucket, and start the six stages.
 
@@ -154,6 +155,7 @@ async def deploy(
         detached: stage processes run in their own sessions, outliving the caller.
         stages: the stages started here (every stage is provisioned); a test that
             needs fewer, or replicas, starts them with `Deployment.start`.
+        extra_env: more environment for every stage process (settings, PYTHONPATH).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
@@ -165,6 +167,7 @@ async def deploy(
     else:
         admin = await ensure_database(postgres.address, database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+    env.update(extra_env or {})
     env.update(
         {
             "ASSAY_KAFKA_BOOTSTRAP": broker.address,

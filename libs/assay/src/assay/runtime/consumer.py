@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import dlq
 from assay.bus.transport import BusMessage, Source
+from assay.crash import crash_point
 from assay.kernel.errors import Refused
 from assay.kernel.schema import UnknownSchema, one_line
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
@@ -109,11 +110,17 @@ class StageRunner:
         """Messages given up because another worker took their run over."""
         self.emitted: Counter[str] = Counter()
         """Messages committed to the outbox, by type (alerts are counted from it)."""
+        self._started = f"{spec.name}.started"
+        """Crash point as the stage starts consuming and relaying (traced: when it came up)."""
+        self._before_final = f"{spec.name}.before_final_commit"
+        self._after_final = f"{spec.name}.after_final_commit"
+        """Crash points around a handler's last commit (position, inbox, outbox)."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume and relay until `stop` is set."""
         if self.source is None:
             raise RuntimeError(f"stage {self.spec.name} has no source to consume from")
+        crash_point(self._started)
         relay = asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")
         chores = [
             asyncio.create_task(task(self.log, stop), name=f"{self.spec.name}-background")
@@ -148,7 +155,10 @@ class StageRunner:
             )
             try:
                 await handler(msg, uow)
-                await self._commit(uow.take(position=position, inbox=(env.tenant, env.id)))
+                final = uow.take(position=position, inbox=(env.tenant, env.id))
+                crash_point(self._before_final)
+                await self._commit(final)
+                crash_point(self._after_final)
                 self.emitted.update(uow.taken_types)
                 self.handled += 1
                 return

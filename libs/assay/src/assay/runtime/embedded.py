@@ -30,7 +30,7 @@ from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.runtime.consumer import StageRunner
 from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import ModelSettings, RetentionSettings, SandboxSettings
+from assay.runtime.settings import ModelSettings, RetentionSettings, SandboxSettings, Settings
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.sandbox.port import SandboxError, SandboxProvider
 from assay.store.fs_blobs import FsBlobStore
@@ -74,6 +74,20 @@ def shadow_rate_from_env() -> float:
     if not 0.0 <= rate <= 1.0:
         raise AssayError(f"ASSAY_SHADOW_RATE must be a number in [0, 1], not {raw!r}")
     return rate
+
+
+def lease_ttl_from_env() -> float:
+    """How long a run's lease lasts without a heartbeat (`ASSAY_LEASE_TTL_S`, 15).
+
+    After a crash the restarted process waits this long, at most, for its dead
+    predecessor's leases to lapse before it resumes their runs.
+
+    Raises:
+        AssayError: the variable does not parse or is out of range.
+    """
+    name = "ASSAY_LEASE_TTL_S"
+    only = {name: os.environ[name]} if os.environ.get(name) else {}
+    return Settings.from_env(only).lease_ttl_s
 
 
 def sandbox_from_env(
@@ -147,6 +161,7 @@ class Embedded:
             tools=load_tools(network=sandboxing.network),
             sprt=sprt or sprt_from_env(),
             shadow_rate=shadow_rate_from_env() if shadow_rate is None else shadow_rate,
+            lease_ttl_s=lease_ttl_from_env(),
             sandbox=sandbox_from_env(self.blobs, self.data_dir, sandboxing),
             verifiers=load_verifiers(),
             retention=RetentionSettings.from_env().policy(),

@@ -48,6 +48,15 @@ class Settings(_FromEnv):
     """Everything `assay serve` needs; each field reads `ASSAY_<FIELD>`."""
 
     kafka_bootstrap: str | None = Field(None, description="Kafka bootstrap, host:port[,...].")
+    kafka_member_timeout_ms: int = Field(
+        10_000,
+        ge=500,
+        le=300_000,
+        description=(
+            "How long the consumer group waits for a silent member (one that was killed) "
+            "before its partitions go to the others or to its replacement."
+        ),
+    )
     database_url: str | None = Field(None, description="The stage's own Postgres role DSN.")
     admin_database_url: str | None = Field(
         None, description="A superuser DSN, used only by `assay db provision`."
@@ -62,14 +71,6 @@ class Settings(_FromEnv):
     log_level: str = Field("INFO", description="Python logging level.")
     lease_ttl_s: float = Field(
         15.0, gt=0.1, le=3600, description="Lease of a run without a heartbeat, in seconds."
-    )
-    kafka_member_timeout_ms: int = Field(
-        10_000,
-        ge=1_000,
-        le=300_000,
-        description="How long the consumer group waits for a silent member before giving its "
-        "partitions to the others, in milliseconds (its heartbeat is every third of this, at "
-        "most 3 s).",
     )
     stage_password: str | None = Field(
         None,

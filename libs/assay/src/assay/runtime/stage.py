@@ -9,12 +9,14 @@ the inbox entry. Nothing in a handler knows which mode it runs in.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from assay.bus.topics import topic_for
+from assay.crash import crash_point, crash_points_armed
 from assay.engine.models import Model
 from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
@@ -200,9 +202,18 @@ class UnitOfWork:
         await self.commit()
 
     async def commit(self) -> list[Lsn]:
-        """Commit what is pending (without position or inbox)."""
+        """Commit what is pending (without position or inbox).
+
+        Crash points `<stage>.before_commit.<label>` and `<stage>.after_commit.<label>`
+        surround the commit, `<label>` naming what it writes (`commit_label`).
+        """
         batch = self.take()
+        label = commit_label(batch.records) if crash_points_armed() else None
+        if label is not None:
+            crash_point(f"{self.stage}.before_commit.{label}")
         lsns = await self.log.commit(batch)
+        if label is not None:
+            crash_point(f"{self.stage}.after_commit.{label}")
         self.emitted.update(self.taken_types)
         self.committed += 1
         if batch.outbox and self._on_commit is not None:
@@ -219,3 +230,28 @@ class UnitOfWork:
     def discard(self) -> None:
         """Drop pending writes (a refused message writes only its dead letter)."""
         self._records, self._outbox, self._types = [], [], []
+
+
+def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:
+    """What a commit writes, as the last part of its crash points' names.
+
+    Each record is named by its event type, qualified by the event's `state`
+    when that is an enum and by its `effect` when that is a string — so an
+    intent reads `Intent.dispatched.unsafe` and an attempt's end
+    `AttemptFinished.succeeded`. A commit of several records joins their
+    names, in order and without repeats, with `+`
+    (`Intent.committed.idempotent+AttemptFinished.succeeded`); a commit of
+    outbox rows alone is `outbox`.
+    """
+    names: list[str] = []
+    for _, event in records:
+        name = event.type
+        state = getattr(event, "state", None)
+        if isinstance(state, enum.Enum):
+            name += f".{state.value}"
+        effect = getattr(event, "effect", None)
+        if isinstance(effect, str):
+            name += f".{effect}"
+        if name not in names:
+            names.append(name)
+    return "+".join(names) or "outbox"
