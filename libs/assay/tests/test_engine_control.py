@@ -295,6 +295,28 @@ async def test_a_run_cancelled_before_it_starts_runs_nothing(work_log: EventLog)
     assert calls == []
 
 
+async def test_a_drive_stopped_from_outside_stops_its_tool_call(work_log: EventLog) -> None:
+    """A drive cancelled as a whole (its lease was lost, its worker shuts down) takes the
+    call it was making with it, rather than leaving it running with nobody to record it."""
+    started, ended = asyncio.Event(), asyncio.Event()
+
+    async def wait(call: ToolCall) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            ended.set()
+        return "never"
+
+    tools = {"wait": Tool("wait", wait, Pure(), "waits")}
+    spec = spec_for(one_step("wait"), {}, tools)
+    drive = asyncio.create_task(Driver(StubModel(), tools).drive(spec, LogJournal(work_log)))
+    await asyncio.wait_for(started.wait(), 5)
+    drive.cancel()
+    await asyncio.gather(drive, return_exceptions=True)
+    await asyncio.wait_for(ended.wait(), 1)
+
+
 # -- sandbox workspaces ------------------------------------------------------------------
 
 

@@ -14,13 +14,14 @@ import pytest
 from assay.bus import RUN_COMMANDS, RUNS
 from assay.devstack.base import Service
 from assay.devstack.postgres import scratch_database
-from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.engine import BUILTIN_TOOLS, RunFinished, StubModel
 from assay.grading import StubJudge
-from assay.kernel import RunState, TaskId, TenantId, content_hash, new_run_id
+from assay.kernel import BranchId, RunState, TaskId, TenantId, content_hash, new_run_id
 from assay.messages import (
     MESSAGES,
     CancelRun,
     Purpose,
+    RewindRun,
     Role,
     RunExecuted,
     RunRef,
@@ -30,6 +31,7 @@ from assay.messages import (
     SignalRun,
     open_envelope,
 )
+from assay.record import BranchKey
 from assay.runtime import StageDeps, StageHarness
 from assay.store import FsBlobStore, SqliteEventLog
 from assay.store.ports import EventLog
@@ -219,3 +221,52 @@ async def test_a_suspended_run_can_be_cancelled(store: EventLog, tmp_path: Path)
         (result,) = [m for m in out if isinstance(m, RunResult)]
         assert result.status == "cancelled"
         assert await stage.state(TENANT, "await", msg.run.run_id) is None
+
+
+def rewind(msg: RunSpawned, at: int) -> RewindRun:
+    return RewindRun(tenant=TENANT, run_id=msg.run.run_id, at=at, reason="again")
+
+
+def approval(msg: RunSpawned) -> SignalRun:
+    return SignalRun(tenant=TENANT, run_id=msg.run.run_id, signal="approval", payload="yes")
+
+
+async def test_a_waiting_run_is_not_rewound_until_it_is_cancelled(
+    store: EventLog, tmp_path: Path
+) -> None:
+    d = deps(tmp_path)
+    msg = spawned()
+    async with StageHarness(create_stage(d), d.blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        await stage.deliver(RUN_COMMANDS, rewind(msg, 1), TENANT)
+        ((_, why),) = await stage.dead_letters()
+        assert "cancel it before rewinding it" in why
+        assert [k.branch for k in await store.branches(msg.run.run_id, TENANT)] == [0]
+        # The run still waits where it was, and its approval still ends it.
+        await stage.deliver(RUN_COMMANDS, approval(msg), TENANT)
+        out = await stage.emitted()
+        assert len([m for m in out if isinstance(m, RunExecuted)]) == 1
+        assert statuses(out)[-1] is RunState.VERIFYING
+
+
+async def test_a_fork_that_waits_leaves_the_run_lifecycle_alone(
+    store: EventLog, tmp_path: Path
+) -> None:
+    d = deps(tmp_path)
+    msg = spawned()
+    async with StageHarness(create_stage(d), d.blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        await stage.deliver(RUN_COMMANDS, approval(msg), TENANT, idem="first")
+        lifecycle = statuses(await stage.emitted())
+        assert lifecycle[-1] is RunState.VERIFYING
+        await stage.deliver(RUN_COMMANDS, rewind(msg, 1), TENANT)  # the fork waits at `ask`
+        doc = await stage.state(TENANT, "run", msg.run.run_id)
+        assert doc is not None
+        assert (doc["branch"], doc["status"]) == (1, "suspended")
+        await stage.deliver(RUN_COMMANDS, approval(msg), TENANT, idem="second")
+        out = await stage.emitted()
+        # §5.2 is the graded branch's: after Verifying it never goes back to Suspended.
+        assert statuses(out) == lifecycle
+        assert len([m for m in out if isinstance(m, RunExecuted)]) == 1
+        fork = await store.read(BranchKey.for_run(TENANT, msg.run.run_id, BranchId(1)))
+        assert isinstance(fork[-1].event, RunFinished)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -52,8 +52,9 @@ from assay.messages import (
     RunResult,
     RunSpawned,
     RunStatusChanged,
+    SignalRun,
 )
-from assay.record import BranchKey
+from assay.record import BranchKey, LogRecord
 from assay.runtime import StageDeps, StageHarness
 from assay.runtime.metrics import stage_registry
 from assay.store import FsBlobStore, SqliteEventLog
@@ -372,7 +373,7 @@ async def test_a_rewind_past_a_committed_unsafe_call_flags_it(
 
 @pytest.mark.parametrize(
     ("at", "branch", "reason"),
-    [(10_000, None, "past the end"), (1, 7, "no branch 7")],
+    [(10_000, None, "past the end"), (1, 7, "no branch 7"), (0, None, "LSN 1 or later")],
 )
 async def test_an_impossible_rewind_is_refused_with_the_reason(
     store: EventLog, tmp_path: Path, at: int, branch: int | None, reason: str
@@ -430,3 +431,124 @@ async def test_a_run_that_is_being_driven_is_not_rewound(store: EventLog, tmp_pa
         assert "being driven" in why
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+
+
+# -- one worker's own runs: what a second command for a run must not do -----------------------
+
+
+@dataclass
+class Gated:
+    """The `work` tool: calls numbered in `hang` wait for `release` (or to be cancelled)."""
+
+    hang: set[int]
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: int = 0
+
+    async def call(self, call: ToolCall) -> str:
+        self.calls += 1
+        n = self.calls
+        if n in self.hang:
+            self.waiting.set()
+            await self.release.wait()
+        return f"call {n}"
+
+    def tool(self) -> Tool:
+        return Tool("work", self.call, Pure(), "answers when the test says")
+
+
+def stage_of(gate: Gated, tmp_path: Path, store: EventLog, worker: str = "w") -> StageHarness:
+    d = deps(dict(BUILTIN_TOOLS, work=gate.tool()), worker)
+    d.blobs = FsBlobStore(tmp_path / "blobs")
+    return StageHarness(create_stage(d), d.blobs, tmp_path / worker, log=store)
+
+
+def events_of(records: list[LogRecord]) -> list[str]:
+    return [r.event.type for r in records]
+
+
+async def test_a_worker_does_not_rewind_a_run_it_is_driving(
+    store: EventLog, tmp_path: Path
+) -> None:
+    gate = Gated(hang={1})
+    msg = spawned("work")
+    async with stage_of(gate, tmp_path, store) as stage:
+        running = asyncio.create_task(stage.deliver(RUNS, msg, TENANT, idem="m"))
+        await gate.waiting.wait()
+        # Its lease is this worker's own: claiming it again must not take the run over.
+        await asyncio.wait_for(stage.deliver(RUN_COMMANDS, rewind_of(msg, 1), TENANT), 5)
+        ((_, why),) = await stage.dead_letters()
+        assert "being driven" in why
+        gate.release.set()
+        await asyncio.wait_for(running, 5)
+        assert stage.runner is not None
+        assert stage.runner.abandoned == 0  # the drive kept its lease and ended the run
+        assert [k.branch for k in await store.branches(msg.run.run_id, TENANT)] == [0]
+        assert len([m for m in await stage.emitted() if isinstance(m, RunExecuted)]) == 1
+
+
+async def test_a_stray_signal_leaves_a_run_this_worker_drives_alone(
+    store: EventLog, tmp_path: Path
+) -> None:
+    gate = Gated(hang={1})
+    msg = spawned("work")
+    signal = SignalRun(tenant=TENANT, run_id=msg.run.run_id, signal="approval")
+    async with stage_of(gate, tmp_path, store) as stage:
+        running = asyncio.create_task(stage.deliver(RUNS, msg, TENANT, idem="m"))
+        await gate.waiting.wait()
+        await asyncio.wait_for(stage.deliver(RUN_COMMANDS, signal, TENANT), 5)
+        ((_, why),) = await stage.dead_letters()
+        assert "not waiting" in why
+        gate.release.set()
+        await asyncio.wait_for(running, 5)
+        assert stage.runner is not None
+        assert stage.runner.abandoned == 0
+        finished = [r.event for r in await store.read(key_of(msg, 0))]
+        closed = [(f.step, f.attempt) for f in finished if isinstance(f, AttemptFinished)]
+        assert closed == [("work", 1), ("tidy", 1)]  # closed once, by the drive that called
+        assert gate.calls == 1
+
+
+async def test_a_cancelled_run_can_be_rewound_and_its_fork_runs(
+    store: EventLog, tmp_path: Path
+) -> None:
+    gate = Gated(hang={1})
+    msg = spawned("work")
+    async with stage_of(gate, tmp_path, store) as stage:
+        running = asyncio.create_task(stage.deliver(RUNS, msg, TENANT, idem="m"))
+        await gate.waiting.wait()
+        await stage.deliver(RUN_COMMANDS, cancel_of(msg), TENANT)  # "cancel it first"
+        await asyncio.wait_for(running, 5)
+        await stage.deliver(RUN_COMMANDS, rewind_of(msg, 1), TENANT)
+        fork = await store.read(key_of(msg, 1))
+        # The cancel stopped what ran when it was asked for, not the fork made after it.
+        assert events_of(fork)[-1] == "RunFinished"
+        outputs = [r.event.output for r in fork if isinstance(r.event, AttemptFinished)]
+        assert outputs == ["call 2", "ok"]  # the fork ran the step again, to its end
+        results = [m for m in await stage.emitted() if isinstance(m, RunResult)]
+        assert [r.status for r in results] == ["cancelled"]  # the task's one result stands
+
+
+async def test_a_fork_of_a_fork_redelivered_after_a_crash_finishes_its_own_branch(
+    store: EventLog, tmp_path: Path
+) -> None:
+    gate = Gated(hang={3})
+    msg = spawned("work")
+    async with stage_of(gate, tmp_path, store, "worker-a") as a:
+        await a.deliver(RUNS, msg, TENANT)
+        await a.deliver(RUN_COMMANDS, rewind_of(msg, 2), TENANT)  # branch 1 forks at 2
+        assert events_of(await store.read(key_of(msg, 1)))[2] == "Forked"
+        # Branch 2 forks branch 1 past its fork point, so it begins with a copy of
+        # branch 1's Forked; its worker dies in the middle of driving it.
+        second = asyncio.create_task(a.deliver(RUN_COMMANDS, rewind_of(msg, 4), TENANT, idem="r2"))
+        await gate.waiting.wait()
+        second.cancel()
+        await asyncio.gather(second, return_exceptions=True)
+    gate.hang.clear()
+    async with stage_of(gate, tmp_path, store, "worker-b") as b:
+        await asyncio.wait_for(b.deliver(RUN_COMMANDS, rewind_of(msg, 4), TENANT, idem="r2"), 10)
+        assert await b.dead_letters() == []
+        assert [k.branch for k in await store.branches(msg.run.run_id, TENANT)] == [0, 1, 2]
+        fork = await store.read(key_of(msg, 2))
+        assert events_of(fork).count("Forked") == 2
+        assert events_of(fork)[-1] == "RunFinished"  # the command drove its own fork on

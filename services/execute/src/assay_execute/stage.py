@@ -147,7 +147,10 @@ def create_stage(deps: StageDeps) -> StageSpec:
             await uow.log.release(lease)  # a suspended run holds no lease (§9.4)
             at = waiting.suspended
             detail = f"waiting at {at.step!r} for {at.signal!r}"
-            uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SUSPENDED, detail=detail))
+            if graded:  # §5.2 is the graded branch's lifecycle: a fork's wait is not in it
+                uow.emit(
+                    RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SUSPENDED, detail=detail)
+                )
             return
         if scope.cancelled:
             if graded:
@@ -229,7 +232,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if waiting is None or (msg.timed_out and waiting["deadline_ms"] > driver.clock() * 1000):
             if msg.timed_out:
                 return  # a timer for a wait that already ended (or not due): nothing to do
-            if await uow.log.branches(msg.run_id, uow.tenant) and not await _ended(uow, msg.run_id):
+            driven_here = (uow.tenant, msg.run_id) in active  # its lease is ours: never re-claim it
+            if (
+                not driven_here
+                and await uow.log.branches(msg.run_id, uow.tenant)
+                and not await _ended(uow, msg.run_id)
+            ):
                 await redrive(uow, msg.run_id)  # redelivered after its Signalled was recorded
                 return
             raise Refused(f"run {msg.run_id} is not waiting for a signal")
@@ -252,11 +260,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
         )
         await uow.commit()
         why = "its wait timed out" if msg.timed_out else f"signal {msg.signal!r}"
-        uow.emit(
-            RUN_STATUS,
-            RunStatusChanged(run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}"),
-        )
-        await conclude(spec, uow, lease, graded=spec.branch == 0)
+        graded = spec.branch == 0
+        if graded:
+            uow.emit(
+                RUN_STATUS,
+                RunStatusChanged(run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}"),
+            )
+        await conclude(spec, uow, lease, graded=graded)
 
     async def on_cancel(msg: CancelRun, uow: UnitOfWork) -> None:
         reason = msg.reason or "cancelled by an operator"
@@ -303,11 +313,15 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if fork is not None:  # redelivered after a crash: finish what this command began
             lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
         else:
-            held = await uow.log.claim(uow.tenant, msg.run_id, deps.worker, int(ttl * 1000))
-            if held is None and not await _ended(uow, msg.run_id):
-                raise Refused(f"run {msg.run_id} is being driven; cancel it before rewinding it")
+            # §8.5: a fork departs from a run that ended. Checked before the lease is
+            # claimed: a claim by the worker driving the run would take it over from itself.
+            if await uow.log.branches(msg.run_id, uow.tenant) and not await _ended(uow, msg.run_id):
+                raise Refused(
+                    f"run {msg.run_id} is being driven or waits at an await step; "
+                    "cancel it before rewinding it"
+                )
             # An ended run's last worker may hold its lease a while longer: wait it out.
-            lease = held or await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
+            lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
         uow.fence = lease
         if fork is None:
             fork = await _new_fork(uow, msg)
@@ -351,7 +365,8 @@ async def _existing_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork | None:
     """The branch this command forked before, when it is delivered again."""
     for k in reversed(await uow.log.branches(msg.run_id, uow.tenant)):
         records = await uow.log.read(k)
-        forked = next((r.event for r in records if isinstance(r.event, Forked)), None)
+        # Its own Forked is its last: a fork of a fork begins with a copy of its parent's.
+        forked = next((r.event for r in reversed(records) if isinstance(r.event, Forked)), None)
         if forked is not None and forked.command == str(uow.envelope.id):
             head = records[0].event
             assert isinstance(head, RunStarted)
@@ -365,7 +380,8 @@ async def _new_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork:
 
     Raises:
         Refused: no such run, branch or LSN; a run recorded before runs kept their
-            definition; or an LSN past the branch's end.
+            definition; LSN 0 (a branch starts with the run's start); or an LSN past the
+            branch's end.
     """
     keys = await uow.log.branches(msg.run_id, uow.tenant)
     if not keys:
@@ -378,6 +394,8 @@ async def _new_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork:
     first = records[0].event if records else None
     if not isinstance(first, RunStarted) or first.definition is None or first.input is None:
         raise Refused(f"run {msg.run_id} was recorded before runs kept their definition")
+    if msg.at < 1:  # every branch starts with the run's RunStarted, which its readers need
+        raise Refused(f"run {msg.run_id}: a fork keeps the run's start: rewind at LSN 1 or later")
     prefix = [r for r in records if r.lsn < msg.at]
     if len(prefix) < msg.at or any(isinstance(r.event, RunFinished | RunCancelled) for r in prefix):
         raise Refused(

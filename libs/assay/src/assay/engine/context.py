@@ -124,6 +124,9 @@ class CancelScope:
         stop = asyncio.ensure_future(self._event.wait())
         try:
             await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()  # whoever awaited the race was cancelled: the work stops with it
+            raise
         finally:
             stop.cancel()
         if task.done():

@@ -346,7 +346,9 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                         "forked_from": {"branch": parent, "at": at},
                         "discarded_effects": lost,
                     },
-                )
+                ),
+                # A cancel asked for before the rewind stopped what ran then, not the fork.
+                Delete(StateKey(t, "cancel", run)),
             ]
         case Suspended(step=step, iteration=i, signal=signal, deadline_ms=deadline):
             waiting = {
