@@ -39,6 +39,7 @@ from assay.engine import (
     Unsafe,
     fold_work,
 )
+from assay.engine import events as work_events
 from assay.engine.episode_view import build_run_view
 from assay.engine.events import Intent
 from assay.kernel import (
@@ -687,3 +688,20 @@ def test_records_the_view_cannot_read_are_kept_as_logged() -> None:
     text = render_text(build_run_view(records))
     assert 'branch 1 (live)  forked: BranchForked {"parent": "0@2"}  running  7 records' in text
     assert '  record 6 SomethingNew {"note": "hi"}' in text
+
+
+def test_a_fork_of_a_fork_shows_its_own_fork_point() -> None:
+    wf = WorkflowDef.model_validate(
+        {"id": "wf", "steps": [{"id": "s", "kind": "tool", "tool": "strip", "args": {}}]}
+    )
+    ref = spec_for(wf).ref
+    key = BranchKey.for_run(TENANT, ref.run_id, BranchId(2))
+    records = [
+        LogRecord(key, Lsn(0), 2, 0, RunStarted(run=ref)),
+        LogRecord(key, Lsn(1), 1, 0, work_events.Forked(from_branch=0, at=1)),  # branch 1's copy
+        LogRecord(key, Lsn(2), 1, 0, work_events.Forked(from_branch=1, at=2)),  # its own
+    ]
+    view = build_run_view({2: records})
+    fork = view.branches[0].fork
+    assert fork is not None
+    assert (fork.from_branch, fork.at_lsn, fork.lsn) == (1, 2, 2)

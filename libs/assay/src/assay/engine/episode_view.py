@@ -26,7 +26,14 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from assay.engine.events import AttemptFinished, AttemptStarted, Intent, RunFinished, RunStarted
+from assay.engine.events import (
+    AttemptFinished,
+    AttemptStarted,
+    Forked,
+    Intent,
+    RunFinished,
+    RunStarted,
+)
 from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import TenantId
 from assay.kernel.intents import IntentState
@@ -274,6 +281,14 @@ def _branch(branch: int, records: Sequence[LogRecord], *, live: bool) -> BranchV
                 owner.finished, owner.finished_lsn = event, record.lsn
             case RunFinished() as event:
                 finished = finished or (record, event)
+            case Forked() as event:  # a fork of a fork copies its parent's: the last is its own
+                fork = ForkPoint(
+                    type=event.type,
+                    lsn=record.lsn,
+                    from_branch=event.from_branch,
+                    at_lsn=event.at,
+                    fields=_fields(record),
+                )
             case _:
                 if fork is None and "fork" in record.event.type.lower():
                     fork = _fork_point(record)
