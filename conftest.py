@@ -9,12 +9,18 @@ had fails the test run; elsewhere the tests that need it are skipped.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from assay.devstack import InfraUnavailable, Service
+from assay.devstack.postgres import scratch_database
+from assay.engine import WORK_EVENTS, fold_work
+from assay.store import SqliteEventLog
+from assay.store.ports import EventLog
+from assay.store.postgres import PostgresEventLog
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -64,3 +70,54 @@ def s3(infra_dir: Path) -> Iterator[Service]:
     from assay.devstack.s3 import resolve_s3
 
     yield from _service("an S3 API", resolve_s3, infra_dir)
+
+
+# -- the execute stage's log, in both modes (library and execute-stage tests) ------------
+
+BOTH_MODES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="module")
+def work_database(postgres: Service) -> Iterator[str]:
+    """A database of the module's own on the Postgres server."""
+    with scratch_database(postgres, "assay_work") as dsn:
+        yield dsn
+
+
+class WorkLogs:
+    """Opens the execute stage's event log in one mode; reopening gives the same store."""
+
+    def __init__(self, mode: str, where: Path | str) -> None:
+        self.mode = mode
+        self.where = where
+        self.schema = f"work_{uuid.uuid4().hex[:12]}"
+        self.opened: list[EventLog] = []
+
+    async def open(self) -> EventLog:
+        """A fresh connection to the same store."""
+        log: EventLog
+        if isinstance(self.where, Path):
+            log = await SqliteEventLog(self.where / "execute.sqlite", WORK_EVENTS, fold_work).open()
+        else:
+            log = await PostgresEventLog(self.where, self.schema, WORK_EVENTS, fold_work).open()
+        self.opened.append(log)
+        return log
+
+
+@pytest.fixture(params=BOTH_MODES)
+async def work_logs(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[WorkLogs]:
+    """The execute stage's store, on SQLite and on Postgres."""
+    where: Path | str = tmp_path
+    if request.param == "postgres":
+        where = str(request.getfixturevalue("work_database"))
+    logs = WorkLogs(str(request.param), where)
+    yield logs
+    for log in reversed(logs.opened):
+        await log.close()
+
+
+@pytest.fixture
+async def work_log(work_logs: WorkLogs) -> EventLog:
+    """One open execute-stage log, in each mode."""
+    log: EventLog = await work_logs.open()
+    return log

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from assay.bus import RUN_COMMANDS, RUNS
-from assay.devstack.base import Service
-from assay.devstack.postgres import scratch_database
 from assay.engine import BUILTIN_TOOLS, RunFinished, StubModel
 from assay.grading import StubJudge
 from assay.kernel import BranchId, RunState, TaskId, TenantId, content_hash, new_run_id
@@ -33,33 +30,18 @@ from assay.messages import (
 )
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageHarness
-from assay.store import FsBlobStore, SqliteEventLog
+from assay.store import FsBlobStore
 from assay.store.ports import EventLog
-from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef, validate
 from assay_execute import create_stage
 
 TENANT = TenantId(uuid.UUID(int=77))
 
 
-@pytest.fixture(scope="module")
-def await_database(postgres: Service) -> Iterator[str]:
-    with scratch_database(postgres, "assay_await") as dsn:
-        yield dsn
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
-    spec = create_stage(deps(tmp_path))
-    log: Any
-    if request.param == "sqlite":
-        log = await SqliteEventLog(tmp_path / "execute.sqlite", spec.events, spec.fold).open()
-    else:
-        dsn = str(request.getfixturevalue("await_database"))
-        schema = f"execute_{uuid.uuid4().hex[:8]}"
-        log = await PostgresEventLog(dsn, schema, spec.events, spec.fold).open()
-    yield log
-    await log.close()
+@pytest.fixture
+def store(work_log: EventLog) -> EventLog:
+    """The execute stage's store, on SQLite and on Postgres (`work_log`, root conftest)."""
+    return work_log
 
 
 def deps(tmp_path: Path) -> StageDeps:

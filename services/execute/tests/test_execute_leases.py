@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from assay.bus import RUN_COMMANDS, RUNS
-from assay.devstack.base import Service
-from assay.devstack.postgres import scratch_database
 from assay.engine import (
     BUILTIN_TOOLS,
     AttemptFinished,
@@ -57,9 +54,8 @@ from assay.messages import (
 from assay.record import BranchKey, LogRecord
 from assay.runtime import StageDeps, StageHarness
 from assay.runtime.metrics import stage_registry
-from assay.store import FsBlobStore, SqliteEventLog
+from assay.store import FsBlobStore
 from assay.store.ports import EventLog, Lease
-from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef, validate
 from assay_execute import create_stage
 
@@ -92,24 +88,10 @@ class FrozenRenewals:
         return await self._inner.renew(lease, ttl_ms)
 
 
-@pytest.fixture(scope="module")
-def lease_database(postgres: Service) -> Iterator[str]:
-    with scratch_database(postgres, "assay_leases") as dsn:
-        yield dsn
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
-    spec = create_stage(deps(dict(BUILTIN_TOOLS)))
-    log: EventLog
-    if request.param == "sqlite":
-        log = await SqliteEventLog(tmp_path / "execute.sqlite", spec.events, spec.fold).open()
-    else:
-        dsn = str(request.getfixturevalue("lease_database"))
-        schema = f"execute_{uuid.uuid4().hex[:8]}"
-        log = await PostgresEventLog(dsn, schema, spec.events, spec.fold).open()
-    yield log
-    await log.close()
+@pytest.fixture
+def store(work_log: EventLog) -> EventLog:
+    """The execute stage's store, on SQLite and on Postgres (`work_log`, root conftest)."""
+    return work_log
 
 
 def deps(tools: dict[str, Tool], worker: str = "w") -> StageDeps:
