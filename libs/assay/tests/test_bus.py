@@ -63,6 +63,7 @@ from assay.messages import (
     CancelRun,
     ChallengerRejected,
     Envelope,
+    GroupDue,
     Promoted,
     Purpose,
     RewindRun,
@@ -614,6 +615,7 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             RunVerified(run=ref, episode=TASK, passed=True, results=[], usage=usage, executed=True),
             f"{t}:{TASK}",
         ),
+        (GroupDue(tenant=TENANT, task_id=TaskId(TASK), passed=True, epoch=0), f"{t}:{TASK}"),
         (RunGraded(run=ref, passed=True, score=ungraded), f"{t}:{VERSION}"),
         (
             RunResult(

@@ -18,6 +18,7 @@ from assay.grading import (
     evaluate,
     llr,
 )
+from assay.grading.judges import UsageSink
 from assay.kernel import AttemptNo, AttemptState, RunId, StepId, TaskId, new_run_id
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import CoreViolation, DecidedBy, Outcome, Verdict, WinRecord
@@ -213,16 +214,21 @@ class RecordingJudge:
     """Answers with a fixed verdict and records what it was shown."""
 
     name = "recording"
+    max_context_tokens = 0
 
     def __init__(self, verdict: Verdict) -> None:
         self.verdict = verdict
         self.shown: list[tuple[Episode, Episode]] = []
 
-    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+    async def compare(
+        self, a: Episode, b: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+    ) -> Verdict:
         self.shown.append((a, b))
         return self.verdict
 
-    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+    async def screen(
+        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+    ) -> list[CoreViolation]:
         return []
 
 
@@ -230,11 +236,16 @@ class ForbiddenJudge:
     """A judge that must never be consulted."""
 
     name = "forbidden"
+    max_context_tokens = 0
 
-    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+    async def compare(
+        self, a: Episode, b: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+    ) -> Verdict:
         pytest.fail("a pass-versus-fail pair was shown to a judge")
 
-    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+    async def screen(
+        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+    ) -> list[CoreViolation]:
         pytest.fail("screen was called")
 
 

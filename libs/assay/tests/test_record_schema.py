@@ -40,12 +40,14 @@ from assay.kernel import (
 )
 from assay.kernel.schema import SchemaRegistry, Versioned
 from assay.kernel.scores import (
+    AttemptRank,
     Capped,
     CoreViolation,
     DecidedBy,
     Outcome,
     Ranked,
     Relative,
+    StepCredit,
     Ungraded,
     UngradedReason,
     Verdict,
@@ -57,6 +59,7 @@ from assay.messages import (
     AttemptIndeterminate,
     CancelRun,
     ChallengerRejected,
+    GroupDue,
     Promoted,
     Purpose,
     RewindRun,
@@ -69,6 +72,7 @@ from assay.messages import (
     RunStatusChanged,
     RunVerified,
     SignalRun,
+    StrengthSummary,
     TaskSubmitted,
     Usage,
     UsageRecorded,
@@ -93,7 +97,14 @@ from assay_decide.stage import AllocationSet, ChallengerDecided
 from assay_ingest import INGEST_EVENTS
 from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
-from assay_tournament.stage import ChallengerParked, ReferenceSet, RunScored
+from assay_tournament.events import (
+    ChallengerParked,
+    GradingMetered,
+    GroupClosed,
+    GroupJoined,
+    ReferenceSet,
+    RunScored,
+)
 from assay_verify import VERIFY_EVENTS
 from assay_verify.stage import RunVerdictRecorded
 
@@ -305,9 +316,26 @@ RELATIVE = Relative(
 SCORES = [
     RELATIVE,
     Ranked(strength=0.25, interval=(-0.5, 1.0), group_size=4),
+    Ranked(strength=-0.4, interval=(-1.5, 0.7), group_size=3, anchored=False),
+    RELATIVE.model_copy(update={"order_consistent": False}),
     Capped(violations=[CoreViolation(criterion="no-guessing", evidence="guessed 5")]),
     Ungraded(reason=UngradedReason.BASELINE),
 ]
+CREDIT = StepCredit(
+    step="solve",
+    iteration=0,
+    failed_attempt=1,
+    passed_attempt=2,
+    failure="wrong answer",
+    changed=["prompt (40 -> 52 characters)"],
+)
+ATTEMPT_RANK = AttemptRank(
+    step="solve",
+    iteration=0,
+    attempt=2,
+    succeeded=False,
+    rank=Ranked(strength=0.8, interval=(-0.9, 2.5), group_size=2),
+)
 ALLOCATION = AllocationChanged(
     tenant=TENANT,
     workflow_id=WF,
@@ -348,7 +376,16 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         run=REF, episode="blob:abc", succeeded=False, failed_step=StepId("solve"), usage=USAGE
     ),
     VERIFIED,
+    GroupDue(tenant=TENANT, task_id=TASK, passed=False, epoch=3),
     *[RunGraded(run=REF, passed=True, score=score, judge_calls=1) for score in SCORES],
+    RunGraded(
+        run=REF,
+        passed=True,
+        score=SCORES[1],
+        judge_calls=4,
+        attempt_ranks=[ATTEMPT_RANK],
+        step_credit=[CREDIT],
+    ),
     RunResult(
         tenant=TENANT,
         run_id=RUN,
@@ -363,6 +400,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         usage=USAGE,
         termination="succeeded",
         output="4",
+        step_credit=[CREDIT],
     ),
     VariantAggregate(
         tenant=TENANT,
@@ -372,6 +410,16 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         record=RECORD,
         runs=7,
         passes=5,
+    ),
+    VariantAggregate(
+        tenant=TENANT,
+        workflow_id=WF,
+        workflow_version=V2,
+        baseline_version=V1,
+        record=RECORD,
+        runs=7,
+        passes=5,
+        strength=StrengthSummary(episodes=5, mean=0.3, interval=(0.1, 0.5), unanchored=1),
     ),
     ALLOCATION,
     Promoted(
@@ -517,6 +565,29 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 )
                 for score in SCORES
             ],
+            GroupJoined(
+                task_id=TASK,
+                passed=True,
+                epoch=2,
+                opened_ms=1_700_000_000_000,
+                quorum=8,
+                timeout_s=3600.0,
+                members=3,
+                member=VERIFIED.model_dump(mode="json"),
+            ),
+            GroupClosed(
+                task_id=TASK,
+                passed=True,
+                epoch=2,
+                runs=[RUN, OTHER_RUN],
+                on_timeout=True,
+                judge_calls=4,
+                inconsistent=1,
+                anchored=True,
+            ),
+            GradingMetered(
+                meter={"day": "2026-11-29", "calls_today": 12, "by_purpose": {"compare": 12}}
+            ),
         ],
     ),
     "aggregate": (

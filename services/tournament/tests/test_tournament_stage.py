@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ from typing import Any
 import pytest
 
 import assay_tournament
+import assay_tournament.groups as groups_module
 from assay.bus import (
     GRADED,
     RESULTS,
@@ -26,20 +31,27 @@ from assay.bus import (
     topic_for,
 )
 from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.grading.judges import JudgeFailed, JudgeUsage, UsageSink
+from assay.grading.strategies import GradingPolicy
 from assay.kernel import (
+    AttemptNo,
+    AttemptState,
     RunId,
     RunState,
+    StepId,
     TaskId,
     TenantId,
     WorkflowVersion,
     content_hash,
     run_id_from,
 )
+from assay.kernel.schema import Versioned
 from assay.kernel.scores import (
     Capped,
     CoreViolation,
     DecidedBy,
     Outcome,
+    Ranked,
     Relative,
     Ungraded,
     UngradedReason,
@@ -47,7 +59,9 @@ from assay.kernel.scores import (
 )
 from assay.messages import (
     MESSAGES,
+    AttemptView,
     Episode,
+    GroupDue,
     Purpose,
     Role,
     RunGraded,
@@ -63,7 +77,7 @@ from assay.messages import (
     seal,
 )
 from assay.record import StateKey
-from assay.runtime import StageDeps, StageRunner, stage_log
+from assay.runtime import StageDeps, StageRunner, StageSpec, stage_log
 from assay.store import FsBlobStore, OutboxEntry, SqliteEventLog
 from assay.workflow import RubricItem, WorkflowDef, from_document
 
@@ -93,16 +107,35 @@ class ScriptedJudge:
     """A judge double: verdicts in order (draw when exhausted); flags outputs it is told to."""
 
     name: str = "scripted-judge"
+    max_context_tokens: int = 8192
     verdicts: list[Verdict] = field(default_factory=list)
     violating: set[str] = field(default_factory=set)
     compared: list[tuple[RunId, RunId]] = field(default_factory=list)
     screened: list[RunId] = field(default_factory=list)
+    prefer_longer: bool = False
+    fail_with: JudgeFailed | None = None
 
-    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+    async def compare(
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageSink | None = None,
+    ) -> Verdict:
         self.compared.append((a.run.run_id, b.run.run_id))
+        if on_usage is not None:
+            on_usage(JudgeUsage(self.name, 120, 4, 0.0002))
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.prefer_longer:
+            la, lb = len(a.output or ""), len(b.output or "")
+            return Verdict.DRAW if la == lb else (Verdict.A if la > lb else Verdict.B)
         return self.verdicts.pop(0) if self.verdicts else Verdict.DRAW
 
-    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+    async def screen(
+        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+    ) -> list[CoreViolation]:
         self.screened.append(episode.run.run_id)
         if episode.output in self.violating:
             core = [r.id for r in rubric if r.layer == "core"]
@@ -140,6 +173,7 @@ class Stage:
     log: SqliteEventLog
     blobs: FsBlobStore
     judge: ScriptedJudge
+    spec: StageSpec
     offset: int = 0
 
     async def episode(self, run: RunRef, output: str = "5", *, tenant: TenantId = TENANT) -> str:
@@ -187,11 +221,17 @@ class Stage:
             usage=Usage(model_calls=1, prompt_tokens=10, completion_tokens=2),
             executed=True,
         )
+        return await self.deliver(msg, envelope_tenant=envelope_tenant, mid=mid or run.run_id)
+
+    async def deliver(
+        self, msg: Versioned, *, envelope_tenant: TenantId = TENANT, mid: str | None = None
+    ) -> Graded:
+        """Deliver any message the stage consumes on `assay.verified`; collect the outbox."""
         env = seal(
             msg,
             tenant=envelope_tenant,
             key=topic_for(VERIFIED, msg).key(msg),
-            id=message_id("verify", mid or run.run_id),
+            id=message_id("verify", mid or str(self.offset) + type(msg).__name__),
             causation=None,
         )
         m = BusMessage(VERIFIED, 0, self.offset, env.key, env.encode(), tuple(env.headers()))
@@ -215,20 +255,30 @@ class Stage:
         return await self.log.get(StateKey(TENANT, "reference", f"{task}/{version}"))
 
 
-@pytest.fixture
-async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
+@asynccontextmanager
+async def open_stage(tmp_path: Path, policy: GradingPolicy) -> AsyncIterator[Stage]:
+    """The stage over SQLite, with a scripted judge and this grading policy."""
     judge = ScriptedJudge()
     blobs = FsBlobStore(tmp_path / "blobs")
-    deps = StageDeps(blobs=blobs, model=StubModel(), judge=judge, tools=dict(BUILTIN_TOOLS))
+    deps = StageDeps(
+        blobs=blobs, model=StubModel(), judge=judge, tools=dict(BUILTIN_TOOLS), grading=policy
+    )
     spec = assay_tournament.create_stage(deps)
     log = await stage_log(tmp_path, spec).open()
     bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "tournament.relay.lock"))
     try:
-        yield Stage(StageRunner(spec, log, blobs, relay, EmbeddedSource(bus)), log, blobs, judge)
+        runner = StageRunner(spec, log, blobs, relay, EmbeddedSource(bus))
+        yield Stage(runner, log, blobs, judge, spec)
     finally:
         await log.close()
         await bus.close()
+
+
+@pytest.fixture
+async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0)) as opened:
+        yield opened
 
 
 def task_id(n: int) -> TaskId:
@@ -586,3 +636,282 @@ async def test_episode_of_another_tenant_is_not_readable(stage: Stage) -> None:
     foreign = await stage.episode(cur, tenant=OTHER)
     out = await stage.verified(cur, episode=foreign)
     assert out.score_of(cur) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)
+
+
+# == tournament mode, deterministic grading, budgets, order checks, attempt credit ==========
+
+
+def graded_workflow(prompt: str, grading: dict[str, object]) -> WorkflowDef:
+    return from_document(
+        {
+            "id": "arith",
+            "steps": [{"id": "solve", "kind": "model", "prompt": prompt}],
+            "rubric": [
+                {"id": "safe", "layer": "core", "text": "Output must not contain 'rm -rf'."},
+                {"id": "concise", "layer": "contextual", "text": "Prefer short answers."},
+            ],
+            "grading": grading,
+        }
+    )
+
+
+T1 = graded_workflow("What is {{ task.question }}?", {"strategy": "tournament", "quorum": 4})
+T2 = graded_workflow("Think, then: {{ task.question }}?", {"strategy": "tournament", "quorum": 4})
+D1 = graded_workflow(
+    "Q: {{ task.question }}", {"strategy": "deterministic", "metric": "output.score"}
+)
+D2 = graded_workflow(
+    "Q! {{ task.question }}", {"strategy": "deterministic", "metric": "output.score"}
+)
+
+
+def pinned(run: RunRef, wf: WorkflowDef) -> RunRef:
+    update: dict[str, object] = {"workflow_version": wf.version}
+    if run.baseline_version is not None:
+        update["baseline_version"] = (T1 if wf in (T1, T2) else D1).version
+    return run.model_copy(update=update)
+
+
+async def deliver(
+    stage: Stage,
+    run: RunRef,
+    wf: WorkflowDef,
+    output: str,
+    *,
+    passed: bool = True,
+    attempts: list[AttemptView] | None = None,
+) -> Graded:
+    ep = Episode(
+        run=run,
+        definition=wf.model_dump(mode="json", by_alias=True),
+        input={"question": "2 + 3"},
+        attempts=attempts or [],
+        outputs={"solve": output},
+        output=output,
+        succeeded=True,
+        usage=Usage(model_calls=1),
+    )
+    ref = await stage.blobs.put(TENANT, ep.encode())
+    return await stage.verified(run, passed=passed, episode=ref)
+
+
+async def due(stage: Stage, task: str, passed: bool, epoch: int) -> Graded:
+    """Deliver a group's timer as the background task would."""
+    return await stage.deliver(GroupDue(tenant=TENANT, task_id=task, passed=passed, epoch=epoch))
+
+
+# -- tournament groups -------------------------------------------------------------------------
+
+
+async def test_a_group_closes_at_quorum_and_ranks_everyone_against_control(stage: Stage) -> None:
+    t = task_id(1)
+    runs = [pinned(current(t), T1)] + [pinned(challenger(t, f"c{i}"), T2) for i in range(3)]
+    outputs = ["xx", "x", "xxxx", "xxx"]
+    stage.judge.prefer_longer = True
+    for run, out in zip(runs[:3], outputs[:3], strict=True):
+        waiting = await deliver(stage, run, T1 if run.role.value == "current" else T2, out)
+        assert waiting.graded() == []
+        (status,) = waiting.statuses()
+        assert status.state is RunState.GRADING
+        assert "of 4" in status.detail
+    closing = await deliver(stage, runs[3], T2, outputs[3])
+    scores = {g.run.run_id: g.score for g in closing.graded()}
+    assert set(scores) == {r.run_id for r in runs}
+    assert all(isinstance(s, Ranked) and s.group_size == 4 and s.anchored for s in scores.values())
+    control = scores[runs[0].run_id]
+    assert isinstance(control, Ranked)
+    assert control.strength == 0.0
+    order = sorted(runs, key=lambda r: scores[r.run_id].strength)  # type: ignore[union-attr]
+    assert [o.run_id for o in order] == [runs[i].run_id for i in (1, 0, 3, 2)]
+    # 2 rounds of 2 pairs, both orderings; every call metered as grading.
+    assert len(stage.judge.compared) == 8 == len(closing.usage())
+    assert sum(g.judge_calls for g in closing.graded()) == 8
+    group = await stage.log.get(StateKey(TENANT, "group", f"{t}/pass"))
+    assert group == {"epoch": 1, "members": 0}
+
+
+async def test_late_arrivals_start_the_next_epoch_and_a_stale_timer_changes_nothing(
+    stage: Stage,
+) -> None:
+    t = task_id(2)
+    for i in range(4):
+        run = pinned(current(t) if i == 0 else challenger(t, f"c{i}"), T1 if i == 0 else T2)
+        await deliver(stage, run, T1 if i == 0 else T2, "x" * (i + 1))
+    late = pinned(challenger(t, "late"), T2)
+    out = await deliver(stage, late, T2, "xx")
+    assert out.graded() == []
+    group = await stage.log.get(StateKey(TENANT, "group", f"{t}/pass"))
+    assert group is not None
+    assert group["epoch"] == 1
+    assert group["members"] == 1
+    assert (await due(stage, t, True, 0)).graded() == []  # epoch 0 closed already
+    closed = await due(stage, t, True, 1)
+    (graded,) = closed.graded()
+    assert graded.score == Ungraded(reason=UngradedReason.INSUFFICIENT_GROUP)
+    assert (await due(stage, t, True, 1)).graded() == []  # closed: never reopened
+
+
+async def test_outcome_classes_never_share_a_group(stage: Stage) -> None:
+    t = task_id(3)
+    await deliver(stage, pinned(current(t), T1), T1, "x", passed=True)
+    await deliver(stage, pinned(challenger(t, "f"), T2), T2, "xx", passed=False)
+    assert (await stage.log.get(StateKey(TENANT, "group", f"{t}/pass")))["members"] == 1  # type: ignore[index]
+    assert (await stage.log.get(StateKey(TENANT, "group", f"{t}/fail")))["members"] == 1  # type: ignore[index]
+
+
+async def test_a_timed_out_group_without_control_is_graded_but_not_anchored(stage: Stage) -> None:
+    t = task_id(4)
+    for i in range(2):
+        await deliver(stage, pinned(challenger(t, f"c{i}"), T2), T2, "x" * (i + 1))
+    out = await due(stage, t, True, 0)
+    scores = [g.score for g in out.graded()]
+    assert len(scores) == 2
+    assert all(isinstance(s, Ranked) and not s.anchored for s in scores)
+
+
+async def test_a_capped_episode_leaves_the_bracket(stage: Stage) -> None:
+    t = task_id(5)
+    stage.judge.violating = {"rm -rf /"}
+    out = await deliver(stage, pinned(current(t), T1), T1, "rm -rf /")
+    (graded,) = out.graded()
+    assert isinstance(graded.score, Capped)
+    assert await stage.log.get(StateKey(TENANT, "group", f"{t}/pass")) is None
+
+
+async def test_the_timer_sends_each_due_group_its_closing_message(tmp_path: Path) -> None:
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0)) as stage:
+        t = task_id(6)
+        quick = graded_workflow(
+            "Fast {{ task.question }}", {"strategy": "tournament", "group_timeout_s": 0.05}
+        )
+        await deliver(stage, pinned(current(t), quick), quick, "x")
+        await asyncio.sleep(0.1)
+        stop = asyncio.Event()
+        timer = asyncio.create_task(stage.spec.background[0](stage.log, stop))
+        try:
+            for _ in range(100):
+                rows = await stage.log.drain_outbox(100)
+                if rows:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer
+        (row,) = rows
+        env = open_envelope(row.entry.value)
+        msg = MESSAGES.decode(env.type, env.schema_version, env.payload)
+        assert msg == GroupDue(tenant=TENANT, task_id=t, passed=True, epoch=0)
+        assert row.entry.key == f"{TENANT}:{t}"  # the task's partition, with its episodes
+
+
+def test_the_group_clock_is_wall_time() -> None:
+    assert abs(groups_module.clock_ms() / 1000 - time.time()) < 5
+
+
+# -- deterministic ----------------------------------------------------------------------------
+
+
+async def test_deterministic_grading_ranks_the_number_against_control(stage: Stage) -> None:
+    t = task_id(7)
+    await deliver(stage, pinned(current(t), D1), D1, '{"score": 0.5}')
+    out = await deliver(
+        stage, pinned(challenger(t, reference_expected=False), D2), D2, '{"score": 0.75}'
+    )
+    (graded,) = out.graded()
+    assert graded.score == Ranked(strength=0.25, interval=(0.25, 0.25), group_size=2)
+    assert graded.judge_calls == 0
+    assert stage.judge.compared == []
+    assert stage.judge.screened == []
+    missing = await deliver(
+        stage, pinned(challenger(t, "m", reference_expected=False), D2), D2, "{}"
+    )
+    assert missing.graded()[0].score == Ungraded(reason=UngradedReason.NO_METRIC)
+
+
+# -- budgets, order checks, judge failures ------------------------------------------------------
+
+
+async def test_a_tenant_at_its_ceiling_is_ungraded_budget_exhausted(tmp_path: Path) -> None:
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0, calls_per_day=1)) as stage:
+        for n in (8, 9):
+            t = task_id(n)
+            await stage.verified(current(t))
+            stage.judge.verdicts = [Verdict.A]
+            out = await stage.verified(challenger(t))
+            score = out.graded()[0].score
+            if n == 8:
+                assert isinstance(score, Relative)
+            else:
+                assert score == Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED)
+        meter = await stage.log.get(StateKey(TENANT, "meter", "grading"))
+        assert meter is not None
+        assert meter["calls_today"] >= 1
+        assert meter["by_purpose"].get("compare") == 1
+
+
+async def test_a_sampled_order_check_records_consistency(tmp_path: Path) -> None:
+    async with open_stage(tmp_path, GradingPolicy(order_check=1.0)) as stage:
+        t = task_id(10)
+        await stage.verified(current(t))
+        stage.judge.verdicts = [Verdict.A, Verdict.A]  # the same letter twice: position bias
+        out = await stage.verified(challenger(t))
+        (graded,) = out.graded()
+        assert isinstance(graded.score, Relative)
+        assert graded.score.order_consistent is False
+        assert graded.judge_calls == 2
+        assert len(out.usage()) == 2
+        meter = await stage.log.get(StateKey(TENANT, "meter", "grading"))
+        assert meter is not None
+        assert (meter["order_checked"], meter["order_inconsistent"]) == (1, 1)
+
+
+async def test_a_failed_judge_is_recorded_never_a_guessed_verdict(stage: Stage) -> None:
+    t = task_id(11)
+    await stage.verified(current(t))
+    stage.judge.fail_with = JudgeFailed("answer is not JSON: 'A, I think'")
+    out = await stage.verified(challenger(t))
+    assert out.graded()[0].score == Ungraded(reason=UngradedReason.JUDGE_FAILED)
+    meter = await stage.log.get(StateKey(TENANT, "meter", "grading"))
+    assert meter is not None
+    assert meter["judge_failures"] == 1
+    assert "not JSON" in meter["last_failure"]
+
+
+# -- attempt tournaments -----------------------------------------------------------------------
+
+
+def view(n: int, state: AttemptState, output: str | None, prompt: str) -> AttemptView:
+    return AttemptView(
+        step=StepId("solve"),
+        attempt=AttemptNo(n),
+        iteration=0,
+        state=state,
+        prompt=prompt,
+        output=output,
+        error=None if output is not None else "wrong",
+        usage=Usage(model_calls=1),
+        duration_ms=3,
+    )
+
+
+async def test_attempt_ranks_and_step_credit_reach_graded_and_results(stage: Stage) -> None:
+    t = task_id(12)
+    run = current(t)
+    attempts = [
+        view(1, AttemptState.FAILED, None, "p"),
+        view(2, AttemptState.FAILED, None, "p"),
+        view(3, AttemptState.SUCCEEDED, "5", "p, carefully"),
+    ]
+    wf = graded_workflow("What is {{ task.question }}?", {"strategy": "pairwise_sequential"})
+    out = await deliver(
+        stage, run.model_copy(update={"workflow_version": wf.version}), wf, "5", attempts=attempts
+    )
+    (graded,) = out.graded()
+    assert [(r.attempt, r.succeeded) for r in graded.attempt_ranks] == [(1, False), (2, False)]
+    assert [(c.failed_attempt, c.passed_attempt) for c in graded.step_credit] == [(1, 3), (2, 3)]
+    assert graded.judge_calls == 2  # the two failures, in both orders
+    (result,) = out.results()
+    assert result.step_credit == graded.step_credit
+    assert result.step_credit[0].changed == ["prompt (1 -> 12 characters)"]
+    assert run.purpose is Purpose.WORK

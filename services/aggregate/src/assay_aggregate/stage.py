@@ -3,18 +3,25 @@
 Folds each challenger's comparisons into its `WinRecord` against the current
 version, and every version's verifier pass rate. Judge verdicts and
 verifier-decided pairs stay apart; `Capped` is counted, never averaged.
+
+`Ranked` scores (tournament, deterministic) are folded as running sums of their
+deltas from control, so a variant's strength is the mean of like-for-like deltas
+with a t interval over them (§11.2). A `Ranked` from a group without control is
+counted as unanchored and never averaged in.
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from pydantic import Field
+from scipy.stats import t as student_t
 
 from assay.bus.topics import AGGREGATES, GRADED
 from assay.kernel import RunId, WorkflowId, WorkflowVersion
-from assay.kernel.scores import Capped, Relative, WinRecord
-from assay.messages import Role, RunGraded, VariantAggregate
+from assay.kernel.scores import Capped, Ranked, Relative, WinRecord
+from assay.messages import Role, RunGraded, StrengthSummary, VariantAggregate
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 
@@ -31,9 +38,28 @@ class VersionTallied(Event):
     passes: int = Field(ge=0, description="Of which passed verification.")
     baseline_version: WorkflowVersion | None = Field(None, description="For a challenger.")
     record: WinRecord | None = Field(None, description="Challenger's record so far.")
+    ranked: dict[str, float] | None = Field(
+        None,
+        description="Anchored Ranked deltas so far: `n`, `sum`, `sumsq`, and `unanchored`.",
+    )
 
 
 AGGREGATE_EVENTS = EventRegistry([VersionTallied])
+
+
+def summarise(ranked: dict[str, float]) -> StrengthSummary:
+    """The mean anchored delta with a 95% t interval (a point below two episodes)."""
+    n, total, sumsq = int(ranked["n"]), ranked["sum"], ranked["sumsq"]
+    mean = total / n if n else 0.0
+    if n < 2:
+        interval = (mean, mean)
+    else:
+        var = max(sumsq - n * mean * mean, 0.0) / (n - 1)
+        half = float(student_t.ppf(0.975, n - 1)) * math.sqrt(var / n)
+        interval = (mean - half, mean + half)
+    return StrengthSummary(
+        episodes=n, mean=mean, interval=interval, unanchored=int(ranked["unanchored"])
+    )
 
 
 def fold_aggregate(record: LogRecord) -> list[StateDelta]:
@@ -49,6 +75,7 @@ def fold_aggregate(record: LogRecord) -> list[StateDelta]:
                         "passes": e.passes,
                         "baseline": e.baseline_version,
                         "record": e.record.model_dump(mode="json") if e.record else None,
+                        "ranked": e.ranked,
                     },
                 )
             ]
@@ -64,6 +91,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         runs, passes = doc.get("runs", 0) + 1, doc.get("passes", 0) + int(msg.passed)
         record = WinRecord.model_validate(doc["record"]) if doc.get("record") else None
         baseline = doc.get("baseline")
+        ranked: dict[str, float] | None = doc.get("ranked")
         comparable = r.role is Role.CHALLENGER and r.baseline_version is not None
         if comparable and (baseline is None or baseline == r.baseline_version):
             baseline = r.baseline_version
@@ -73,6 +101,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
                     record = record.add(outcome, by)
                 case Capped():
                     record = record.model_copy(update={"capped": record.capped + 1})
+                case Ranked(strength=delta, anchored=anchored):
+                    ranked = dict(ranked or {"n": 0, "sum": 0.0, "sumsq": 0.0, "unanchored": 0})
+                    if anchored:
+                        ranked["n"] += 1
+                        ranked["sum"] += delta
+                        ranked["sumsq"] += delta * delta
+                    else:
+                        ranked["unanchored"] += 1
                 case _:
                     comparable = False
         else:
@@ -87,6 +123,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 passes=passes,
                 baseline_version=baseline,
                 record=record,
+                ranked=ranked,
             ),
         )
         if comparable and record is not None and baseline is not None:
@@ -100,6 +137,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                     record=record,
                     runs=runs,
                     passes=passes,
+                    strength=summarise(ranked) if ranked else None,
                 ),
             )
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import DECISIONS, RUN_STATUS, RUNS, TASKS, WORKFLOWS
 from assay.engine import StepNotExecutable, check_executable, child_key
+from assay.grading.strategies import StrategyRefused, check_fits, profile
 from assay.kernel import (
     Refused,
     RunId,
@@ -140,6 +141,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
             check_executable(wf)
         except (WorkflowInvalid, StepNotExecutable) as exc:
             raise Refused(f"invalid workflow: {exc}") from exc
+        try:  # §11.1: a strategy that does not fit the declared capacity is refused at load
+            grading = deps.grading
+            check_fits(
+                profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check),
+                grading.capacity,
+            )
+        except StrategyRefused as exc:
+            raise Refused(f"workflow {wf.id!r} refused: {exc}") from exc
         if await uow.get("definition", wf.version) is not None:
             return  # already stored: registration is idempotent
         if any(isinstance(s, SubworkflowStep) for s in wf.steps):

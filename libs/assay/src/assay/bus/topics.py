@@ -14,6 +14,7 @@ from assay.messages import (
     AttemptIndeterminate,
     CancelRun,
     ChallengerRejected,
+    GroupDue,
     Promoted,
     RewindRun,
     RunExecuted,
@@ -82,6 +83,14 @@ def _workflow_key(msg: Versioned) -> str:
     return f"{msg.tenant}:{msg.definition.get('id', '')}"
 
 
+def _task_key(msg: Versioned) -> str:
+    """Episodes of a task and its groups' timers share a partition (§11.4)."""
+    if isinstance(msg, GroupDue):
+        return f"{msg.tenant}:{msg.task_id}"
+    assert isinstance(msg, RunVerified)
+    return f"{msg.run.tenant}:{msg.run.task_id}"
+
+
 TOPICS: dict[str, Topic] = {
     t.name: t
     for t in [
@@ -95,7 +104,7 @@ TOPICS: dict[str, Topic] = {
             "tenant:run_id",
         ),
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
-        Topic(VERIFIED, (RunVerified,), _k("run.tenant", "run.task_id"), "tenant:task_id"),
+        Topic(VERIFIED, (RunVerified, GroupDue), _task_key, "tenant:task_id"),
         Topic(
             GRADED,
             (RunGraded,),

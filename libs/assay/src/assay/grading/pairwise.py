@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from assay.grading.judges import Judge
+from assay.grading.judges import Judge, UsageSink
 from assay.kernel.ids import RunId
 from assay.kernel.scores import DecidedBy, Outcome, Relative, Verdict
 from assay.messages.episode import Episode
@@ -35,11 +35,18 @@ async def compare_with_reference(
     order_index: int,
     judge: Judge,
     rubric: list[RubricItem],
+    on_usage: UsageSink | None = None,
+    order_check: bool = False,
 ) -> tuple[Relative, int]:
     """Score a challenger episode against the reference; return the score and judge calls.
 
     A verified pass against a verified fail is decided by the verifier and never
-    shown to the judge. Otherwise the judge sees the pair in alternating order.
+    shown to the judge. Otherwise the judge sees the pair in alternating order;
+    with `order_check` it is asked again with the positions swapped, and whether it
+    mirrored itself is recorded (the score keeps the first verdict).
+
+    Raises:
+        JudgeFailed: the judge gave no usable verdict.
     """
     position = challenger_position(order_index)
     if challenger_passed != reference_passed:
@@ -55,11 +62,18 @@ async def compare_with_reference(
             decided_by=DecidedBy.VERIFIER,
         ), 0
     a, b = (challenger, reference) if position == "a" else (reference, challenger)
-    verdict = await judge.compare(a, b, rubric)
+    verdict = await judge.compare(a, b, rubric, on_usage=on_usage)
+    consistent: bool | None = None
+    if order_check:
+        swapped = await judge.compare(b, a, rubric, on_usage=on_usage)
+        consistent = _outcome(swapped, "b" if position == "a" else "a") is _outcome(
+            verdict, position
+        )
     return Relative(
         against=reference_run,
         verdict=verdict,
         position=position,
         outcome=_outcome(verdict, position),
         decided_by=DecidedBy.JUDGE,
-    ), 1
+        order_consistent=consistent,
+    ), 1 + int(order_check)

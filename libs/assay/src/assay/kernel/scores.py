@@ -52,6 +52,11 @@ class UngradedReason(enum.Enum):
     BUDGET_EXHAUSTED = "budget_exhausted"
     EPISODE_UNAVAILABLE = "episode_unavailable"
     """The episode blob could not be read; grading degrades, the run stands."""
+    JUDGE_FAILED = "judge_failed"
+    """The judge's answer could not be parsed, or it could not be reached: a recorded
+    failure, never a guessed verdict."""
+    NO_METRIC = "no_metric"
+    """Deterministic grading: the episode does not hold the declared number."""
 
 
 class CoreViolation(_Frozen):
@@ -70,15 +75,31 @@ class Relative(_Frozen):
     position: Literal["a", "b"] = Field(description="Where the graded run was shown.")
     outcome: Outcome = Field(description="The verdict from the graded run's side.")
     decided_by: DecidedBy = Field(description="Judge, or verifier for pass-vs-fail.")
+    order_consistent: bool | None = Field(
+        None,
+        description=(
+            "Sampled order check: the judge was asked again with the positions swapped and "
+            "gave the mirror verdict (True) or not (False); None: not sampled."
+        ),
+    )
 
 
 class Ranked(_Frozen):
-    """A Bradley-Terry strength as a delta from control (§11.4)."""
+    """A strength as a delta from control (§11.2, §11.4), with its interval and group size.
+
+    From a tournament it is a Bradley-Terry-Davidson strength; from the deterministic
+    grader, the episode's number minus control's (a point interval). `anchored` is
+    False when the group held no control episode: the strength is then relative to
+    the group's mean, is still worth reading, and is never aggregated (§11.2).
+    """
 
     kind: Literal["ranked"] = Field("ranked", description="Score variant.")
     strength: float = Field(description="Strength minus control's.")
     interval: tuple[float, float] = Field(description="Interval on the strength.")
     group_size: int = Field(ge=1, description="Episodes in the group that produced it.")
+    anchored: bool = Field(
+        True, description="The group held control, so the delta is comparable across groups."
+    )
 
 
 class Capped(_Frozen):
@@ -138,3 +159,34 @@ class WinRecord(_Frozen):
             case Outcome.DRAW:
                 field = "draws"
         return self.model_copy(update={field: getattr(self, field) + 1})
+
+
+class StepCredit(_Frozen):
+    """A failed attempt and the retry of the same step that passed (§11.5, §11.8).
+
+    Never shown to a judge — the verifier already ordered the pair. It is credit:
+    what differed between the two attempts is attributed to the step as the change
+    that turned a fail into a pass. `changed` empty means nothing in the attempt's
+    input differed (the pass was a retry of identical input).
+    """
+
+    step: str = Field(description="The step.")
+    iteration: int = Field(ge=0, description="How many times the step had run before.")
+    failed_attempt: int = Field(ge=1, description="The attempt that failed.")
+    passed_attempt: int = Field(ge=1, description="The later attempt that succeeded.")
+    failure: str = Field(description="Why the failed attempt failed.")
+    changed: list[str] = Field(description="What differed between the attempts' inputs.")
+
+
+class AttemptRank(_Frozen):
+    """One attempt's strength among the same-outcome attempts of its step (§11.5).
+
+    The step's earliest attempt in the group is the anchor (strength 0), so a
+    positive strength says the judge preferred this attempt to the step's first try.
+    """
+
+    step: str = Field(description="The step.")
+    iteration: int = Field(ge=0, description="How many times the step had run before.")
+    attempt: int = Field(ge=1, description="The attempt.")
+    succeeded: bool = Field(description="Its outcome class: succeeded, or failed.")
+    rank: Ranked = Field(description="Its strength as a delta from the group's first attempt.")

@@ -15,6 +15,7 @@ from assay.messages.models import (
     AttemptIndeterminate,
     CancelRun,
     ChallengerRejected,
+    GroupDue,
     Promoted,
     Purpose,
     RewindRun,
@@ -27,15 +28,19 @@ from assay.messages.models import (
     RunStatusChanged,
     RunVerified,
     SignalRun,
+    StrengthSummary,
     TaskSubmitted,
     Usage,
     UsageRecorded,
     VariantAggregate,
     VerifierResult,
     WorkflowRegistered,
+    run_graded_v1_to_v2,
     run_result_v1_to_v2,
+    run_result_v2_to_v3,
     run_spawned_v1_to_v2,
     usage_recorded_v1_to_v2,
+    variant_aggregate_v1_to_v2,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -47,6 +52,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         AttemptIndeterminate,
         RunExecuted,
         RunVerified,
+        GroupDue,
         RunGraded,
         RunResult,
         CancelRun,
@@ -63,6 +69,9 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
 
 MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
 MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
+MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
+MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
+MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)
 MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
 
 __all__ = [
@@ -76,6 +85,7 @@ __all__ = [
     "Elision",
     "Envelope",
     "Episode",
+    "GroupDue",
     "Promoted",
     "Purpose",
     "ReducedEpisode",
@@ -90,6 +100,7 @@ __all__ = [
     "RunVerified",
     "SchemaRegistry",
     "SignalRun",
+    "StrengthSummary",
     "TaskSubmitted",
     "UnknownSchema",
     "Usage",

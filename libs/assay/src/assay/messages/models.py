@@ -17,7 +17,7 @@ from assay.kernel.ids import (
 )
 from assay.kernel.lifecycle import RunState
 from assay.kernel.schema import Versioned
-from assay.kernel.scores import Score, WinRecord
+from assay.kernel.scores import AttemptRank, Score, StepCredit, WinRecord
 
 
 class Role(enum.Enum):
@@ -175,26 +175,54 @@ class RunVerified(Versioned):
     executed: bool = Field(description="Execution succeeded (all steps ended well).")
 
 
+class GroupDue(Versioned):
+    """A tournament group's timeout passed: close it with whatever arrived (§11.6).
+
+    The tournament stage sends it to itself on `assay.verified`, keyed like the
+    episodes of the task, so it is ordered with them on their partition. A group
+    that already closed (the epoch moved on) ignores it.
+    """
+
+    type: ClassVar[str] = "GroupDue"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    task_id: TaskId = Field(description="Task of the group.")
+    passed: bool = Field(description="Outcome class of the group.")
+    epoch: int = Field(ge=0, description="The generation whose timeout passed.")
+
+
 class RunGraded(Versioned):
-    """Tournament's score for a run."""
+    """Tournament's score for a run.
+
+    Version 2 adds the run's attempt tournaments (`attempt_ranks`, `step_credit`),
+    the `Ranked` score's `anchored` flag, `Relative.order_consistent`, and the
+    `judge_failed` and `no_metric` reasons; a version 1 payload reads as it is.
+    """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
     judge_calls: int = Field(0, ge=0, description="Judge calls spent on this run.")
+    attempt_ranks: list[AttemptRank] = Field(
+        default_factory=list, description="v2: same-outcome attempts of a step, ranked."
+    )
+    step_credit: list[StepCredit] = Field(
+        default_factory=list, description="v2: fail-then-pass retries, attributed to their step."
+    )
 
 
 class RunResult(Versioned):
     """What a consumer reads for a submitted task: one per task.
 
     Version 2 adds cancelled runs: `status` and `termination` may be
-    `cancelled`, and such a run has no score (it was never graded).
+    `cancelled`, and such a run has no score (it was never graded). Version 3
+    adds `step_credit` and the score changes of RunGraded v2.
     """
 
     type: ClassVar[str] = "RunResult"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run that served the task.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -212,6 +240,10 @@ class RunResult(Versioned):
         description="How execution ended."
     )
     output: str | None = Field(None, description="The run's output, when small.")
+    step_credit: list[StepCredit] = Field(
+        default_factory=list,
+        description="v3: each fail-then-pass retry, with what differed, attributed to its step.",
+    )
 
 
 class CancelRun(Versioned):
@@ -254,11 +286,30 @@ class RewindRun(Versioned):
     reason: str = Field("", max_length=2000, description="Why, for people.")
 
 
+class StrengthSummary(Versioned):
+    """A variant's anchored `Ranked` deltas across groups (§11.2): like-for-like deltas
+    from control, so their mean means something. Unanchored groups are counted, never
+    averaged in."""
+
+    type: ClassVar[str] = "StrengthSummary"
+    version: ClassVar[int] = 1
+    episodes: int = Field(ge=0, description="Anchored Ranked scores folded in.")
+    mean: float = Field(description="Mean delta from control.")
+    interval: tuple[float, float] = Field(
+        description="95% interval on the mean (t over episodes; a point with fewer than two)."
+    )
+    unanchored: int = Field(ge=0, description="Ranked scores from groups without control.")
+
+
 class VariantAggregate(Versioned):
-    """A challenger's cumulative record against its baseline."""
+    """A challenger's cumulative record against its baseline.
+
+    Version 2 adds `strength`: the mean of its anchored `Ranked` deltas, for the
+    tournament and deterministic strategies.
+    """
 
     type: ClassVar[str] = "VariantAggregate"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="The challenger.")
@@ -266,6 +317,9 @@ class VariantAggregate(Versioned):
     record: WinRecord = Field(description="Cumulative win record.")
     runs: int = Field(ge=0, description="Graded challenger runs.")
     passes: int = Field(ge=0, description="Of which passed verification.")
+    strength: StrengthSummary | None = Field(
+        None, description="v2: its anchored Ranked deltas from control, when it has any."
+    )
 
 
 class AllocationChanged(Versioned):
@@ -347,6 +401,21 @@ def usage_recorded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 def run_result_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """RunResult v1 -> v2: v1 only knew graded and ungraded runs, which v2 reads as they are."""
     return dict(payload)
+
+
+def run_result_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunResult v2 -> v3: v2 results credited no steps."""
+    return {**payload, "step_credit": []}
+
+
+def run_graded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunGraded v1 -> v2: v1 ran no attempt tournaments."""
+    return {**payload, "attempt_ranks": [], "step_credit": []}
+
+
+def variant_aggregate_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """VariantAggregate v1 -> v2: v1 carried win records only."""
+    return {**payload, "strength": None}
 
 
 def run_spawned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,13 @@ from assay.runtime.embedded import (
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import stage_registry
 from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import ModelSettings, RetentionSettings, SandboxSettings, Settings
+from assay.runtime.settings import (
+    GradingSettings,
+    ModelSettings,
+    RetentionSettings,
+    SandboxSettings,
+    Settings,
+)
 from assay.runtime.stage import StageDeps
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
@@ -91,6 +97,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             sandbox=sandbox_from_env(blobs, default_data_dir(), sandboxing),
             verifiers=load_verifiers(),
             retention=retention,
+            grading=GradingSettings.from_env().policy(),
         )
         spec = factories[stage](deps)
         event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)

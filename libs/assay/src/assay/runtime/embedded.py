@@ -30,7 +30,13 @@ from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.runtime.consumer import StageRunner
 from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import ModelSettings, RetentionSettings, SandboxSettings, Settings
+from assay.runtime.settings import (
+    GradingSettings,
+    ModelSettings,
+    RetentionSettings,
+    SandboxSettings,
+    Settings,
+)
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.sandbox.port import SandboxError, SandboxProvider
 from assay.store.fs_blobs import FsBlobStore
@@ -165,6 +171,7 @@ class Embedded:
             sandbox=sandbox_from_env(self.blobs, self.data_dir, sandboxing),
             verifiers=load_verifiers(),
             retention=RetentionSettings.from_env().policy(),
+            grading=GradingSettings.from_env().policy(),
         )
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Self
+from typing import Literal, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
 from assay.engine.models import StubModel
 from assay.engine.retention import DEFAULT_TOKEN_CEILING, RetentionPolicy
+from assay.grading.strategies import GradingCapacity, GradingPolicy
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, tenant_id
 from assay.kernel.schema import one_line
@@ -250,6 +251,34 @@ class SandboxSettings(_FromEnv):
         )
 
 
+def tenant_map(value: object, unit: str) -> object:
+    """Parse `<tenant-uuid>=<n>,...` (a per-tenant override map); other values pass through.
+
+    Raises:
+        ValueError: an entry is malformed, a tenant is not a UUID or is given twice, or
+            a number is not a whole number >= 1.
+    """
+    if not isinstance(value, str):
+        return value
+    out: dict[TenantId, int] = {}
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            continue
+        tenant, sep, number = entry.partition("=")
+        if not sep:
+            raise ValueError(f"{entry!r} is not <tenant-uuid>=<{unit}>")
+        try:
+            who = tenant_id(tenant.strip())
+        except ValueError:
+            raise ValueError(f"{tenant.strip()!r} is not a tenant UUID") from None
+        if not number.strip().isdigit() or int(number) < 1:
+            raise ValueError(f"{number.strip()!r} for {who} is not a whole number >= 1")
+        if who in out:
+            raise ValueError(f"tenant {who} is given twice")
+        out[who] = int(number)
+    return out
+
+
 _DEFAULT_RETENTION = RetentionPolicy()
 
 
@@ -287,25 +316,7 @@ class RetentionSettings(BaseModel):
     @field_validator("ceilings", mode="before")
     @classmethod
     def _tenant_map(cls, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        out: dict[TenantId, int] = {}
-        for entry in (e.strip() for e in value.split(",")):
-            if not entry:
-                continue
-            tenant, sep, tokens = entry.partition("=")
-            if not sep:
-                raise ValueError(f"{entry!r} is not <tenant-uuid>=<tokens>")
-            try:
-                who = tenant_id(tenant.strip())
-            except ValueError:
-                raise ValueError(f"{tenant.strip()!r} is not a tenant UUID") from None
-            if not tokens.strip().isdigit() or int(tokens) < 1:
-                raise ValueError(f"{tokens.strip()!r} for {who} is not a whole number >= 1")
-            if who in out:
-                raise ValueError(f"tenant {who} is given twice")
-            out[who] = int(tokens)
-        return out
+        return tenant_map(value, "tokens")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetentionSettings:
@@ -339,4 +350,92 @@ class RetentionSettings(BaseModel):
             keep_chars=self.keep_chars,
             tier_after_s=self.tier_after_s,
             sweep_interval_s=self.sweep_interval_s,
+        )
+
+
+_S = TypeVar("_S", bound=BaseModel)
+
+
+def _from_env(model: type[_S], prefix: str, environ: Mapping[str, str] | None) -> _S:
+    env = os.environ if environ is None else environ
+    values = {
+        name: env[f"{prefix}{name.upper()}"]
+        for name in model.model_fields
+        if env.get(f"{prefix}{name.upper()}") not in (None, "")
+    }
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        reason = str(first["ctx"]["error"]) if "error" in first.get("ctx", {}) else first["msg"]
+        raise SettingsInvalid(
+            f"invalid setting {prefix}{name.upper()}={values.get(name)!r}: {reason}"
+        ) from exc
+
+
+_DEFAULT_GRADING = GradingPolicy()
+
+
+class GradingSettings(BaseModel):
+    """Grading capacity, spend and health sampling; each field reads `ASSAY_GRADING_<FIELD>`.
+
+    `ceilings` is a per-tenant map of judge calls per day, written
+    `<tenant-uuid>=<calls>,...`; a tenant not in it has `calls_per_day`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    max_models: int = Field(
+        _DEFAULT_GRADING.capacity.max_models, ge=0, description="Models grading may keep resident."
+    )
+    max_context_tokens: int = Field(
+        _DEFAULT_GRADING.capacity.max_context_tokens,
+        ge=1,
+        description="Largest single-call context a grading strategy may ask for.",
+    )
+    max_calls_per_episode: float = Field(
+        _DEFAULT_GRADING.capacity.max_calls_per_episode,
+        gt=0,
+        allow_inf_nan=False,
+        description="Judge calls per graded episode a strategy may declare.",
+    )
+    calls_per_day: int = Field(
+        _DEFAULT_GRADING.calls_per_day, ge=0, description="Judge calls per tenant per UTC day."
+    )
+    ceilings: dict[TenantId, int] = Field(
+        default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<calls>,...`."
+    )
+    order_check: float = Field(
+        _DEFAULT_GRADING.order_check,
+        ge=0,
+        le=1,
+        description="Fraction of pairwise comparisons asked again with positions swapped.",
+    )
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _tenant_map(cls, value: object) -> object:
+        return tenant_map(value, "calls")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GradingSettings:
+        """Read `ASSAY_GRADING_*` variables.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (named).
+        """
+        return _from_env(cls, "ASSAY_GRADING_", environ)
+
+    def policy(self) -> GradingPolicy:
+        """The grading policy these settings describe."""
+        return GradingPolicy(
+            capacity=GradingCapacity(
+                max_models=self.max_models,
+                max_context_tokens=self.max_context_tokens,
+                max_calls_per_episode=self.max_calls_per_episode,
+            ),
+            calls_per_day=self.calls_per_day,
+            ceilings={str(t): n for t, n in self.ceilings.items()},
+            order_check=self.order_check,
         )

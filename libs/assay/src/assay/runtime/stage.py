@@ -22,6 +22,7 @@ from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.sprt import SprtPolicy
+from assay.grading.strategies import GradingPolicy
 from assay.kernel.canonical import content_hash
 from assay.kernel.errors import Refused
 from assay.kernel.ids import Lsn, TenantId
@@ -86,6 +87,8 @@ class StageDeps:
     verifiers: dict[str, Verifier] = field(default_factory=dict)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     """When finished runs are reduced and tiered (§8.6)."""
+    grading: GradingPolicy = field(default_factory=GradingPolicy)
+    """Grading's capacity, per-tenant judge-call ceilings and order-check sampling."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:

@@ -12,6 +12,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     StringConstraints,
     model_serializer,
+    model_validator,
 )
 
 from assay.kernel.canonical import canonical_bytes, digest
@@ -224,12 +225,125 @@ class RubricItem(_Frozen):
     text: str = Field(description="What the judge looks for.")
 
 
-class GradingSpec(_Frozen):
-    """Which grading strategy applies (§11.1)."""
+_GRADING_OMITTED_WHEN_UNSET = (
+    "quorum",
+    "group_timeout_s",
+    "prior_precision",
+    "metric",
+    "higher_is_better",
+    "attempt_tournaments",
+)
 
-    strategy: Literal["pairwise_sequential"] = Field(
+DEFAULT_QUORUM = 8
+DEFAULT_GROUP_TIMEOUT_S = 3600.0
+DEFAULT_PRIOR_PRECISION = 1.0
+
+METRIC_PATTERN = (
+    r"^(duration_ms|attempts|usage\.(model_calls|prompt_tokens|completion_tokens)"
+    r"|output(\.[A-Za-z0-9_-]+)*)$"
+)
+
+
+class GradingSpec(_Frozen):
+    """Which grading strategy applies, and its parameters (§11.1, §11.4-§11.6).
+
+    - `pairwise_sequential` (default): each challenger episode against the current
+      version's episode on the same task; a sequential test decides.
+    - `tournament`: episodes of one task and outcome class gather into a group that
+      closes at `quorum` or after `group_timeout_s`; Swiss pairing, both orderings,
+      a Bradley-Terry-Davidson fit with a Gaussian prior of `prior_precision`.
+    - `deterministic`: a number the episode already holds (`metric`), no judge.
+
+    `attempt_tournaments` (default on) ranks same-outcome attempts of a step and
+    attributes each fail-then-pass retry to its step. The fields added after the first
+    release are left out of the serialised form while unset, so existing versions hash
+    as they always did.
+    """
+
+    strategy: Literal["pairwise_sequential", "tournament", "deterministic"] = Field(
         "pairwise_sequential", description="Grading strategy."
     )
+    quorum: int | None = Field(
+        None,
+        ge=2,
+        le=64,
+        description=f"tournament: group size that closes a group ({DEFAULT_QUORUM}).",
+    )
+    group_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86400,
+        description=(
+            "tournament: a group closes this long after its first episode, with whatever "
+            f"arrived ({DEFAULT_GROUP_TIMEOUT_S:.0f})."
+        ),
+    )
+    prior_precision: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description=(
+            "tournament: precision of the Gaussian prior on strengths; required > 0, it keeps "
+            f"a clean sweep finite ({DEFAULT_PRIOR_PRECISION})."
+        ),
+    )
+    metric: str | None = Field(
+        None,
+        pattern=METRIC_PATTERN,
+        description=(
+            "deterministic: the number graded — `duration_ms`, `attempts`, "
+            "`usage.model_calls|prompt_tokens|completion_tokens`, `output` (the output is "
+            "a number) or `output.<key>...` (a number inside the output's JSON)."
+        ),
+    )
+    higher_is_better: bool | None = Field(
+        None, description="deterministic: a larger number is better (default true)."
+    )
+    attempt_tournaments: bool | None = Field(
+        None, description="Rank same-outcome attempts of a step; credit fail-then-pass retries."
+    )
+
+    @model_validator(mode="after")
+    def _fits_strategy(self) -> GradingSpec:
+        tournament_only = ("quorum", "group_timeout_s", "prior_precision")
+        deterministic_only = ("metric", "higher_is_better")
+        for name in tournament_only:
+            if getattr(self, name) is not None and self.strategy != "tournament":
+                raise ValueError(f"grading.{name} applies to the tournament strategy only")
+        for name in deterministic_only:
+            if getattr(self, name) is not None and self.strategy != "deterministic":
+                raise ValueError(f"grading.{name} applies to the deterministic strategy only")
+        if self.strategy == "deterministic" and self.metric is None:
+            raise ValueError("the deterministic strategy needs grading.metric")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in _GRADING_OMITTED_WHEN_UNSET:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    @property
+    def group_quorum(self) -> int:
+        """The quorum in effect."""
+        return self.quorum if self.quorum is not None else DEFAULT_QUORUM
+
+    @property
+    def timeout_s(self) -> float:
+        """The group timeout in effect."""
+        return self.group_timeout_s if self.group_timeout_s is not None else DEFAULT_GROUP_TIMEOUT_S
+
+    @property
+    def precision(self) -> float:
+        """The prior precision in effect."""
+        return self.prior_precision if self.prior_precision is not None else DEFAULT_PRIOR_PRECISION
+
+    @property
+    def attempts_ranked(self) -> bool:
+        """Whether attempt tournaments run."""
+        return self.attempt_tournaments is not False
 
 
 class BudgetSpec(_Frozen):

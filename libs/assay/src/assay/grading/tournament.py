@@ -1,0 +1,175 @@
+"""One comparison group's tournament (§11.4): Swiss pairing, both orderings, BT-Davidson.
+
+The group is already bracketed by the caller — one task, one verifier outcome
+class, `Capped` episodes left out (§11.7, §11.8). Pairs are drawn by Swiss
+pairing over ⌈log₂ G⌉ rounds; each pair is judged twice, once in each order, and
+the two verdicts count as two comparisons in a Bradley-Terry fit with the
+Davidson tie term and a Gaussian prior (the prior is what keeps a clean sweep in
+a small group finite). Control is pinned to zero and every strength is a delta
+from it; a group without control is fitted against its own mean, says so
+(`Ranked.anchored` is False) and is not aggregated (§11.2).
+
+Pairing is a function of the entrants, the verdicts and a seed, so a redelivered
+message pairs the same way; a judge that fails on a pair loses that comparison
+(recorded), never the tournament.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from assay.grading.bt import PairCount, Ties, fit
+from assay.grading.judges import Judge, JudgeFailed, JudgeUsage
+from assay.grading.swiss import pair_round, rounds_for
+from assay.kernel.scores import Ranked, Verdict
+from assay.messages.episode import Episode
+from assay.workflow.ir import RubricItem
+
+EntrantSink = Callable[[str, JudgeUsage], None]
+"""Receives each judge call with the name of the entrant shown as A (who it is billed to)."""
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """One episode in a group; `name` identifies it in the fit (a run id, an attempt)."""
+
+    name: str
+    episode: Episode
+    control: bool
+
+
+@dataclass(frozen=True)
+class Bout:
+    """One pair judged in both orderings: `first` with `a` shown as A, `second` with `b`
+    shown as A. A verdict is None where the judge failed."""
+
+    a: str
+    b: str
+    first: Verdict | None
+    second: Verdict | None
+
+    @property
+    def consistent(self) -> bool | None:
+        """Whether the second verdict mirrors the first (None: one of them failed)."""
+        if self.first is None or self.second is None:
+            return None
+        mirror = {Verdict.A: Verdict.B, Verdict.B: Verdict.A, Verdict.DRAW: Verdict.DRAW}
+        return self.second is mirror[self.first]
+
+    def count(self) -> PairCount:
+        """The bout's judged verdicts as counts from `a`'s side."""
+        a_wins = b_wins = draws = 0.0
+        for verdict, a_shown_as in ((self.first, Verdict.A), (self.second, Verdict.B)):
+            if verdict is None:
+                continue
+            if verdict is Verdict.DRAW:
+                draws += 1
+            elif verdict is a_shown_as:
+                a_wins += 1
+            else:
+                b_wins += 1
+        return PairCount(self.a, self.b, a_wins, b_wins, draws)
+
+
+@dataclass(frozen=True)
+class TournamentOutcome:
+    """Strengths of every entrant, the bouts that produced them, and what it cost."""
+
+    scores: dict[str, Ranked]
+    bouts: tuple[Bout, ...]
+    judge_calls: int
+    failures: tuple[str, ...]
+    tie: float | None
+    anchored: bool
+
+    @property
+    def inconsistent(self) -> int:
+        """Bouts whose two orderings disagreed."""
+        return sum(1 for b in self.bouts if b.consistent is False)
+
+
+async def _judge(
+    judge: Judge,
+    a: Entrant,
+    b: Entrant,
+    rubric: list[RubricItem],
+    on_usage: EntrantSink | None,
+    failures: list[str],
+) -> Verdict | None:
+    def bill(usage: JudgeUsage) -> None:
+        if on_usage is not None:
+            on_usage(a.name, usage)
+
+    try:
+        return await judge.compare(a.episode, b.episode, rubric, on_usage=bill)
+    except JudgeFailed as exc:
+        failures.append(f"{a.name} vs {b.name}: {exc}")
+        return None
+
+
+async def run_tournament(
+    entrants: Sequence[Entrant],
+    judge: Judge,
+    rubric: list[RubricItem],
+    *,
+    seed: str,
+    prior_precision: float,
+    on_usage: EntrantSink | None = None,
+) -> TournamentOutcome:
+    """Pair, judge and fit one group of at least two entrants.
+
+    Raises:
+        ValueError: fewer than two entrants, or two with one name.
+    """
+    names = [e.name for e in entrants]
+    if len(entrants) < 2 or len(set(names)) != len(names):
+        raise ValueError("a tournament needs at least two entrants with distinct names")
+    by_name = {e.name: e for e in entrants}
+    points = dict.fromkeys(names, 0.0)
+    played: set[frozenset[str]] = set()
+    byes: list[str] = []
+    bouts: list[Bout] = []
+    failures: list[str] = []
+    calls = 0
+    for round_no in range(rounds_for(len(entrants))):
+        drawn = pair_round(names, points, played, seed=f"{seed}/{round_no}", byes=byes)
+        if drawn.bye is not None:
+            byes.append(drawn.bye)
+        for a_name, b_name in drawn.pairs:
+            a, b = by_name[a_name], by_name[b_name]
+            first = await _judge(judge, a, b, rubric, on_usage, failures)
+            second = await _judge(judge, b, a, rubric, on_usage, failures)
+            calls += 2
+            bout = Bout(a_name, b_name, first, second)
+            bouts.append(bout)
+            played.add(frozenset((a_name, b_name)))
+            tally = bout.count()
+            points[a_name] += tally.a_wins + tally.draws / 2
+            points[b_name] += tally.b_wins + tally.draws / 2
+    controls = [e.name for e in entrants if e.control]
+    anchor = controls or names
+    result = fit(
+        [c for c in (b.count() for b in bouts) if c.a_wins + c.b_wins + c.draws > 0],
+        anchor=anchor,
+        prior_precision=prior_precision,
+        ties=Ties.DAVIDSON,
+        players=names,
+    )
+    scores = {
+        name: Ranked(
+            strength=s.strength,
+            interval=s.interval,
+            group_size=len(entrants),
+            anchored=bool(controls),
+        )
+        for name, s in result.strengths.items()
+    }
+    return TournamentOutcome(
+        scores=scores,
+        bouts=tuple(bouts),
+        judge_calls=calls,
+        failures=tuple(failures),
+        tie=result.tie,
+        anchored=bool(controls),
+    )

@@ -1,0 +1,156 @@
+"""The tournament stage's log: what it decided, and the state folded from it.
+
+State kinds (per tenant): `reference` per (task, version); `parked` challengers
+waiting for their reference run; `scored` runs; `comparisons` counter per
+version (order alternation); `group` per (task, outcome class) — the open
+tournament group's epoch and clock; `member` per (task, outcome, run) — its
+members; `meter` — judge calls today, by purpose, and the judge's health.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from assay.kernel import RunId, TaskId, WorkflowVersion
+from assay.kernel.scores import Score
+from assay.record import Delete, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
+
+
+def outcome_class(passed: bool) -> str:
+    """The verifier outcome class as a key part: groups never cross it (§11.8)."""
+    return "pass" if passed else "fail"
+
+
+class ReferenceSet(Event):
+    """The first episode of a version on a task became its reference there."""
+
+    type: ClassVar[str] = "ReferenceSet"
+    version: ClassVar[int] = 1
+    task_id: TaskId = Field(description="Task.")
+    workflow_version: WorkflowVersion = Field(description="Version.")
+    run_id: RunId = Field(description="Reference run.")
+    episode: str = Field(description="BlobRef of its episode.")
+    passed: bool = Field(description="Its verifier outcome.")
+
+
+class ChallengerParked(Event):
+    """A challenger waits for the reference run spawned alongside it."""
+
+    type: ClassVar[str] = "ChallengerParked"
+    version: ClassVar[int] = 1
+    verified: dict[str, Any] = Field(description="The RunVerified payload to grade later.")
+
+
+class RunScored(Event):
+    """Grading of a run ended, with its score."""
+
+    type: ClassVar[str] = "RunScored"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="Run.")
+    task_id: TaskId = Field(description="Task.")
+    workflow_version: WorkflowVersion = Field(description="Version.")
+    score: Score = Field(description="The score.")
+    judge_calls: int = Field(ge=0, description="Judge calls spent.")
+    order_index: int | None = Field(None, description="Comparison index of the challenger.")
+    was_parked: bool = Field(False, description="It had been waiting for its reference.")
+
+
+class GroupJoined(Event):
+    """An episode joined the open tournament group of its task and outcome class."""
+
+    type: ClassVar[str] = "GroupJoined"
+    version: ClassVar[int] = 1
+    task_id: TaskId = Field(description="Task.")
+    passed: bool = Field(description="Outcome class.")
+    epoch: int = Field(ge=0, description="The group's generation.")
+    opened_ms: int = Field(ge=0, description="When the group's first episode arrived.")
+    quorum: int = Field(ge=2, description="Members that close the group.")
+    timeout_s: float = Field(gt=0, description="The group closes this long after opening.")
+    members: int = Field(ge=1, description="Members after this one joined.")
+    member: dict[str, Any] = Field(
+        description="The RunVerified payload, plus its attempt grades, to grade at closure."
+    )
+
+
+class GroupClosed(Event):
+    """A group closed (quorum or timeout) and was graded; it never reopens (§11.6)."""
+
+    type: ClassVar[str] = "GroupClosed"
+    version: ClassVar[int] = 1
+    task_id: TaskId = Field(description="Task.")
+    passed: bool = Field(description="Outcome class.")
+    epoch: int = Field(ge=0, description="The generation that closed; late arrivals get +1.")
+    runs: list[RunId] = Field(description="Its members.")
+    on_timeout: bool = Field(description="Closed by its timeout rather than its quorum.")
+    judge_calls: int = Field(ge=0, description="Judge calls the tournament spent.")
+    inconsistent: int = Field(ge=0, description="Pairs whose two orderings disagreed.")
+    anchored: bool = Field(description="The group held a control episode.")
+
+
+class GradingMetered(Event):
+    """The tenant's grading meter after a grading that spent or measured something."""
+
+    type: ClassVar[str] = "GradingMetered"
+    version: ClassVar[int] = 1
+    meter: dict[str, Any] = Field(description="Judge calls today and by purpose; judge health.")
+
+
+TOURNAMENT_EVENTS = EventRegistry(
+    [ReferenceSet, ChallengerParked, RunScored, GroupJoined, GroupClosed, GradingMetered]
+)
+
+
+def fold_tournament(record: LogRecord) -> list[StateDelta]:
+    """References, parked challengers, scores, counters, open groups and the meter."""
+    t = record.key.tenant
+    match record.event:
+        case ReferenceSet() as e:
+            return [
+                Put(
+                    StateKey(t, "reference", f"{e.task_id}/{e.workflow_version}"),
+                    {"run_id": e.run_id, "episode": e.episode, "passed": e.passed},
+                )
+            ]
+        case ChallengerParked(verified=v):
+            return [Put(StateKey(t, "parked", f"{v['run']['task_id']}/{v['run']['run_id']}"), v)]
+        case RunScored() as e:
+            out: list[StateDelta] = [
+                Put(
+                    StateKey(t, "scored", e.run_id),
+                    {"score": e.score.model_dump(mode="json"), "judge_calls": e.judge_calls},
+                )
+            ]
+            if e.order_index is not None:
+                out.append(
+                    Put(StateKey(t, "comparisons", e.workflow_version), {"next": e.order_index + 1})
+                )
+            if e.was_parked:
+                out.append(Delete(StateKey(t, "parked", f"{e.task_id}/{e.run_id}")))
+            return out
+        case GroupJoined() as e:
+            group = f"{e.task_id}/{outcome_class(e.passed)}"
+            run = e.member["run"]["run_id"]
+            return [
+                Put(
+                    StateKey(t, "group", group),
+                    {
+                        "epoch": e.epoch,
+                        "opened_ms": e.opened_ms,
+                        "quorum": e.quorum,
+                        "timeout_s": e.timeout_s,
+                        "members": e.members,
+                    },
+                ),
+                Put(StateKey(t, "member", f"{group}/{run}"), e.member),
+            ]
+        case GroupClosed() as e:
+            group = f"{e.task_id}/{outcome_class(e.passed)}"
+            return [
+                Put(StateKey(t, "group", group), {"epoch": e.epoch + 1, "members": 0}),
+                *(Delete(StateKey(t, "member", f"{group}/{run}")) for run in e.runs),
+            ]
+        case GradingMetered(meter=m):
+            return [Put(StateKey(t, "meter", "grading"), m)]
+    return []

@@ -1,0 +1,221 @@
+"""Tournament grading (§11.4-§11.6): groups that fill, close once, and never reopen.
+
+A group is keyed `(tenant, task, outcome class, epoch)`. An episode joins the
+open group of its task and verifier outcome class; the group closes when it
+reaches its quorum or when its timeout passes (a timer in this stage sends
+itself a `GroupDue`, ordered with the task's episodes on their partition), and
+is graded once: Swiss pairing, both orderings, Bradley-Terry-Davidson with the
+control version pinned to zero. Closing moves the task's outcome class to the
+next epoch, so a late arrival starts a new group — strengths already published
+never change underneath a decision (§11.6). A group that closes with one
+member reports `Ungraded{InsufficientGroup}`, a stated reason, not a silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from assay.bus.topics import VERIFIED, producer_entry
+from assay.grading.attempts import AttemptGrades
+from assay.grading.tournament import Entrant, run_tournament
+from assay.kernel import RunId, TaskId, TenantId
+from assay.kernel.scores import Ungraded, UngradedReason
+from assay.messages import Episode, GroupDue, Role, RunVerified
+from assay.record import BranchKey
+from assay.runtime import UnitOfWork
+from assay.store import CommitBatch, EventLog
+from assay.workflow import GradingSpec, WorkflowDef
+from assay_tournament.events import GroupClosed, GroupJoined, outcome_class
+from assay_tournament.grading import Grading, Meter, load_episode
+
+TIMER_TICK_S = 1.0
+
+
+def clock_ms() -> int:
+    """Wall-clock milliseconds: when a group opened, and whether its timeout passed."""
+    return int(time.time() * 1000)
+
+
+class Groups:
+    """The open groups of one stage: joining, closing on quorum or timeout."""
+
+    def __init__(self, grading: Grading) -> None:
+        self.grading = grading
+
+    async def join(
+        self,
+        uow: UnitOfWork,
+        msg: RunVerified,
+        episode: Episode,
+        spec: GradingSpec,
+        attempts: AttemptGrades | None,
+        meter: Meter,
+    ) -> None:
+        """Add the episode to its open group; grade the group if that fills it."""
+        r = msg.run
+        key = f"{r.task_id}/{outcome_class(msg.passed)}"
+        doc = await uow.get("group", key) or {"epoch": 0, "members": 0}
+        fresh = int(doc["members"]) == 0
+        opened_ms = clock_ms() if fresh else int(doc["opened_ms"])
+        quorum = spec.group_quorum if fresh else int(doc["quorum"])
+        timeout_s = spec.timeout_s if fresh else float(doc["timeout_s"])
+        members = int(doc["members"]) + 1
+        uow.record(
+            BranchKey.main(uow.tenant, f"task:{r.task_id}"),
+            GroupJoined(
+                task_id=r.task_id,
+                passed=msg.passed,
+                epoch=int(doc["epoch"]),
+                opened_ms=opened_ms,
+                quorum=quorum,
+                timeout_s=timeout_s,
+                members=members,
+                member={**msg.model_dump(mode="json"), **Grading.attempts_doc(attempts)},
+            ),
+        )
+        self.grading.flush(uow, meter)
+        if members >= quorum:
+            await self.close(
+                uow,
+                r.task_id,
+                msg.passed,
+                int(doc["epoch"]),
+                extra=(msg, attempts),
+                on_timeout=False,
+            )
+        else:
+            self.grading.waiting(
+                uow, msg, f"in tournament group {key}#{doc['epoch']} ({members} of {quorum})"
+            )
+
+    async def on_due(self, msg: GroupDue, uow: UnitOfWork) -> None:
+        """A group's timeout passed: close it, unless it already closed."""
+        key = f"{msg.task_id}/{outcome_class(msg.passed)}"
+        doc = await uow.get("group", key)
+        if doc is None or int(doc["epoch"]) != msg.epoch or int(doc["members"]) == 0:
+            return  # closed on quorum meanwhile, or a repeated timer
+        await self.close(uow, msg.task_id, msg.passed, msg.epoch, extra=None, on_timeout=True)
+
+    async def close(
+        self,
+        uow: UnitOfWork,
+        task: TaskId,
+        passed: bool,
+        epoch: int,
+        *,
+        extra: tuple[RunVerified, AttemptGrades | None] | None,
+        on_timeout: bool,
+    ) -> None:
+        """Grade the group once and move its task and outcome class to the next epoch."""
+        key = f"{task}/{outcome_class(passed)}"
+        docs = [doc for _, doc in await uow.scan("member", f"{key}/")]
+        members = [(Grading.verified_of(d), Grading.attempts_from(d)) for d in docs]
+        if extra is not None and all(m.run.run_id != extra[0].run.run_id for m, _ in members):
+            members.append(extra)  # joined in this very commit: not in state yet
+        members.sort(key=lambda pair: str(pair[0].run.run_id))
+        meter = await self.grading.meter(uow)
+        episodes: dict[RunId, Episode] = {}
+        for m, attempts in members:
+            episode = await load_episode(uow, m.episode)
+            if episode is None:
+                self.grading.finish(
+                    uow,
+                    m,
+                    None,
+                    Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
+                    attempts=attempts,
+                )
+            else:
+                episodes[m.run.run_id] = episode
+        graded = [(m, a) for m, a in members if m.run.run_id in episodes]
+        calls = inconsistent = 0
+        anchored = False
+        if len(graded) < 2 or meter.exhausted(uow.tenant):
+            reason = (
+                UngradedReason.INSUFFICIENT_GROUP
+                if len(graded) < 2
+                else UngradedReason.BUDGET_EXHAUSTED
+            )
+            for m, attempts in graded:
+                self.grading.finish(
+                    uow, m, episodes[m.run.run_id], Ungraded(reason=reason), attempts=attempts
+                )
+        else:
+            first = episodes[graded[0][0].run.run_id]
+            spec = WorkflowDef.model_validate(first.definition)
+            sinks = {m.run.run_id: meter.sink(m.run.run_id, "tournament") for m, _ in graded}
+            outcome = await run_tournament(
+                [
+                    Entrant(
+                        name=str(m.run.run_id),
+                        episode=episodes[m.run.run_id],
+                        control=m.run.role is Role.CURRENT,
+                    )
+                    for m, _ in graded
+                ],
+                self.grading.deps.judge,
+                list(spec.rubric),
+                seed=f"{uow.tenant}/{key}/{epoch}",
+                prior_precision=spec.grading.precision,
+                on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
+            )
+            for failure in outcome.failures:
+                meter.failed(failure)
+            for bout in outcome.bouts:
+                if bout.consistent is not None:
+                    meter.order_checked(consistent=bout.consistent)
+            calls, inconsistent, anchored = (
+                outcome.judge_calls,
+                outcome.inconsistent,
+                outcome.anchored,
+            )
+            billed = {m.run.run_id: meter.calls_for(m.run.run_id) for m, _ in graded}
+            for m, attempts in graded:
+                self.grading.finish(
+                    uow,
+                    m,
+                    episodes[m.run.run_id],
+                    outcome.scores[str(m.run.run_id)],
+                    meter=meter,
+                    judge_calls=billed[m.run.run_id],
+                    attempts=attempts,
+                )
+        self.grading.flush(uow, meter)
+        uow.record(
+            BranchKey.main(uow.tenant, f"task:{task}"),
+            GroupClosed(
+                task_id=task,
+                passed=passed,
+                epoch=epoch,
+                runs=[m.run.run_id for m, _ in members],
+                on_timeout=on_timeout,
+                judge_calls=calls,
+                inconsistent=inconsistent,
+                anchored=anchored,
+            ),
+        )
+
+    async def timeouts(self, log: EventLog, stop: asyncio.Event) -> None:
+        """Send each open group whose timeout passed its `GroupDue` (once per process;
+        the inbox drops repeats across processes)."""
+        sent: set[tuple[TenantId, str, int]] = set()
+        while not stop.is_set():
+            now = clock_ms()
+            for tenant, key, doc in await log.scan_kind("group"):
+                if int(doc.get("members", 0)) == 0:
+                    continue
+                epoch = int(doc["epoch"])
+                due = int(doc["opened_ms"]) + float(doc["timeout_s"]) * 1000
+                if due > now or (tenant, key, epoch) in sent:
+                    continue
+                task, outcome = key.rsplit("/", 1)
+                due_msg = GroupDue(
+                    tenant=tenant, task_id=TaskId(task), passed=outcome == "pass", epoch=epoch
+                )
+                entry = producer_entry(VERIFIED, due_msg, tenant, f"group-due:{key}:{epoch}")
+                await log.commit(CommitBatch(outbox=[entry]))
+                sent.add((tenant, key, epoch))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), TIMER_TICK_S)
