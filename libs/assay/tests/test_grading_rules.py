@@ -13,6 +13,7 @@ from assay.grading import (
     SprtDecision,
     SprtPolicy,
     StubJudge,
+    UsageCallback,
     challenger_position,
     compare_with_reference,
     evaluate,
@@ -218,11 +219,24 @@ class RecordingJudge:
         self.verdict = verdict
         self.shown: list[tuple[Episode, Episode]] = []
 
-    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+    async def compare(
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> Verdict:
         self.shown.append((a, b))
         return self.verdict
 
-    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+    async def screen(
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> list[CoreViolation]:
         return []
 
 
@@ -231,10 +245,23 @@ class ForbiddenJudge:
 
     name = "forbidden"
 
-    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+    async def compare(
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> Verdict:
         pytest.fail("a pass-versus-fail pair was shown to a judge")
 
-    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+    async def screen(
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> list[CoreViolation]:
         pytest.fail("screen was called")
 
 

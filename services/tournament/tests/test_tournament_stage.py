@@ -26,6 +26,7 @@ from assay.bus import (
     topic_for,
 )
 from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.grading import UsageCallback
 from assay.kernel import (
     RunId,
     RunState,
@@ -98,11 +99,24 @@ class ScriptedJudge:
     compared: list[tuple[RunId, RunId]] = field(default_factory=list)
     screened: list[RunId] = field(default_factory=list)
 
-    async def compare(self, a: Episode, b: Episode, rubric: list[RubricItem]) -> Verdict:
+    async def compare(
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> Verdict:
         self.compared.append((a.run.run_id, b.run.run_id))
         return self.verdicts.pop(0) if self.verdicts else Verdict.DRAW
 
-    async def screen(self, episode: Episode, rubric: list[RubricItem]) -> list[CoreViolation]:
+    async def screen(
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> list[CoreViolation]:
         self.screened.append(episode.run.run_id)
         if episode.output in self.violating:
             core = [r.id for r in rubric if r.layer == "core"]

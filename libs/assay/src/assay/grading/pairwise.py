@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from assay.grading.judges import Judge
+from assay.grading.judges import Judge, UsageCallback
 from assay.kernel.ids import RunId
 from assay.kernel.scores import DecidedBy, Outcome, Relative, Verdict
 from assay.messages.episode import Episode
@@ -35,11 +35,16 @@ async def compare_with_reference(
     order_index: int,
     judge: Judge,
     rubric: list[RubricItem],
+    on_usage: UsageCallback | None = None,
 ) -> tuple[Relative, int]:
     """Score a challenger episode against the reference; return the score and judge calls.
 
     A verified pass against a verified fail is decided by the verifier and never
-    shown to the judge. Otherwise the judge sees the pair in alternating order.
+    shown to the judge. Otherwise the judge sees the pair in alternating order;
+    `on_usage` receives each model call the judge makes.
+
+    Raises:
+        JudgeFailed: the judge gave no usable verdict.
     """
     position = challenger_position(order_index)
     if challenger_passed != reference_passed:
@@ -55,7 +60,7 @@ async def compare_with_reference(
             decided_by=DecidedBy.VERIFIER,
         ), 0
     a, b = (challenger, reference) if position == "a" else (reference, challenger)
-    verdict = await judge.compare(a, b, rubric)
+    verdict = await judge.compare(a, b, rubric, on_usage=on_usage)
     return Relative(
         against=reference_run,
         verdict=verdict,
