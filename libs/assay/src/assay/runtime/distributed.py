@@ -16,7 +16,6 @@ from contextlib import AsyncExitStack
 from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import all_topics
-from assay.grading.judges import StubJudge
 from assay.kernel.errors import AssayError
 from assay.runtime.consumer import StageRunner
 from assay.runtime.embedded import (
@@ -30,7 +29,13 @@ from assay.runtime.embedded import (
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import stage_registry
 from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import ModelSettings, RetentionSettings, SandboxSettings, Settings
+from assay.runtime.settings import (
+    JudgeSettings,
+    ModelSettings,
+    RetentionSettings,
+    SandboxSettings,
+    Settings,
+)
 from assay.runtime.stage import StageDeps
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
@@ -71,6 +76,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     assert settings.kafka_bootstrap is not None
     assert settings.database_url is not None
     model_settings = ModelSettings.from_env()
+    judge_settings = JudgeSettings.from_env()
     retention = RetentionSettings.from_env().policy()
     await create_topics(settings)
     async with AsyncExitStack() as stack:
@@ -79,11 +85,13 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         stack.push_async_callback(blobs.close)
         model = model_settings.build()
         stack.push_async_callback(model.aclose)
+        judge = judge_settings.build()
+        stack.push_async_callback(judge.aclose)
         sandboxing = SandboxSettings.from_env()
         deps = StageDeps(
             blobs=blobs,
             model=model,
-            judge=StubJudge(),
+            judge=judge,
             tools=load_tools(network=sandboxing.network),
             sprt=sprt_from_env(),
             shadow_rate=shadow_rate_from_env(),
