@@ -1,20 +1,18 @@
 """The OpenAI-compatible chat-completions model (§9) against a real local HTTP server.
 
-The server is the standard library's threading HTTP server on a free loopback
-port; each test scripts its replies (status, headers, body, delay) and reads
-back every request it received. Nothing in httpx is replaced.
+The server (`chat_endpoint.ChatServer`) is the standard library's threading
+HTTP server on a free loopback port; each test scripts its replies (status,
+headers, body, delay) and reads back every request it received. Nothing in
+httpx is replaced.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -49,123 +47,9 @@ from assay.messages import Purpose, Role, RunRef, UsageRecorded
 from assay.runtime.settings import ModelSettings, SettingsInvalid
 from assay.store import SqliteEventLog
 from assay.workflow import WorkflowDef, validate
+from libs.assay.tests.chat_endpoint import OK, ChatServer, Reply, completion, json_reply
 
-# -- a chat-completions endpoint that answers from a script -------------------------------
-
-
-@dataclass(frozen=True)
-class Reply:
-    """One scripted answer: status, headers, raw body, and how long to wait first."""
-
-    status: int = 200
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = ()
-    delay_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Seen:
-    """One request the server received."""
-
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-def completion(
-    text: str = "The answer is 153.",
-    *,
-    prompt_tokens: int = 12,
-    completion_tokens: int = 5,
-    model: str = "local-model",
-) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def json_reply(doc: Any, status: int = 200, *headers: tuple[str, str]) -> Reply:
-    return Reply(status, json.dumps(doc).encode(), (("Content-Type", "application/json"), *headers))
-
-
-OK = json_reply(completion())
-
-
-class ChatServer:
-    """A chat-completions endpoint on a free loopback port.
-
-    Replies are taken from the script in order; the last one repeats forever.
-    """
-
-    def __init__(self) -> None:
-        self.script: list[Reply] = [OK]
-        self.seen: list[Seen] = []
-        self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def answer(self, *replies: Reply) -> None:
-        with self._lock:
-            self.script = list(replies)
-
-    def take(self, seen: Seen) -> Reply:
-        with self._lock:
-            self.seen.append(seen)
-            return self.script.pop(0) if len(self.script) > 1 else self.script[0]
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-
-def _handler(chat: ChatServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            reply = chat.take(Seen(self.path, headers, json.loads(raw)))
-            time.sleep(reply.delay_s)
-            try:
-                self.send_response(reply.status)
-                for name, value in reply.headers:
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply.body)))
-                self.end_headers()
-                self.wfile.write(reply.body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client stopped waiting (a timeout under test)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
+# -- the endpoint ---------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -240,6 +124,17 @@ async def test_the_request_body_is_the_chat_completions_wire_format(
     assert first["seed"] == again["seed"] == request_seed("run:solve:1")
     assert other["seed"] != first["seed"]
     assert server.seen[0].headers["content-type"] == "application/json"
+
+
+async def test_a_system_message_goes_before_the_prompt(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    model = make_model(server.base_url)
+    await model.complete("Episode A: ...", max_tokens=8, seed="s", system="You compare.")
+    assert server.seen[0].body["messages"] == [
+        {"role": "system", "content": "You compare."},
+        {"role": "user", "content": "Episode A: ..."},
+    ]
 
 
 def test_the_seed_is_the_same_on_every_machine_and_release() -> None:

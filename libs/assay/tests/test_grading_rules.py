@@ -13,12 +13,12 @@ from assay.grading import (
     SprtDecision,
     SprtPolicy,
     StubJudge,
+    UsageCallback,
     challenger_position,
     compare_with_reference,
     evaluate,
     llr,
 )
-from assay.grading.judges import UsageSink
 from assay.kernel import AttemptNo, AttemptState, RunId, StepId, TaskId, new_run_id
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import CoreViolation, DecidedBy, Outcome, Verdict, WinRecord
@@ -221,13 +221,22 @@ class RecordingJudge:
         self.shown: list[tuple[Episode, Episode]] = []
 
     async def compare(
-        self, a: Episode, b: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> Verdict:
         self.shown.append((a, b))
         return self.verdict
 
     async def screen(
-        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> list[CoreViolation]:
         return []
 
@@ -239,12 +248,21 @@ class ForbiddenJudge:
     max_context_tokens = 0
 
     async def compare(
-        self, a: Episode, b: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> Verdict:
         pytest.fail("a pass-versus-fail pair was shown to a judge")
 
     async def screen(
-        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> list[CoreViolation]:
         pytest.fail("screen was called")
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from assay.grading.attempts import grade_attempts, step_credit
 from assay.grading.deterministic import deterministic_rank, metric_value
-from assay.grading.judges import JudgeFailed, JudgeUsage, StubJudge, UsageSink
+from assay.grading.judges import JudgeFailed, JudgeUsage, StubJudge, UsageCallback
 from assay.grading.strategies import (
     GradingCapacity,
     StrategyRefused,
@@ -90,7 +90,7 @@ class RankingJudge:
         b: Episode,
         rubric: list[RubricItem],
         *,
-        on_usage: UsageSink | None = None,
+        on_usage: UsageCallback | None = None,
     ) -> Verdict:
         self.calls.append((a.output, b.output))
         if on_usage is not None:
@@ -101,7 +101,7 @@ class RankingJudge:
         return Verdict.DRAW if la == lb else (Verdict.A if la > lb else Verdict.B)
 
     async def screen(
-        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageCallback | None = None
     ) -> list[CoreViolation]:
         return []
 

@@ -31,7 +31,7 @@ from assay.bus import (
     topic_for,
 )
 from assay.engine import BUILTIN_TOOLS, StubModel
-from assay.grading.judges import JudgeFailed, JudgeUsage, UsageSink
+from assay.grading.judges import JudgeFailed, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import (
     AttemptNo,
@@ -121,7 +121,7 @@ class ScriptedJudge:
         b: Episode,
         rubric: list[RubricItem],
         *,
-        on_usage: UsageSink | None = None,
+        on_usage: UsageCallback | None = None,
     ) -> Verdict:
         self.compared.append((a.run.run_id, b.run.run_id))
         if on_usage is not None:
@@ -134,7 +134,11 @@ class ScriptedJudge:
         return self.verdicts.pop(0) if self.verdicts else Verdict.DRAW
 
     async def screen(
-        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> list[CoreViolation]:
         self.screened.append(episode.run.run_id)
         if episode.output in self.violating:

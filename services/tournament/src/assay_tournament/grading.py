@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from assay.bus.topics import GRADED, RESULTS, RUN_STATUS, USAGE
 from assay.grading.attempts import AttemptGrades, grade_attempts
-from assay.grading.judges import JudgeUsage, UsageSink
+from assay.grading.judges import JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import RunId, RunState
 from assay.kernel.scores import AttemptRank, Score, StepCredit, Ungraded
@@ -82,7 +82,7 @@ class Meter:
         """The tenant's judge calls today reached its ceiling."""
         return int(self.doc["calls_today"]) >= self.policy.ceiling_for(str(tenant))
 
-    def sink(self, run: RunId, purpose: str) -> UsageSink:
+    def sink(self, run: RunId, purpose: str) -> UsageCallback:
         """Where the judge reports each call it makes for `run`, for `purpose`."""
 
         def record(usage: JudgeUsage) -> None:

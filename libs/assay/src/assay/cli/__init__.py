@@ -128,6 +128,26 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
     schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
+    # `assay grade calibrate`: judge-versus-verifier agreement (cli/calibrate.py).
+    grade = sub.add_parser("grade", help="grading tools")
+    grade_sub = grade.add_subparsers(dest="grade_command", required=True)
+    calibrate = grade_sub.add_parser(
+        "calibrate",
+        help="judge-versus-verifier agreement and order consistency on a calibration set",
+    )
+    calibrate.add_argument(
+        "--set",
+        dest="calibration_set",
+        type=Path,
+        required=True,
+        metavar="FILE.jsonl",
+        help='one {"task", "passed", "failed"[, "rubric"]} object per line',
+    )
+    calibrate.add_argument(
+        "--judge-from-env",
+        action="store_true",
+        help="the judge ASSAY_JUDGE_* (or ASSAY_MODEL_*) describe (default: the stub judge)",
+    )
     return p
 
 
@@ -243,4 +263,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         for path in write(args.directory):
             print(path)
         return 0
+    if args.command == "grade" and args.grade_command == "calibrate":
+        from assay.cli.calibrate import calibrate_command
+
+        return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
     raise UsageError(f"unknown command {args.command}")

@@ -3,7 +3,8 @@
 vLLM, SGLang, Ollama and hosted APIs speak one wire format: POST
 `{base_url}/chat/completions` with the model, the messages and the sampling
 parameters; the answer is `choices[0].message.content`, the token counts are
-`usage`. The adapter sends the prompt as one user message at temperature 0
+`usage`. The adapter sends the prompt as one user message (after a system
+message when the caller gives one) at temperature 0
 with an integer seed derived from the driver's seed string, so a server that
 honours seeds answers a retried call the same way.
 
@@ -163,17 +164,26 @@ class ChatCompletionsModel:
         """Close the HTTP client and its connections. The model is unusable after."""
         await self._client.aclose()
 
-    async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
+    async def complete(
+        self, prompt: str, *, max_tokens: int, seed: str, system: str | None = None
+    ) -> Completion:
         """Ask the endpoint to complete `prompt`.
+
+        `system`, when given, is sent as a system message before the prompt's user
+        message (a judge's fixed instructions, kept apart from the material it
+        judges and first, where a server's prefix cache can reuse it).
 
         Raises:
             ModelUnavailable: 429, 5xx, connection errors or timeouts on every attempt.
             ModelRequestRefused: any other non-2xx status (not retried).
             ModelResponseInvalid: a 2xx whose body lacks the text or the token counts.
         """
+        messages = [{"role": "user", "content": prompt}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
         body = {
             "model": self.name,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": messages,
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "seed": request_seed(seed),

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from assay.grading.judges import Judge, UsageSink
+from assay.grading.judges import Judge, UsageCallback
 from assay.grading.tournament import Entrant, run_tournament
 from assay.kernel.attempts import AttemptState
 from assay.kernel.scores import AttemptRank, StepCredit
@@ -110,7 +110,7 @@ async def grade_attempts(
     rubric: list[RubricItem],
     *,
     prior_precision: float,
-    on_usage: UsageSink | None = None,
+    on_usage: UsageCallback | None = None,
 ) -> AttemptGrades:
     """Rank same-outcome attempts of every step and credit fail-then-pass retries."""
     ranks: list[AttemptRank] = []

@@ -1,7 +1,16 @@
-"""The judge port (§11.1): relative comparisons only, never a number."""
+"""The judge port (§11.1): relative comparisons only, never a number.
+
+A judge answers two questions about frozen episodes and nothing else:
+`compare` (which of two episodes of one outcome class is better, or a draw) and
+`screen` (which `Core` criteria one episode violates, §11.7). Every model call a
+judge makes is reported through the caller's `on_usage` callback, so the stage
+that asked can meter it per run and purpose (§14.1). A judge that cannot answer
+raises `JudgeFailed`; it never guesses a verdict.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -11,14 +20,20 @@ from assay.kernel.scores import CoreViolation, Verdict
 from assay.messages.episode import Episode
 from assay.workflow.ir import RubricItem
 
-
-class JudgeFailed(AssayError):
-    """The judge gave no usable answer: a recorded failure, never a guessed verdict."""
+EXCERPT_CHARS = 200
+"""Characters of a judge's raw output that `JudgeFailed` keeps."""
 
 
 @dataclass(frozen=True)
 class JudgeUsage:
-    """One judge model call, for metering."""
+    """One model call a judge made, and what it cost.
+
+    Attributes:
+        model: the model that served the call (the judge's name for the stub).
+        prompt_tokens: prompt tokens the call consumed.
+        completion_tokens: completion tokens it produced.
+        cost_usd: its price at the judge's configured rates (0.0 without prices).
+    """
 
     model: str
     prompt_tokens: int
@@ -26,7 +41,34 @@ class JudgeUsage:
     cost_usd: float
 
 
-UsageSink = Callable[[JudgeUsage], None]
+UsageCallback = Callable[[JudgeUsage], None]
+"""Called once per model call a judge makes, after the call answered."""
+
+
+class JudgeFailed(AssayError):
+    """The judge gave no usable answer; no verdict or violation list was guessed.
+
+    Raised for output that does not parse in the judge's strict format, an
+    endpoint that stays unavailable through its retries, or a request the
+    endpoint refuses.
+
+    Attributes:
+        reason: what went wrong, in one line.
+        excerpt: the start of the raw output, whitespace collapsed (empty when
+            the model gave none).
+    """
+
+    def __init__(self, reason: str, raw: str = "") -> None:
+        self.reason = reason
+        self.excerpt = excerpt(raw)
+        shown = f"; output: {self.excerpt!r}" if self.excerpt else ""
+        super().__init__(f"judge failed: {reason}{shown}")
+
+
+def excerpt(raw: str) -> str:
+    """At most `EXCERPT_CHARS` of `raw`, whitespace collapsed, `…` marking a cut."""
+    flat = re.sub(r"\s+", " ", raw).strip()
+    return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS] + "…"
 
 
 class Judge(Protocol):
@@ -43,15 +85,27 @@ class Judge(Protocol):
         b: Episode,
         rubric: list[RubricItem],
         *,
-        on_usage: UsageSink | None = None,
+        on_usage: UsageCallback | None = None,
     ) -> Verdict:
-        """Which of A and B is better, or a draw. Position bias is the caller's concern."""
+        """Which of A and B is better, or a draw. Position bias is the caller's concern.
+
+        Raises:
+            JudgeFailed: the judge gave no usable verdict.
+        """
         ...
 
     async def screen(
-        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> list[CoreViolation]:
-        """`Core` violations of one episode, judged on its own terms."""
+        """`Core` violations of one episode, judged on its own terms.
+
+        Raises:
+            JudgeFailed: the judge gave no usable answer.
+        """
         ...
 
 
@@ -60,13 +114,17 @@ class StubJudge:
 
     `compare` prefers the episode that reached its output in fewer attempts,
     then the one that wrote fewer characters across its attempts (the demo
-    rubric's "concise" criterion); equal on both is a draw. `screen` flags a
-    `Core` criterion whose text says an output "must not contain" a quoted
-    string that an attempt's output does contain.
+    rubric's "concise" criterion); equal on both is a draw. It reports one
+    zero-token call per comparison. `screen` flags a `Core` criterion whose text
+    says an output "must not contain" a quoted string that an attempt's output
+    does contain; it calls no model, so it reports no usage.
     """
 
     name = "stub-judge-1"
     max_context_tokens = 0
+
+    async def aclose(self) -> None:
+        """Nothing to release; present so a runtime can close any judge it built."""
 
     async def compare(
         self,
@@ -74,7 +132,7 @@ class StubJudge:
         b: Episode,
         rubric: list[RubricItem],
         *,
-        on_usage: UsageSink | None = None,
+        on_usage: UsageCallback | None = None,
     ) -> Verdict:
         if on_usage is not None:
             on_usage(JudgeUsage(self.name, 0, 0, 0.0))
@@ -88,7 +146,11 @@ class StubJudge:
         return Verdict.A if ca < cb else Verdict.B
 
     async def screen(
-        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageSink | None = None
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
     ) -> list[CoreViolation]:
         found = []
         for item in rubric:

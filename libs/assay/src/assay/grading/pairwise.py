@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from assay.grading.judges import Judge, UsageSink
+from assay.grading.judges import Judge, UsageCallback
 from assay.kernel.ids import RunId
 from assay.kernel.scores import DecidedBy, Outcome, Relative, Verdict
 from assay.messages.episode import Episode
@@ -35,7 +35,7 @@ async def compare_with_reference(
     order_index: int,
     judge: Judge,
     rubric: list[RubricItem],
-    on_usage: UsageSink | None = None,
+    on_usage: UsageCallback | None = None,
     order_check: bool = False,
 ) -> tuple[Relative, int]:
     """Score a challenger episode against the reference; return the score and judge calls.
@@ -43,7 +43,8 @@ async def compare_with_reference(
     A verified pass against a verified fail is decided by the verifier and never
     shown to the judge. Otherwise the judge sees the pair in alternating order;
     with `order_check` it is asked again with the positions swapped, and whether it
-    mirrored itself is recorded (the score keeps the first verdict).
+    mirrored itself is recorded (the score keeps the first verdict). `on_usage`
+    receives each model call the judge makes.
 
     Raises:
         JudgeFailed: the judge gave no usable verdict.

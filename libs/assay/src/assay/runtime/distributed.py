@@ -16,7 +16,6 @@ from contextlib import AsyncExitStack
 from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import all_topics
-from assay.grading.judges import StubJudge
 from assay.kernel.errors import AssayError
 from assay.runtime.consumer import StageRunner
 from assay.runtime.embedded import (
@@ -32,6 +31,7 @@ from assay.runtime.metrics import stage_registry
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import (
     GradingSettings,
+    JudgeSettings,
     ModelSettings,
     RetentionSettings,
     SandboxSettings,
@@ -77,6 +77,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     assert settings.kafka_bootstrap is not None
     assert settings.database_url is not None
     model_settings = ModelSettings.from_env()
+    judge_settings = JudgeSettings.from_env()
     retention = RetentionSettings.from_env().policy()
     await create_topics(settings)
     async with AsyncExitStack() as stack:
@@ -85,11 +86,13 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         stack.push_async_callback(blobs.close)
         model = model_settings.build()
         stack.push_async_callback(model.aclose)
+        judge = judge_settings.build()
+        stack.push_async_callback(judge.aclose)
         sandboxing = SandboxSettings.from_env()
         deps = StageDeps(
             blobs=blobs,
             model=model,
-            judge=StubJudge(),
+            judge=judge,
             tools=load_tools(network=sandboxing.network),
             sprt=sprt_from_env(),
             shadow_rate=shadow_rate_from_env(),

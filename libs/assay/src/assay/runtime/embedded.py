@@ -22,6 +22,7 @@ from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import producer_entry
 from assay.engine.chat_model import ChatCompletionsModel
 from assay.engine.models import Model, StubModel
+from assay.grading.chat_judge import ChatJudge
 from assay.grading.judges import Judge, StubJudge
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
@@ -32,6 +33,7 @@ from assay.runtime.consumer import StageRunner
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import (
     GradingSettings,
+    JudgeSettings,
     ModelSettings,
     RetentionSettings,
     SandboxSettings,
@@ -154,8 +156,13 @@ class Embedded:
         self.partitions = partitions
         self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions)
         self.blobs = FsBlobStore(self.data_dir / "blobs")
-        # A model passed in belongs to the caller; one built from ASSAY_MODEL_* is ours to close.
+        # A model or judge passed in belongs to the caller; one built from ASSAY_MODEL_* or
+        # ASSAY_JUDGE_* is ours to close.
         self._own_model: StubModel | ChatCompletionsModel | None = None
+        self._own_judge: StubJudge | ChatJudge | None = None
+        if judge is None:
+            self._own_judge = JudgeSettings.from_env().build()
+            judge = self._own_judge
         if model is None:
             self._own_model = ModelSettings.from_env().build()
             model = self._own_model
@@ -163,7 +170,7 @@ class Embedded:
         self.deps = StageDeps(
             blobs=self.blobs,
             model=model,
-            judge=judge or StubJudge(),
+            judge=judge,
             tools=load_tools(network=sandboxing.network),
             sprt=sprt or sprt_from_env(),
             shadow_rate=shadow_rate_from_env() if shadow_rate is None else shadow_rate,
@@ -188,7 +195,7 @@ class Embedded:
         missing = [s for s in self._stage_names if s not in factories]
         if missing:
             self._lock.release()
-            await self._close_model()
+            await self._close_owned()
             raise StageMissing(
                 f"stages not installed: {', '.join(missing)} (install assay-{missing[0]})"
             )
@@ -206,12 +213,15 @@ class Embedded:
         for log in self.logs.values():
             await log.close()
         await self.bus.close()
-        await self._close_model()
+        await self._close_owned()
         self._lock.release()
 
-    async def _close_model(self) -> None:
+    async def _close_owned(self) -> None:
+        """Close the model and judge built from the environment (not ones passed in)."""
         if self._own_model is not None:
             await self._own_model.aclose()
+        if self._own_judge is not None:
+            await self._own_judge.aclose()
 
     def start(self) -> None:
         """Start every stage's consumers and relay in the background."""

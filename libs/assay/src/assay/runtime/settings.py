@@ -1,5 +1,6 @@
 """Configuration from the environment (documented in README): a distributed stage's
-services, the model every mode calls, the sandbox, and retention."""
+services, the model every mode calls, the judge grading calls, the sandbox, and
+retention."""
 
 from __future__ import annotations
 
@@ -9,11 +10,26 @@ from pathlib import Path
 from typing import Literal, Self, TypeVar
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
 from assay.engine.models import StubModel
 from assay.engine.retention import DEFAULT_TOKEN_CEILING, RetentionPolicy
+from assay.grading.chat_judge import ChatJudge
+from assay.grading.judge_prompts import (
+    DEFAULT_EPISODE_CHARS,
+    DEFAULT_RUBRIC_CHARS,
+    MIN_EPISODE_CHARS,
+)
+from assay.grading.judges import StubJudge
 from assay.grading.strategies import GradingCapacity, GradingPolicy
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, tenant_id
@@ -95,12 +111,9 @@ class Settings(_FromEnv):
         return password
 
 
-class ModelSettings(BaseModel):
-    """The model runs call; each field reads `ASSAY_MODEL_<FIELD>`.
-
-    Without `ASSAY_MODEL_URL` the deterministic stub model is used and the
-    other variables are only checked, not used.
-    """
+class _EndpointSettings(BaseModel):
+    """An OpenAI-compatible endpoint and its model: what the agent's model and the
+    judge are configured with."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -137,6 +150,53 @@ class ModelSettings(BaseModel):
         return value
 
     @classmethod
+    def _set_in(cls, env: Mapping[str, str], prefix: str) -> dict[str, str]:
+        """Each field set by a non-empty `<prefix><FIELD>` variable, mapped to that name."""
+        return {
+            name: f"{prefix}{name.upper()}"
+            for name in cls.model_fields
+            if env.get(f"{prefix}{name.upper()}") not in (None, "")
+        }
+
+    @classmethod
+    def _validated(cls, env: Mapping[str, str], sources: Mapping[str, str]) -> Self:
+        """The settings from the variables `sources` names per field.
+
+        Raises:
+            SettingsInvalid: naming the variable (and its value, unless a key).
+        """
+        values = {name: env[variable] for name, variable in sources.items()}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = str(first["loc"][0]) if first["loc"] else ""
+            shown = "" if field == "api_key" else f"={values.get(field)!r}"
+            variable = sources.get(field, field.upper())
+            raise SettingsInvalid(f"invalid setting {variable}{shown}: {first['msg']}") from exc
+
+    def _chat_model(self) -> ChatCompletionsModel:
+        """The chat-completions model at the URL (the caller checked URL and name)."""
+        assert self.url is not None
+        assert self.name is not None
+        return ChatCompletionsModel(
+            self.url,
+            self.name,
+            api_key=self.api_key.get_secret_value() if self.api_key is not None else None,
+            timeout_s=self.timeout_s,
+            retry=RetryPolicy(max_retries=self.max_retries),
+            prices=Prices(self.price_prompt_per_mtok, self.price_completion_per_mtok),
+        )
+
+
+class ModelSettings(_EndpointSettings):
+    """The model runs call; each field reads `ASSAY_MODEL_<FIELD>`.
+
+    Without `ASSAY_MODEL_URL` the deterministic stub model is used and the
+    other variables are only checked, not used.
+    """
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ModelSettings:
         """Read `ASSAY_MODEL_*` variables.
 
@@ -145,20 +205,7 @@ class ModelSettings(BaseModel):
                 names the variable), or a URL is set without a model name.
         """
         env = os.environ if environ is None else environ
-        values = {
-            name: env[f"ASSAY_MODEL_{name.upper()}"]
-            for name in cls.model_fields
-            if env.get(f"ASSAY_MODEL_{name.upper()}") not in (None, "")
-        }
-        try:
-            settings = cls.model_validate(values)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else ""
-            shown = "" if field == "api_key" else f"={values.get(field)!r}"
-            raise SettingsInvalid(
-                f"invalid setting ASSAY_MODEL_{field.upper()}{shown}: {first['msg']}"
-            ) from exc
+        settings = cls._validated(env, cls._set_in(env, "ASSAY_MODEL_"))
         settings._check()
         return settings
 
@@ -179,14 +226,87 @@ class ModelSettings(BaseModel):
         if self.url is None:
             return StubModel()
         self._check()
-        assert self.name is not None
-        return ChatCompletionsModel(
-            self.url,
-            self.name,
-            api_key=self.api_key.get_secret_value() if self.api_key is not None else None,
-            timeout_s=self.timeout_s,
-            retry=RetryPolicy(max_retries=self.max_retries),
-            prices=Prices(self.price_prompt_per_mtok, self.price_completion_per_mtok),
+        return self._chat_model()
+
+
+_SHARED_WITH_THE_AGENT = (
+    "url",
+    "name",
+    "api_key",
+    "timeout_s",
+    "max_retries",
+    "price_prompt_per_mtok",
+    "price_completion_per_mtok",
+)
+"""The judge settings that fall back to the agent's model when the judge has no URL."""
+
+
+class JudgeSettings(_EndpointSettings):
+    """The judge grading calls (§11.1); each field reads `ASSAY_JUDGE_<FIELD>`.
+
+    With `ASSAY_JUDGE_URL` the judge is a `ChatJudge` on that endpoint. Without
+    it but with `ASSAY_MODEL_URL`, the judge runs on the agent's endpoint and
+    model — the default strategy's single resident model (§11.1, §14.2): each
+    endpoint setting the judge does not set (name, API key, timeout, retries,
+    prices) is the agent's `ASSAY_MODEL_*` one. With neither URL the stub judge
+    is used and the other variables are only checked. The agent's API key is
+    never sent to an endpoint `ASSAY_JUDGE_URL` names.
+    """
+
+    episode_chars: int = Field(
+        DEFAULT_EPISODE_CHARS,
+        ge=MIN_EPISODE_CHARS,
+        description="Characters one episode may take in a judge's prompt; longer texts are cut.",
+    )
+    rubric_chars: int = Field(
+        DEFAULT_RUBRIC_CHARS,
+        ge=1,
+        description="Characters a prompt's rubric criteria may take; a longer rubric fails.",
+    )
+    _url_from: str = PrivateAttr("ASSAY_JUDGE_URL")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> JudgeSettings:
+        """Read `ASSAY_JUDGE_*` variables, falling back to `ASSAY_MODEL_*` ones.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (the message
+                names the variable), or a URL is set without a model name.
+        """
+        env = os.environ if environ is None else environ
+        sources = cls._set_in(env, "ASSAY_JUDGE_")
+        if "url" not in sources and env.get("ASSAY_MODEL_URL"):
+            agent = ModelSettings._set_in(env, "ASSAY_MODEL_")
+            for name in _SHARED_WITH_THE_AGENT:
+                if name not in sources and name in agent:
+                    sources[name] = agent[name]
+        settings = cls._validated(env, sources)
+        settings._url_from = sources.get("url", "ASSAY_JUDGE_URL")
+        settings._check()
+        return settings
+
+    def _check(self) -> None:
+        if self.url is not None and not self.name:
+            wanted = "ASSAY_JUDGE_NAME"
+            if self._url_from != "ASSAY_JUDGE_URL":
+                wanted += " or ASSAY_MODEL_NAME"
+            raise SettingsInvalid(
+                f"missing settings: {wanted} (required when {self._url_from} is set)"
+            )
+
+    def build(self) -> StubJudge | ChatJudge:
+        """The judge these settings describe: the stub without a URL.
+
+        The caller owns the result and closes it with `aclose()`.
+
+        Raises:
+            SettingsInvalid: a URL without a model name.
+        """
+        if self.url is None:
+            return StubJudge()
+        self._check()
+        return ChatJudge(
+            self._chat_model(), episode_chars=self.episode_chars, rubric_chars=self.rubric_chars
         )
 
 
