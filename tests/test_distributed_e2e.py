@@ -43,6 +43,8 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[1]
 V1 = ROOT / "examples" / "workflows" / "arith-v1.yaml"
 V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
+RANKED_V1 = ROOT / "examples" / "workflows" / "arith-ranked-v1.yaml"
+RANKED_V2 = ROOT / "examples" / "workflows" / "arith-ranked-v2.yaml"
 TASKS = [json.loads(line) for line in (ROOT / "examples" / "tasks" / "arith.jsonl").open()]
 
 
@@ -68,11 +70,11 @@ def register(d: Deployment, tenant: str, path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-async def allocation(d: Deployment, tenant: str) -> dict[str, Any] | None:
+async def allocation(d: Deployment, tenant: str, workflow: str = "arith") -> dict[str, Any] | None:
     rows = await d.query(
-        "SELECT value FROM ingest.state "
-        "WHERE tenant = $1 AND kind = 'allocation' AND key = 'arith'",
+        "SELECT value FROM ingest.state WHERE tenant = $1 AND kind = 'allocation' AND key = $2",
         uuid.UUID(tenant),
+        workflow,
     )
     return json.loads(rows[0]["value"]) if rows else None
 
@@ -84,19 +86,22 @@ async def wait_for(what: str, check: Any, timeout_s: float = 60) -> None:
         await asyncio.sleep(0.1)
 
 
-async def set_up_tenant(d: Deployment, *, challenger: bool) -> str:
+async def set_up_tenant(
+    d: Deployment, *, challenger: bool, versions: tuple[Path, Path] = (V1, V2)
+) -> str:
     tenant = str(uuid.uuid4())
-    register(d, tenant, V1)
+    workflow = str(load_workflow(versions[0]).id)
+    register(d, tenant, versions[0])
 
     async def current() -> bool:
-        return await allocation(d, tenant) is not None
+        return await allocation(d, tenant, workflow) is not None
 
     await wait_for("v1 to become current", current)
     if challenger:
-        register(d, tenant, V2)
+        register(d, tenant, versions[1])
 
         async def has_challenger() -> bool:
-            a = await allocation(d, tenant)
+            a = await allocation(d, tenant, workflow)
             return a is not None and a.get("challenger") is not None
 
         await wait_for("v2 to become the challenger", has_challenger)
@@ -114,11 +119,13 @@ async def produce(bootstrap: str, records: list[tuple[str, bytes]]) -> None:
         await producer.stop()
 
 
-def task_records(tenant: str, tasks: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
+def task_records(
+    tenant: str, tasks: list[dict[str, Any]], workflow: str = "arith"
+) -> list[tuple[str, bytes]]:
     return [
         (
             f"{tenant}:{t['idempotency_key']}",
-            json.dumps({"tenant": tenant, "workflow_id": "arith", **t}).encode(),
+            json.dumps({"tenant": tenant, "workflow_id": workflow, **t}).encode(),
         )
         for t in tasks
     ]
@@ -196,6 +203,43 @@ async def test_two_tenants_each_get_one_result_per_task_and_v2_is_promoted(
             return any(json.loads(row["value"])["accepted"] for row in rows)
 
         await wait_for(f"v2 promoted for {tenant}", promoted, 60)
+
+
+async def test_a_tournament_mode_workflow_is_graded_end_to_end(deployment: Deployment) -> None:
+    """Each task's current run and the challenger's shadow run form a group (quorum 2) when
+    they share an outcome class; the group is judged in both orderings and fitted with
+    control pinned to zero; the challenger's anchored deltas reach the aggregate."""
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=True, versions=(RANKED_V1, RANKED_V2))
+    tasks = TASKS[:16]
+    await produce(d.bootstrap, task_records(tenant, tasks, "arith-ranked"))
+    expected = {(tenant, task["idempotency_key"]) for task in tasks}
+    records = await await_results(d, expected)
+    payloads = [json.loads(r.value)["payload"] for r in records]
+    scores = [p["score"] for p in payloads if p["tenant"] == tenant]
+    assert {s["kind"] for s in scores} <= {"ranked", "ungraded"}, scores
+    ranked = [s for s in scores if s["kind"] == "ranked"]
+    assert ranked, "no group closed with both versions in it"
+    # A served task's run is the current version's: control, pinned to zero.
+    assert all(s["anchored"] and s["strength"] == 0.0 and s["group_size"] == 2 for s in ranked)
+    assert all(s["reason"] == "insufficient_group" for s in scores if s["kind"] == "ungraded")
+    challenger = str(load_workflow(RANKED_V2).version)
+
+    async def aggregated() -> bool:
+        rows = await d.query(
+            "SELECT value FROM aggregate.state WHERE tenant = $1 AND kind = 'version' AND key = $2",
+            uuid.UUID(tenant),
+            challenger,
+        )
+        doc = json.loads(rows[0]["value"]) if rows else {}
+        return bool(doc.get("ranked")) and doc["ranked"]["n"] >= len(ranked)
+
+    await wait_for("the challenger's strengths in the aggregate", aggregated, 60)
+    closed = await d.query(
+        "SELECT value FROM tournament.state WHERE tenant = $1 AND kind = 'group'",
+        uuid.UUID(tenant),
+    )
+    assert sum(json.loads(row["value"])["epoch"] for row in closed) >= len(ranked)
 
 
 async def test_poison_on_the_task_topic_is_dead_lettered_and_the_pipeline_goes_on(
