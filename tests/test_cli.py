@@ -88,6 +88,8 @@ def _cases(root: Path) -> dict[str, list[str]]:
             "6f1c2b9e-8d0a-4c4e-9a57-0e1d2c3b4a59",
         ],
         "run_await": ["run", str(awaits), "--input", TASK],
+        "health_empty": ["grade", "health"],
+        "health_bad_tenant": ["grade", "health", "--tenant", "acme"],
     }
 
 
@@ -262,3 +264,14 @@ def test_cancel_of_something_that_is_not_a_run_id_is_one_line(runs: Runs) -> Non
 
 def test_run_of_a_workflow_with_a_subworkflow_step_says_where_it_runs(runs: Runs) -> None:
     assert_usage_error(runs["run_await"], "sub-workflow steps", "run it in the pipeline")
+
+
+# -- assay grade health -------------------------------------------------------------------------
+
+
+def test_grade_health_where_nothing_was_graded_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs.done["health_empty"], "no tournament state", "nothing was graded")
+
+
+def test_grade_health_with_a_tenant_that_is_not_a_uuid_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs.done["health_bad_tenant"], "--tenant must be a UUID")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from assay.cli.demo import DEMO_TENANT, demo
+from assay.cli.health import health_command
 from assay.cli.rebuild import rebuild
 from assay.record import StateKey
 from assay.runtime import Embedded
@@ -43,9 +44,18 @@ async def test_demo_promotes_v2_and_rebuilds_identically(
     assert await rebuild(data, check=True) == 0
 
 
-async def test_rebuild_check_fails_on_state_not_derived_from_the_log(tmp_path: Path) -> None:
+async def test_rebuild_check_fails_on_state_not_derived_from_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = tmp_path / "data"
     assert await demo(data, tasks=None, workflows=None, limit=20, progress=False) == 0
+    capsys.readouterr()
+    assert await health_command(data, None) == 0  # the grading meter the demo left
+    (health,) = json.loads(capsys.readouterr().out)
+    assert health["tenant"] == str(DEMO_TENANT)
+    assert health["judge_calls_total"] == sum(health["judge_calls_by_purpose"].values()) > 0
+    assert health["scores"]["ungraded:no_reference"] > 0  # the current version's first episodes
+    assert not health["budget_exhausted"]
     with sqlite3.connect(data / "aggregate.sqlite") as db:
         db.execute("UPDATE state SET value = ? WHERE kind = 'version'", (json.dumps({}),))
     assert await rebuild(data, check=True) == 1

@@ -72,6 +72,7 @@ class Meter:
             "order_inconsistent": 0,
             "judge_failures": 0,
             "last_failure": None,
+            "scores": {},
         }
         current = {**base, **(doc or {})}
         if current["day"] != day:
@@ -102,6 +103,15 @@ class Meter:
         """One sampled order check, and whether the judge mirrored itself."""
         self.doc["order_checked"] = int(self.doc["order_checked"]) + 1
         self.doc["order_inconsistent"] = int(self.doc["order_inconsistent"]) + int(not consistent)
+        self.dirty = True
+
+    def scored(self, score: Score) -> None:
+        """One grading ended: counted by score kind, and `Ungraded` by reason (§11.6: a
+        tenant whose loop never engages must see why)."""
+        key = f"ungraded:{score.reason.value}" if isinstance(score, Ungraded) else score.kind
+        scores = Counter(self.doc["scores"])
+        scores[key] += 1
+        self.doc["scores"] = dict(scores)
         self.dirty = True
 
     def failed(self, reason: str) -> None:
@@ -207,7 +217,7 @@ class Grading:
         episode: Episode | None,
         score: Score,
         *,
-        meter: Meter | None = None,
+        meter: Meter,
         judge_calls: int | None = None,
         order_index: int | None = None,
         was_parked: bool = False,
@@ -220,10 +230,10 @@ class Grading:
         """
         r = msg.run
         if judge_calls is None:
-            judge_calls = meter.calls_for(r.run_id) if meter is not None else 0
+            judge_calls = meter.calls_for(r.run_id)
         calls = judge_calls + (attempts.judge_calls if attempts is not None else 0)
-        if meter is not None:
-            self.flush(uow, meter)
+        meter.scored(score)
+        self.flush(uow, meter)
         uow.record(
             BranchKey.main(uow.tenant, f"task:{r.task_id}"),
             RunScored(

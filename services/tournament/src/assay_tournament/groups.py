@@ -126,6 +126,7 @@ class Groups:
                     None,
                     Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
                     attempts=attempts,
+                    meter=meter,
                 )
             else:
                 episodes[m.run.run_id] = episode
@@ -140,7 +141,12 @@ class Groups:
             )
             for m, attempts in graded:
                 self.grading.finish(
-                    uow, m, episodes[m.run.run_id], Ungraded(reason=reason), attempts=attempts
+                    uow,
+                    m,
+                    episodes[m.run.run_id],
+                    Ungraded(reason=reason),
+                    attempts=attempts,
+                    meter=meter,
                 )
         else:
             first = episodes[graded[0][0].run.run_id]

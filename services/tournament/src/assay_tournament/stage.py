@@ -106,6 +106,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
                 was_parked=was_parked,
                 attempts=attempts,
+                meter=meter,
             )
             return index
         if spec.strategy == "deterministic":
@@ -121,7 +122,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
                     mine, theirs, higher_is_better=spec.higher_is_better is not False
                 )
             )
-            grading.finish(uow, msg, episode, score, was_parked=was_parked, attempts=attempts)
+            grading.finish(
+                uow, msg, episode, score, was_parked=was_parked, attempts=attempts, meter=meter
+            )
             return index
         if meter.exhausted(r.tenant):
             grading.finish(
@@ -131,6 +134,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED),
                 was_parked=was_parked,
                 attempts=attempts,
+                meter=meter,
             )
             return index
         rubric = list(WorkflowDef.model_validate(episode.definition).rubric)
@@ -196,6 +200,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                     Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
                     was_parked=True,
                     attempts=attempts,
+                    meter=meter,
                 )
                 continue
             if index is None:
@@ -235,7 +240,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
             )
         if r.role is Role.CURRENT:
             reason = UngradedReason.NO_REFERENCE if own_ref is None else UngradedReason.BASELINE
-            grading.finish(uow, msg, episode, Ungraded(reason=reason), attempts=attempts)
+            grading.finish(
+                uow, msg, episode, Ungraded(reason=reason), attempts=attempts, meter=meter
+            )
             await release_parked(uow, msg, meter)
             return
         baseline = r.baseline_version
@@ -267,7 +274,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
             grading.waiting(uow, msg, "waiting for the reference run")
         else:
             grading.finish(
-                uow, msg, episode, Ungraded(reason=UngradedReason.NO_REFERENCE), attempts=attempts
+                uow,
+                msg,
+                episode,
+                Ungraded(reason=UngradedReason.NO_REFERENCE),
+                attempts=attempts,
+                meter=meter,
             )
 
     async def on_verified(msg: RunVerified, uow: UnitOfWork) -> None:
@@ -277,7 +289,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         episode = await load_episode(uow, msg.episode)
         meter = await grading.meter(uow)
         if episode is None:
-            grading.finish(uow, msg, None, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
+            grading.finish(
+                uow, msg, None, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE), meter=meter
+            )
             if r.role is Role.CURRENT:  # they waited for this run; do not strand them
                 await release_parked(uow, msg, meter)
             return
@@ -298,7 +312,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         )
         if screened and any(item.layer == "core" for item in rubric):
             if meter.exhausted(r.tenant):
-                grading.finish(uow, msg, episode, Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED))
+                grading.finish(
+                    uow, msg, episode, Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED), meter=meter
+                )
                 return
             try:
                 violations = await judge.screen(

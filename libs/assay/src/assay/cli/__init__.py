@@ -131,6 +131,11 @@ def _parser() -> argparse.ArgumentParser:
     # `assay grade calibrate`: judge-versus-verifier agreement (cli/calibrate.py).
     grade = sub.add_parser("grade", help="grading tools")
     grade_sub = grade.add_subparsers(dest="grade_command", required=True)
+    health = grade_sub.add_parser(
+        "health",
+        help="judge calls, order consistency, failures and scores per tenant (cli/health.py)",
+    )
+    health.add_argument("--tenant", default=None, help="one tenant's UUID (default: all)")
     calibrate = grade_sub.add_parser(
         "calibrate",
         help="judge-versus-verifier agreement and order consistency on a calibration set",
@@ -263,6 +268,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
         for path in write(args.directory):
             print(path)
         return 0
+    if args.command == "grade" and args.grade_command == "health":
+        from assay.cli.health import health_command
+        from assay.cli.logs import tenant_arg
+
+        return await health_command(data_dir, tenant_arg(args.tenant) if args.tenant else None)
     if args.command == "grade" and args.grade_command == "calibrate":
         from assay.cli.calibrate import calibrate_command
 

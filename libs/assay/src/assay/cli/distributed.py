@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from assay.bus.kafka import KafkaTransport
 from assay.bus.topics import RESULTS, RUN_COMMANDS, TASKS, WORKFLOWS, producer_entry
+from assay.cli.logs import tenant_arg
 from assay.cli.tasks import read_tasks
 from assay.kernel.errors import AssayError
-from assay.kernel.ids import RunId, TenantId, WorkflowId, is_run_id, tenant_id
+from assay.kernel.ids import RunId, WorkflowId, is_run_id
 from assay.kernel.schema import one_line
 from assay.messages import (
     MESSAGES,
@@ -84,20 +85,13 @@ async def _produce(entries: list[OutboxEntry]) -> None:
 async def register_command(path: Path, tenant: str, rewrite: bool) -> int:
     """`assay register WORKFLOW --tenant T`: put the definition on `assay.workflows`."""
     wf = load_workflow(path)
-    t = _tenant(tenant)
+    t = tenant_arg(tenant)
     msg = WorkflowRegistered(
         tenant=t, definition=wf.model_dump(mode="json", by_alias=True), rewrite=rewrite
     )
     await _produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
     print(f"registered {wf.id} version {wf.version}")
     return 0
-
-
-def _tenant(value: str) -> TenantId:
-    try:
-        return tenant_id(value)
-    except ValueError as exc:
-        raise AssayError(f"--tenant must be a UUID, not {value!r}") from exc
 
 
 async def submit_command(path: Path, tenant: str | None, workflow: str | None) -> int:
@@ -109,7 +103,7 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
     entries = [
         producer_entry(TASKS, task, task.tenant, task.idempotency_key)
         for task in read_tasks(
-            path, _tenant(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
+            path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
         )
     ]
     await _produce(entries)
@@ -121,7 +115,7 @@ async def cancel_command(run: str, tenant: str, reason: str) -> int:
     """`assay cancel RUN`: a `CancelRun` onto `assay.run-commands`."""
     if not is_run_id(run):
         raise AssayError(f"not a run id: {run!r}")
-    t = _tenant(tenant)
+    t = tenant_arg(tenant)
     msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
     await _produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
     print(f"asked to cancel run {run}")
@@ -132,7 +126,7 @@ async def signal_command(run: str, tenant: str, name: str, payload: str) -> int:
     """`assay approve RUN` / `assay signal RUN NAME`: a `SignalRun` onto `assay.run-commands`."""
     if not is_run_id(run):
         raise AssayError(f"not a run id: {run!r}")
-    t = _tenant(tenant)
+    t = tenant_arg(tenant)
     try:
         msg = SignalRun(tenant=t, run_id=RunId(run), signal=name, payload=payload)
     except ValidationError as exc:
@@ -148,7 +142,7 @@ async def rewind_command(run: str, tenant: str, at: int, branch: int | None, rea
         raise AssayError(f"not a run id: {run!r}")
     if at < 0 or (branch is not None and branch < 0):
         raise AssayError("--at and --branch are LSNs and branch numbers: 0 or more")
-    t = _tenant(tenant)
+    t = tenant_arg(tenant)
     msg = RewindRun(tenant=t, run_id=RunId(run), at=at, branch=branch, reason=reason)
     await _produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
     print(f"asked to rewind run {run} at LSN {at}")
@@ -161,7 +155,7 @@ async def results_command(follow: bool, tenant: str | None) -> int:
 
     settings = Settings.from_env()
     settings.require("kafka_bootstrap")
-    only = _tenant(tenant) if tenant else None
+    only = tenant_arg(tenant) if tenant else None
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap,
         enable_auto_commit=False,

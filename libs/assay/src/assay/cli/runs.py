@@ -10,12 +10,12 @@ whose records were tiered (§8.6) is shown as its tombstone says: where the arch
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import assert_never
 
+from assay.cli.logs import postgres_log, tenant_arg
 from assay.engine.episode_view import (
     AttemptView,
     BranchView,
@@ -27,7 +27,7 @@ from assay.engine.events import WORK_EVENTS, Tiered, fold_work
 from assay.engine.retention import tiered_stream
 from assay.kernel.attempts import AttemptState
 from assay.kernel.errors import AssayError
-from assay.kernel.ids import Lsn, TenantId, tenant_id
+from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.intents import IntentState
 from assay.messages.models import Usage
 from assay.record.events import BranchKey, LogRecord
@@ -101,7 +101,7 @@ async def show_command(
         AssayError: bad input, an unknown run (or one of another tenant than
             `tenant`), no such branch, or a log that cannot be read.
     """
-    only = _tenant(tenant) if tenant is not None else None
+    only = tenant_arg(tenant) if tenant is not None else None
     if branch is not None and branch < 0:
         raise AssayError(f"--branch must be 0 or more, not {branch}")
     try:
@@ -124,13 +124,6 @@ async def show_command(
     return 0
 
 
-def _tenant(value: str) -> TenantId:
-    try:
-        return tenant_id(value)
-    except ValueError as exc:
-        raise AssayError(f"--tenant must be a UUID, not {value!r}") from exc
-
-
 async def load_run(data_dir: Path, run: str, tenant: TenantId | None) -> RunView:
     """The view of `run` from the execute log this environment points at.
 
@@ -142,7 +135,7 @@ async def load_run(data_dir: Path, run: str, tenant: TenantId | None) -> RunView
     view: RunView | None
     database_url = Settings.from_env().database_url
     if database_url:
-        async with _postgres(database_url) as log:
+        async with postgres_log(database_url, PG_SCHEMA, WORK_EVENTS, fold_work) as log:
             view = await find_run(log, run, tenant)
         where = f"the {PG_SCHEMA} schema of $ASSAY_DATABASE_URL"
     else:
@@ -162,27 +155,6 @@ async def load_run(data_dir: Path, run: str, tenant: TenantId | None) -> RunView
         whose = f" of tenant {tenant}" if tenant is not None else ""
         raise RunNotFound(f"no run {run}{whose} in {where}")
     return view
-
-
-@asynccontextmanager
-async def _postgres(dsn: str) -> AsyncIterator[EventLog]:
-    import asyncpg
-
-    from assay.store.postgres import PostgresEventLog
-
-    log = PostgresEventLog(dsn, PG_SCHEMA, WORK_EVENTS, fold_work, pool_size=1)
-    try:
-        await log.open(migrate_schema=False)
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise AssayError(f"cannot connect to $ASSAY_DATABASE_URL: {exc}") from exc
-    try:
-        yield log
-    except asyncpg.UndefinedTableError as exc:
-        raise AssayError(f"no {PG_SCHEMA} log in $ASSAY_DATABASE_URL's database") from exc
-    except asyncpg.PostgresError as exc:
-        raise AssayError(f"cannot read the {PG_SCHEMA} log: {exc}") from exc
-    finally:
-        await log.close()
 
 
 async def find_run(log: EventLog, run: str, tenant: TenantId | None) -> RunView | None:
