@@ -61,3 +61,22 @@ async def test_rebuild_check_fails_on_state_not_derived_from_the_log(
     assert await rebuild(data, check=True) == 1
     assert await rebuild(data, check=False) == 1  # repairs: reports, then keeps the rebuilt state
     assert await rebuild(data, check=True) == 0
+
+
+async def test_a_tournament_mode_workflow_is_graded_embedded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same tournament grading as in distributed mode, in one process on SQLite."""
+    data = tmp_path / "data"
+    ranked = [EXAMPLES / "workflows" / f"arith-ranked-v{n}.yaml" for n in (1, 2)]
+    assert await demo(data, tasks=None, workflows=ranked, limit=24, progress=False) == 0
+    assert "SPRT decision                 pending" in capsys.readouterr().out
+    challenger = load_workflow(ranked[1])
+    async with Embedded(data) as rt:
+        tally = await rt.logs["aggregate"].get(StateKey(DEMO_TENANT, "version", challenger.version))
+        groups = await rt.logs["tournament"].scan(DEMO_TENANT, "group")
+    assert tally is not None
+    assert tally["ranked"]["n"] > 0  # anchored deltas from control, folded in
+    assert all(doc["members"] == 0 for _, doc in groups)  # every group closed ...
+    assert sum(doc["epoch"] for _, doc in groups) >= len(groups)  # ... once, into a new epoch
+    assert await rebuild(data, check=True) == 0
