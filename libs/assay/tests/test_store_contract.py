@@ -915,6 +915,70 @@ async def test_a_deletion_never_touches_another_tenants_stream_of_the_same_name(
         await event_log.commit(CommitBatch(deletions=[BranchDeletion(main(a, "s"), Lsn(2))]))
 
 
+# -- compare-and-swap on a branch's end (CommitBatch.expect) -------------------------
+
+
+async def test_an_expected_end_that_holds_commits_at_exactly_that_lsn(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    a = main(tenant, "alloc")
+    assert await event_log.commit(CommitBatch(records=[(a, put("g1"))], expect=[(a, Lsn(0))])) == [
+        0
+    ]
+    batch = CommitBatch(records=[(a, put("g2")), (a, put("g2b"))], expect=[(a, Lsn(1))])
+    assert await event_log.commit(batch) == [1, 2]
+
+
+async def test_an_expected_end_that_moved_writes_nothing(event_log: EventLog) -> None:
+    tenant = new_tenant()
+    a = main(tenant, "alloc")
+    await event_log.commit(on(a, put("x"), put("y")))
+    inbox = (tenant, MessageId("cas"))
+    for end in (1, 3):  # read before the last append; or past the end
+        stale = CommitBatch(
+            records=[(a, put("lost")), (main(tenant, "other"), put("lost2"))],
+            expect=[(a, Lsn(end))],
+            position=ConsumerPosition("cas.topic", 0, 1),
+            inbox=inbox,
+            outbox=[OutboxEntry("cas.topic", "k", b"v")],
+        )
+        with pytest.raises(StreamChanged, match=f"ends at 2, not {end}"):
+            await event_log.commit(stale)
+        await assert_nothing_of(event_log, inbox, "cas.topic", ["other"], ["lost", "lost2"])
+        assert [r.lsn for r in await event_log.read(a)] == [0, 1]
+
+
+async def test_an_expectation_on_a_branch_the_batch_does_not_write_is_refused(
+    event_log: EventLog,
+) -> None:
+    tenant = new_tenant()
+    batch = CommitBatch(
+        records=[(main(tenant, "b"), put("x"))], expect=[(main(tenant, "a"), Lsn(0))]
+    )
+    with pytest.raises(ValueError, match="must append"):
+        await event_log.commit(batch)
+    assert await event_log.read(main(tenant, "b")) == []
+
+
+async def test_writers_that_read_the_same_end_land_once(opener: LogOpener) -> None:
+    """Replicas of a single-writer stage decided on the same state: one wins each round."""
+    logs = [await opener.open() for _ in range(3)]
+    tenant = new_tenant()
+    a = main(tenant, "alloc")
+    await logs[0].commit(on(a, put("g1")))
+    for end in range(1, 6):
+        outcomes = await asyncio.gather(
+            *(
+                log.commit(CommitBatch(records=[(a, put(f"g{end}-{i}"))], expect=[(a, Lsn(end))]))
+                for i, log in enumerate(logs)
+            ),
+            return_exceptions=True,
+        )
+        won = [o for o in outcomes if isinstance(o, list)]
+        assert won == [[end]], outcomes
+        assert all(isinstance(o, StreamChanged) for o in outcomes if not isinstance(o, list))
+    assert [r.lsn for r in await logs[1].read(a)] == list(range(6))
+
+
 # -- SQLite adapter specifics ----------------------------------------------------
 
 

@@ -33,11 +33,15 @@ from assay.store.ports import (
     LeaseLost,
     OutboxEntry,
     StaleFence,
+    StreamChanged,
 )
 
 log = logging.getLogger(__name__)
 
 RETRIES = 3
+CONFLICTS = 20
+"""Times a handler runs again because another writer changed what it read
+(`StreamChanged`: a compare-and-swap that lost); these do not count as failures."""
 
 
 def decode(m: BusMessage) -> tuple[Envelope, object]:
@@ -149,7 +153,9 @@ class StageRunner:
             await self._commit(CommitBatch(position=position))
             self.duplicates += 1
             return
-        for attempt in range(1, RETRIES + 1):
+        attempt = conflicts = 0
+        while attempt < RETRIES:
+            attempt += 1
             uow = UnitOfWork(
                 self.spec.name, self.log, self.blobs, env, self.relay.wake.set, self.emitted
             )
@@ -184,6 +190,19 @@ class StageRunner:
                 uow.discard()
                 await self._dead_letter(m, position, exc.reason)
                 return
+            except StreamChanged as exc:
+                # Another writer moved what the handler read (a lost compare-and-swap):
+                # it runs again on what is there now. Someone made progress, so this
+                # is bounded by contention, not by failure.
+                uow.discard()
+                conflicts += 1
+                if conflicts > CONFLICTS:
+                    await self._dead_letter(
+                        m, position, f"lost {CONFLICTS} compare-and-swaps in a row: {exc}"
+                    )
+                    return
+                attempt -= 1
+                log.info("stage %s: %s; handling %s again", self.spec.name, exc, env.type)
             except Exception as exc:
                 log.warning(
                     "stage %s: handler failed on %s/%d@%d (attempt %d/%d)",

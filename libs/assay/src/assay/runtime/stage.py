@@ -125,6 +125,7 @@ class UnitOfWork:
         self._records: list[tuple[BranchKey, Event]] = []
         self._outbox: list[OutboxEntry] = []
         self._types: list[str] = []
+        self._expect: list[tuple[BranchKey, Lsn]] = []
         self.fence: Lease | None = None
         """The lease every commit of this unit of work is checked against."""
         self.taken_types: list[str] = []
@@ -143,6 +144,13 @@ class UnitOfWork:
                 f"stage {self.stage}: a {self.tenant} message cannot write to tenant {key.tenant}"
             )
         self._records.append((key, event))
+
+    def expect(self, key: BranchKey, end: Lsn) -> None:
+        """Compare-and-swap: the next commit lands only if stream `key` still ends at
+        `end` (it must append there too); otherwise it raises `StreamChanged`, writes
+        nothing, and the consumer runs the handler again on what is there now."""
+        self._own(key)
+        self._expect.append((key, end))
 
     def emit(self, topic: str, msg: Versioned) -> None:
         """Enqueue `msg` on `topic` at the next commit, keyed as the topic defines."""
@@ -225,14 +233,20 @@ class UnitOfWork:
 
     def take(self, **final: Any) -> CommitBatch:
         """Hand the pending writes over as a batch (the runner adds position and inbox)."""
-        batch = CommitBatch(records=self._records, outbox=self._outbox, fence=self.fence, **final)
+        batch = CommitBatch(
+            records=self._records,
+            outbox=self._outbox,
+            fence=self.fence,
+            expect=self._expect,
+            **final,
+        )
         self.taken_types = self._types
-        self._records, self._outbox, self._types = [], [], []
+        self._records, self._outbox, self._types, self._expect = [], [], [], []
         return batch
 
     def discard(self) -> None:
         """Drop pending writes (a refused message writes only its dead letter)."""
-        self._records, self._outbox, self._types = [], [], []
+        self._records, self._outbox, self._types, self._expect = [], [], [], []
 
 
 def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:

@@ -33,7 +33,7 @@ from assay.store.pg_schema import (
     outbox_channel,
     quoted,
 )
-from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence
+from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence, StreamChanged
 from assay.store.sqlite import encode_headers
 
 _MAX_GROUP = 500
@@ -103,8 +103,9 @@ class GroupCommitter:
         fut: asyncio.Future[list[Lsn]] = loop.create_future()
         self._order += 1
         # A fenced batch goes alone: its fence check is part of its own statement; so
-        # does one that deletes branches: it is its own transaction.
-        alone = batch.fence is not None or bool(batch.deletions)
+        # does one that deletes branches (its own transaction), and one that expects
+        # branches to end somewhere (checked just before its statement).
+        alone = batch.fence is not None or bool(batch.deletions) or bool(batch.expect)
         self._queue.append(_Pending(batch, fut, self._order, alone=alone))
         return await fut
 
@@ -146,6 +147,8 @@ class GroupCommitter:
             if conn is None or conn.is_closed():
                 conn = await self._connection()
             try:
+                if batch.expect:
+                    await self._expected(conn, batch)
                 if unknown := view.unknown_branches([batch]):
                     await view.learn_lsns(conn, unknown)
                 try:
@@ -172,6 +175,27 @@ class GroupCommitter:
             view.committed(f)
             return f.lsns
         raise AssertionError("unreachable")
+
+    async def _expected(self, conn: PoolConnectionProxy, batch: CommitBatch) -> None:
+        """Check that each branch the batch expects ends where it expects, from the
+        database (not the writer's guesses). The batch's first record on the branch
+        then goes in at that LSN: a writer that appended meanwhile makes that insert
+        fail on the log's key, and the next try finds the branch moved."""
+        batch.check_expect()
+        view = self._view
+        rows: dict[Branch, tuple[Any, str, int]] = {
+            (k.tenant.int, k.stream, k.branch): (k.tenant, k.stream, k.branch)
+            for k, _ in batch.expect
+        }
+        for row in rows:
+            view.next_lsn.pop(row, None)
+        await view.learn_lsns(conn, rows)
+        for key, end in batch.expect:
+            found = view.next_lsn[(key.tenant.int, key.stream, key.branch)]
+            if found != end:
+                raise StreamChanged(
+                    f"stream {key.stream} ends at {found}, not {end}: another writer moved it"
+                )
 
     async def _deleting(self, batch: CommitBatch) -> list[Lsn]:
         """A batch that deletes branches, as its own transaction on the writer's

@@ -25,8 +25,10 @@ class LeaseLost(AssayError):
 
 
 class StreamChanged(AssayError):
-    """A branch to be deleted does not end where the caller read it (a record was
-    appended since, or the branch was already deleted). Nothing of the batch was written."""
+    """A branch does not end where the caller read it: one to be deleted (a record was
+    appended since, or the branch was already deleted), or one the batch expected to
+    end at a given LSN (`CommitBatch.expect`: another writer appended first). Nothing
+    of the batch was written."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,22 @@ class CommitBatch:
     to be written again: if it is, its writer starts it over at LSN 0 (a replica that
     still caches where it ended may go on from there). Rare: an adapter may take a
     slower path for such a batch."""
+    expect: list[tuple[BranchKey, Lsn]] = field(default_factory=list)
+    """Compare-and-swap: each branch must end at this LSN (hold exactly that many
+    records) when the batch commits, else `StreamChanged` and nothing is written. The
+    batch must append to each such branch, and its first record there lands at exactly
+    that LSN, so of two writers that read the same end and race, one fails. For state
+    that must have one writer at a time (decide's allocation of a workflow)."""
 
     def __bool__(self) -> bool:
         return bool(self.records or self.position or self.inbox or self.outbox or self.deletions)
+
+    def check_expect(self) -> None:
+        """Raise `ValueError` unless the batch appends to every branch it `expect`s."""
+        written = {key for key, _ in self.records}
+        for key, _ in self.expect:
+            if key not in written:
+                raise ValueError(f"a batch that expects {key.stream} to end somewhere must append")
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,19 @@ class SqliteEventLog:
         for deletion in batch.deletions:
             _delete_branch(db, deletion.key, deletion.end)
             next_lsn[(_t(deletion.key.tenant), deletion.key.stream, deletion.key.branch)] = 0
+        if batch.expect:
+            batch.check_expect()
+            for key, end in batch.expect:  # the file's own records, never the cached guess
+                expected: _Row = (_t(key.tenant), key.stream, key.branch)
+                (top,) = db.execute(
+                    "SELECT MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?", expected
+                ).fetchone()
+                found = 0 if top is None else top + 1
+                if found != end:
+                    raise StreamChanged(
+                        f"stream {key.stream} ends at {found}, not {end}: another writer moved it"
+                    )
+                next_lsn[expected] = end
         lsns: list[Lsn] = []
         now = int(time.time() * 1000)
         for key, event in batch.records:
