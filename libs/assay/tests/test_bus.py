@@ -68,7 +68,9 @@ from assay.messages import (
     Purpose,
     RewindRun,
     Role,
+    RolledBack,
     RunExecuted,
+    Rung,
     RunGraded,
     RunRef,
     RunResult,
@@ -651,6 +653,22 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         ),
         (Promoted(**verdict, previous=VERSION), f"{t}:{WORKFLOW}"),
         (ChallengerRejected(**verdict, reason="worse"), f"{t}:{WORKFLOW}"),
+        (
+            RolledBack(
+                **by_workflow,
+                workflow_version=VERSION,
+                record=WinRecord(),
+                current=VERSION,
+                rung=Rung.SHADOW,
+                trigger="capped",
+                reason="capped",
+                runs=1,
+                passes=1,
+                baseline_runs=1,
+                baseline_passes=1,
+            ),
+            f"{t}:{WORKFLOW}",
+        ),
         (
             UsageRecorded(
                 tenant=TENANT,

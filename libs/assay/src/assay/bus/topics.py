@@ -17,6 +17,7 @@ from assay.messages import (
     GroupDue,
     Promoted,
     RewindRun,
+    RolledBack,
     RunExecuted,
     RunGraded,
     RunResult,
@@ -121,7 +122,7 @@ TOPICS: dict[str, Topic] = {
         Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
         Topic(
             DECISIONS,
-            (AllocationChanged, Promoted, ChallengerRejected),
+            (AllocationChanged, Promoted, ChallengerRejected, RolledBack),
             _k("tenant", "workflow_id"),
             "tenant:workflow_id",
         ),

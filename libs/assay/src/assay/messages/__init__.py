@@ -10,13 +10,24 @@ from assay.messages.envelope import (
     traceparent_for,
 )
 from assay.messages.episode import AttemptView, Elision, Episode, ReducedEpisode
-from assay.messages.models import (
+from assay.messages.loop import (
     AllocationChanged,
+    ChallengerRejected,
+    HeldOutTally,
+    Ladder,
+    Promoted,
+    RolledBack,
+    Rung,
+    StrengthSummary,
+    VariantAggregate,
+    allocation_changed_v1_to_v2,
+    variant_aggregate_v1_to_v2,
+    variant_aggregate_v2_to_v3,
+)
+from assay.messages.models import (
     AttemptIndeterminate,
     CancelRun,
-    ChallengerRejected,
     GroupDue,
-    Promoted,
     Purpose,
     RewindRun,
     Role,
@@ -28,11 +39,9 @@ from assay.messages.models import (
     RunStatusChanged,
     RunVerified,
     SignalRun,
-    StrengthSummary,
     TaskSubmitted,
     Usage,
     UsageRecorded,
-    VariantAggregate,
     VerifierResult,
     WorkflowRegistered,
     run_graded_v1_to_v2,
@@ -40,7 +49,7 @@ from assay.messages.models import (
     run_result_v2_to_v3,
     run_spawned_v1_to_v2,
     usage_recorded_v1_to_v2,
-    variant_aggregate_v1_to_v2,
+    workflow_registered_v1_to_v2,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -62,6 +71,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         AllocationChanged,
         Promoted,
         ChallengerRejected,
+        RolledBack,
         UsageRecorded,
     ]
 )
@@ -72,6 +82,9 @@ MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
 MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
 MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)
+MESSAGES.upcaster("VariantAggregate", 2)(variant_aggregate_v2_to_v3)
+MESSAGES.upcaster("AllocationChanged", 1)(allocation_changed_v1_to_v2)
+MESSAGES.upcaster("WorkflowRegistered", 1)(workflow_registered_v1_to_v2)
 MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
 
 __all__ = [
@@ -86,11 +99,14 @@ __all__ = [
     "Envelope",
     "Episode",
     "GroupDue",
+    "HeldOutTally",
+    "Ladder",
     "Promoted",
     "Purpose",
     "ReducedEpisode",
     "RewindRun",
     "Role",
+    "RolledBack",
     "RunExecuted",
     "RunGraded",
     "RunRef",
@@ -98,6 +114,7 @@ __all__ = [
     "RunSpawned",
     "RunStatusChanged",
     "RunVerified",
+    "Rung",
     "SchemaRegistry",
     "SignalRun",
     "StrengthSummary",

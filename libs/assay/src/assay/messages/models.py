@@ -17,7 +17,8 @@ from assay.kernel.ids import (
 )
 from assay.kernel.lifecycle import RunState
 from assay.kernel.schema import Versioned
-from assay.kernel.scores import AttemptRank, Score, StepCredit, WinRecord
+from assay.kernel.scores import AttemptRank, Score, StepCredit
+from assay.workflow.ir import PinnedVersion
 
 
 class Role(enum.Enum):
@@ -54,20 +55,36 @@ class TaskSubmitted(Versioned):
 
 
 class WorkflowRegistered(Versioned):
-    """An operator registers a workflow version (the definition, as data)."""
+    """An operator registers a workflow version (the definition, as data).
+
+    Version 2 adds `parents`: the versions it derives from, its edges in the version
+    DAG (§12.2).
+    """
 
     type: ClassVar[str] = "WorkflowRegistered"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant owning the workflow.")
     definition: dict[str, Any] = Field(description="The workflow IR document.")
     rewrite: bool = Field(False, description="Allow a version that retains no step id.")
+    parents: list[PinnedVersion] | None = Field(
+        None,
+        max_length=16,
+        description=(
+            "v2: registered versions of the same workflow this one derives from (several for "
+            "a merge); None: the version registered last, if any."
+        ),
+    )
 
 
 class RunRef(Versioned):
-    """Identity of one run and what it is for, carried by every run message."""
+    """Identity of one run and what it is for, carried by every run message.
+
+    Version 2 adds `held_out`, with a default, so a version 1 reference (in a stored
+    record or message) reads as a selection task — which every task then was.
+    """
 
     type: ClassVar[str] = "RunRef"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run (ULID).")
     task_id: TaskId = Field(description="Comparison group key of the task.")
@@ -81,6 +98,13 @@ class RunRef(Versioned):
     )
     reference_expected: bool = Field(
         False, description="A run of the baseline on this task was spawned alongside."
+    )
+    held_out: bool = Field(
+        False,
+        description=(
+            "v2: the task is in the held-out set (§12.5): reported, never read by a promotion "
+            "gate. False (a selection task) for every reference written before the split."
+        ),
     )
 
 
@@ -286,89 +310,6 @@ class RewindRun(Versioned):
     reason: str = Field("", max_length=2000, description="Why, for people.")
 
 
-class StrengthSummary(Versioned):
-    """A variant's anchored `Ranked` deltas across groups (§11.2): like-for-like deltas
-    from control, so their mean means something. Unanchored groups are counted, never
-    averaged in."""
-
-    type: ClassVar[str] = "StrengthSummary"
-    version: ClassVar[int] = 1
-    episodes: int = Field(ge=0, description="Anchored Ranked scores folded in.")
-    mean: float = Field(description="Mean delta from control.")
-    interval: tuple[float, float] = Field(
-        description="95% interval on the mean (t over episodes; a point with fewer than two)."
-    )
-    unanchored: int = Field(ge=0, description="Ranked scores from groups without control.")
-
-
-class VariantAggregate(Versioned):
-    """A challenger's cumulative record against its baseline.
-
-    Version 2 adds `strength`: the mean of its anchored `Ranked` deltas, for the
-    tournament and deterministic strategies.
-    """
-
-    type: ClassVar[str] = "VariantAggregate"
-    version: ClassVar[int] = 2
-    tenant: TenantId = Field(description="Tenant.")
-    workflow_id: WorkflowId = Field(description="Workflow.")
-    workflow_version: WorkflowVersion = Field(description="The challenger.")
-    baseline_version: WorkflowVersion = Field(description="The current version compared with.")
-    record: WinRecord = Field(description="Cumulative win record.")
-    runs: int = Field(ge=0, description="Graded challenger runs.")
-    passes: int = Field(ge=0, description="Of which passed verification.")
-    strength: StrengthSummary | None = Field(
-        None, description="v2: its anchored Ranked deltas from control, when it has any."
-    )
-
-
-class AllocationChanged(Versioned):
-    """Decide's allocation for a workflow; ingest routes new runs by the latest."""
-
-    type: ClassVar[str] = "AllocationChanged"
-    version: ClassVar[int] = 1
-    tenant: TenantId = Field(description="Tenant.")
-    workflow_id: WorkflowId = Field(description="Workflow.")
-    generation: int = Field(ge=1, description="Compare-and-swap generation; higher wins.")
-    current: WorkflowVersion = Field(description="The current version.")
-    challenger: WorkflowVersion | None = Field(None, description="The challenger, if any.")
-    challenger_share: float = Field(
-        0.0, ge=0, le=1, description="Share of live tasks served by the challenger."
-    )
-    shadow_rate: float = Field(
-        0.0, ge=0, le=1, description="Share of current-served tasks also re-run on the challenger."
-    )
-    definitions: dict[str, dict[str, Any]] = Field(
-        description="The IR of every version named here, by version."
-    )
-
-
-class Promoted(Versioned):
-    """The challenger crossed the accept boundary and is now current."""
-
-    type: ClassVar[str] = "Promoted"
-    version: ClassVar[int] = 1
-    tenant: TenantId = Field(description="Tenant.")
-    workflow_id: WorkflowId = Field(description="Workflow.")
-    workflow_version: WorkflowVersion = Field(description="The new current version.")
-    previous: WorkflowVersion = Field(description="The version it replaced.")
-    record: WinRecord = Field(description="The record at the decision.")
-    llr: float = Field(description="Log-likelihood ratio at the decision.")
-
-
-class ChallengerRejected(Versioned):
-    """The challenger was rejected; the current version stays."""
-
-    type: ClassVar[str] = "ChallengerRejected"
-    version: ClassVar[int] = 1
-    tenant: TenantId = Field(description="Tenant.")
-    workflow_id: WorkflowId = Field(description="Workflow.")
-    workflow_version: WorkflowVersion = Field(description="The rejected challenger.")
-    reason: str = Field(description="Why.")
-    record: WinRecord = Field(description="The record at the decision.")
-    llr: float = Field(description="Log-likelihood ratio at the decision.")
-
-
 class UsageRecorded(Versioned):
     """One model call, attributed to tenant, run and purpose, and what it cost (§14.1).
 
@@ -413,11 +354,11 @@ def run_graded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "attempt_ranks": [], "step_credit": []}
 
 
-def variant_aggregate_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
-    """VariantAggregate v1 -> v2: v1 carried win records only."""
-    return {**payload, "strength": None}
-
-
 def run_spawned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """RunSpawned v1 -> v2: v1 runs called no sub-workflows."""
     return {**payload, "subworkflows": {}}
+
+
+def workflow_registered_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """WorkflowRegistered v1 -> v2: a v1 version derives from the one registered before it."""
+    return {**payload, "parents": None}

@@ -22,6 +22,7 @@ from assay.runtime.embedded import (
     STAGES,
     default_data_dir,
     discover_stages,
+    ladder_from_env,
     sandbox_from_env,
     shadow_rate_from_env,
     sprt_from_env,
@@ -79,6 +80,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     model_settings = ModelSettings.from_env()
     judge_settings = JudgeSettings.from_env()
     retention = RetentionSettings.from_env().policy()
+    ladder = ladder_from_env()
     await create_topics(settings)
     async with AsyncExitStack() as stack:
         blobs = blob_store(settings)
@@ -96,6 +98,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             tools=load_tools(network=sandboxing.network),
             sprt=sprt_from_env(),
             shadow_rate=shadow_rate_from_env(),
+            ladder=ladder,
             lease_ttl_s=settings.lease_ttl_s,
             sandbox=sandbox_from_env(blobs, default_data_dir(), sandboxing),
             verifiers=load_verifiers(),

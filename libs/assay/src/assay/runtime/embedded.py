@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -24,6 +24,7 @@ from assay.engine.chat_model import ChatCompletionsModel
 from assay.engine.models import Model, StubModel
 from assay.grading.chat_judge import ChatJudge
 from assay.grading.judges import Judge, StubJudge
+from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError
@@ -38,6 +39,7 @@ from assay.runtime.settings import (
     RetentionSettings,
     SandboxSettings,
     Settings,
+    SettingsInvalid,
 )
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.sandbox.port import SandboxError, SandboxProvider
@@ -82,6 +84,19 @@ def shadow_rate_from_env() -> float:
     if not 0.0 <= rate <= 1.0:
         raise AssayError(f"ASSAY_SHADOW_RATE must be a number in [0, 1], not {raw!r}")
     return rate
+
+
+def ladder_from_env(defaults: Mapping[str, Any] | None = None) -> LadderPolicy:
+    """The promotion ladder's policy: `defaults` (else the built-in ones), overridden by
+    `ASSAY_LADDER_*` variables and `ASSAY_HELD_OUT_FRACTION`.
+
+    Raises:
+        SettingsInvalid: naming the variable and its value.
+    """
+    try:
+        return LadderPolicy.from_env(os.environ, defaults)
+    except ValueError as exc:
+        raise SettingsInvalid(str(exc)) from exc
 
 
 def lease_ttl_from_env() -> float:
@@ -148,6 +163,7 @@ class Embedded:
         judge: Judge | None = None,
         sprt: SprtPolicy | None = None,
         shadow_rate: float | None = None,
+        ladder: LadderPolicy | None = None,
         stages: tuple[str, ...] = STAGES,
         clock: Callable[[], datetime] = wall_clock,
     ) -> None:
@@ -174,6 +190,7 @@ class Embedded:
             tools=load_tools(network=sandboxing.network),
             sprt=sprt or sprt_from_env(),
             shadow_rate=shadow_rate_from_env() if shadow_rate is None else shadow_rate,
+            ladder=ladder or ladder_from_env(),
             lease_ttl_s=lease_ttl_from_env(),
             sandbox=sandbox_from_env(self.blobs, self.data_dir, sandboxing),
             verifiers=load_verifiers(),

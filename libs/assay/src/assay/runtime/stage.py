@@ -21,6 +21,7 @@ from assay.engine.models import Model
 from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
+from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy
 from assay.kernel.canonical import content_hash
@@ -77,6 +78,8 @@ class StageDeps:
     tools: dict[str, Tool]
     sprt: SprtPolicy = field(default_factory=SprtPolicy)
     shadow_rate: float = 1.0
+    ladder: LadderPolicy = field(default_factory=LadderPolicy)
+    """The promotion ladder's policy and the held-out fraction (§12.3, §12.5)."""
     worker: str = field(default_factory=new_worker_id)
     """This process's identity as a lease holder."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
