@@ -2,9 +2,14 @@
 
 Tasks are deduplicated on `(tenant, idempotency key)`, given a `TaskId` (the
 hash of the input before any workflow touches it, or the producer's task key),
-and routed by the latest allocation: the challenger serves a deterministic
-`challenger_share` of tasks; of the rest, a `shadow_rate` share is also
-re-executed under the challenger for comparison. Every draw is recorded.
+split into the selection or the held-out set, and routed by the latest
+allocation (`routing.py`): the challenger serves a deterministic
+`challenger_share` of tasks; a `shadow_rate` share is also run under the other
+version for comparison. Every draw is recorded.
+
+Workflow versions form a DAG (§12.2): content-addressed (the version is the hash
+of the IR), parent-pointered (each stored version names the versions it derives
+from) and never edited (a re-registration of a stored version changes nothing).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from assay.messages import (
     AllocationChanged,
     Purpose,
     Role,
+    Rung,
     RunRef,
     RunSpawned,
     RunStatusChanged,
@@ -50,18 +56,25 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.routing import held_out, route
 
 
 class WorkflowStored(Event):
-    """A validated workflow version joined the version DAG."""
+    """A validated workflow version joined the version DAG.
+
+    Version 2 names every parent (`parents`, several for a merge) where version 1
+    named the version registered before it (`parent`).
+    """
 
     type: ClassVar[str] = "WorkflowStored"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="Version (hash of the IR).")
-    parent: WorkflowVersion | None = Field(None, description="Previous latest version.")
+    parents: list[WorkflowVersion] = Field(
+        description="v2: the versions it derives from (none for the first, several for a merge)."
+    )
     definition: dict[str, Any] = Field(description="The IR.")
-    added: list[str] = Field(description="Step ids added relative to the parent.")
+    added: list[str] = Field(description="Step ids added relative to the first parent.")
     removed: list[str] = Field(description="Step ids removed.")
 
 
@@ -84,10 +97,14 @@ class SpawnedRun(BaseModel):
 
 
 class TaskAccepted(Event):
-    """A task was admitted and its runs spawned, with the routing draws."""
+    """A task was admitted and its runs spawned, with the routing draws.
+
+    Version 2 adds the arm that served the task, the challenger's rung, and the
+    task's held-out split with its draw.
+    """
 
     type: ClassVar[str] = "TaskAccepted"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     idempotency_key: str = Field(description="Producer's key.")
     task_id: TaskId = Field(description="Task id.")
     workflow_id: WorkflowId = Field(description="Workflow.")
@@ -95,9 +112,29 @@ class TaskAccepted(Event):
     serve_draw: float = Field(description="Uniform draw compared with challenger_share.")
     shadow_draw: float = Field(description="Uniform draw compared with shadow_rate.")
     runs: list[SpawnedRun] = Field(description="Runs spawned.")
+    arm: Role = Field(description="v2: the version that served the task: current or challenger.")
+    rung: Rung | None = Field(description="v2: the challenger's rung then; None without one.")
+    held_out: bool = Field(description="v2: the task is in the held-out set.")
+    held_out_draw: float | None = Field(
+        description="v2: uniform draw compared with the held-out fraction (None before v2)."
+    )
 
 
 INGEST_EVENTS = EventRegistry([WorkflowStored, AllocationApplied, TaskAccepted])
+
+
+@INGEST_EVENTS.upcaster("WorkflowStored", 1)
+def _workflow_stored_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 named one parent: the version registered before it."""
+    out = {k: v for k, v in payload.items() if k != "parent"}
+    return {**out, "parents": [payload["parent"]] if payload.get("parent") else []}
+
+
+@INGEST_EVENTS.upcaster("TaskAccepted", 1)
+def _task_accepted_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 knew no held-out set (every task was a selection task) and kept no rung."""
+    served = next(r["role"] for r in payload["runs"] if r["purpose"] == Purpose.WORK.value)
+    return {**payload, "arm": served, "rung": None, "held_out": False, "held_out_draw": None}
 
 
 def fold_ingest(record: LogRecord) -> list[StateDelta]:
@@ -108,7 +145,12 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [
                 Put(
                     StateKey(t, "definition", e.workflow_version),
-                    {"workflow_id": e.workflow_id, "parent": e.parent, "definition": e.definition},
+                    {
+                        "workflow_id": e.workflow_id,
+                        "parent": e.parents[0] if e.parents else None,
+                        "parents": e.parents,
+                        "definition": e.definition,
+                    },
                 ),
                 Put(StateKey(t, "workflow", e.workflow_id), {"latest": e.workflow_version}),
             ]
@@ -124,11 +166,6 @@ def task_id_for(task: TaskSubmitted) -> TaskId:
     if task.task_key is not None:
         return TaskId(digest(f"task-key\x1f{task.task_key}".encode()))
     return TaskId(content_hash(task.input))
-
-
-def draw(task_id: TaskId, purpose: str) -> float:
-    """A deterministic uniform draw in [0, 1) for one routing decision of a task."""
-    return int(digest(f"{task_id}\x1f{purpose}".encode())[:13], 16) / float(1 << 52)
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
@@ -163,13 +200,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 check_subworkflows(known)
             except WorkflowInvalid as exc:
                 raise Refused(f"invalid workflow: {exc}") from exc
-        latest = await uow.get("workflow", wf.id)
-        parent: WorkflowVersion | None = None
+        parents = await _parents(uow, wf, msg)
         added: list[str] = sorted(s.id for s in wf.steps)
         removed: list[str] = []
-        if latest is not None:
-            parent = WorkflowVersion(latest["latest"])
-            parent_doc = await uow.get("definition", parent)
+        if parents:  # the retained-ids check is against the first parent
+            parent_doc = await uow.get("definition", parents[0])
             assert parent_doc is not None
             try:
                 diff = check_version_bump(
@@ -183,7 +218,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             WorkflowStored(
                 workflow_id=wf.id,
                 workflow_version=wf.version,
-                parent=parent,
+                parents=parents,
                 definition=wf.model_dump(mode="json", by_alias=True),
                 added=added,
                 removed=removed,
@@ -208,18 +243,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if alloc is None:
             raise Refused(f"unknown workflow {msg.workflow_id!r} for tenant {msg.tenant}")
         task_id = task_id_for(msg)
-        serve, shadow = draw(task_id, "serve"), draw(task_id, "shadow")
-        challenger = alloc.get("challenger")
-        plan: list[tuple[Role, Purpose, str]] = []
-        if challenger and serve < alloc["challenger_share"]:
-            plan.append((Role.CHALLENGER, Purpose.WORK, challenger))
-        else:
-            plan.append((Role.CURRENT, Purpose.WORK, alloc["current"]))
-            if challenger and shadow < alloc["shadow_rate"]:
-                plan.append((Role.CHALLENGER, Purpose.SHADOW, challenger))
+        split, split_draw = held_out(task_id, deps.ladder.held_out_fraction)
+        plan = route(alloc, task_id)
         at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
         spawned = []
-        for role, purpose, version in plan:
+        for planned in plan.runs:
+            role, purpose, version = planned.role, planned.purpose, planned.version
             run_id = run_id_from(at_ms, f"{uow.envelope.id}:{role.value}:{purpose.value}")
             ref = RunRef(
                 tenant=msg.tenant,
@@ -227,11 +256,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 task_id=task_id,
                 idempotency_key=msg.idempotency_key,
                 workflow_id=msg.workflow_id,
-                workflow_version=WorkflowVersion(version),
+                workflow_version=version,
                 role=role,
                 purpose=purpose,
                 baseline_version=alloc["current"] if role is Role.CHALLENGER else None,
-                reference_expected=purpose is Purpose.SHADOW,
+                reference_expected=plan.reference_expected(planned),
+                held_out=split,
             )
             definition = alloc["definitions"][version]
             children = await _resolve(uow, WorkflowDef.model_validate(definition), {})
@@ -241,12 +271,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             )
             uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
             spawned.append(
-                SpawnedRun(
-                    run_id=run_id,
-                    workflow_version=WorkflowVersion(version),
-                    role=role,
-                    purpose=purpose,
-                )
+                SpawnedRun(run_id=run_id, workflow_version=version, role=role, purpose=purpose)
             )
         uow.record(
             BranchKey.main(uow.tenant, f"task:{msg.idempotency_key}"),
@@ -255,9 +280,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 task_id=task_id,
                 workflow_id=msg.workflow_id,
                 generation=alloc["generation"],
-                serve_draw=serve,
-                shadow_draw=shadow,
+                serve_draw=plan.serve_draw,
+                shadow_draw=plan.shadow_draw,
                 runs=spawned,
+                arm=plan.arm,
+                rung=alloc.get("rung") if alloc.get("challenger") else None,
+                held_out=split,
+                held_out_draw=split_draw,
             ),
         )
 
@@ -271,6 +300,32 @@ def create_stage(deps: StageDeps) -> StageSpec:
             DECISIONS: {AllocationChanged.type: on_allocation},
         },
     )
+
+
+async def _parents(
+    uow: UnitOfWork, wf: WorkflowDef, msg: WorkflowRegistered
+) -> list[WorkflowVersion]:
+    """The versions a new version derives from: those the registration names, else the
+    version registered last (none for the first).
+
+    Raises:
+        Refused: a named parent is not a stored version of this workflow, or a later
+            version names none without `rewrite: true`.
+    """
+    latest = await uow.get("workflow", wf.id)
+    if msg.parents is None:
+        return [] if latest is None else [WorkflowVersion(latest["latest"])]
+    parents = list(dict.fromkeys(msg.parents))
+    for parent in parents:
+        doc = await uow.get("definition", parent)
+        if doc is None or doc["workflow_id"] != wf.id:
+            raise Refused(f"workflow {wf.id!r}: parent {parent} is not a registered version of it")
+    if not parents and latest is not None and not msg.rewrite:
+        raise Refused(
+            f"workflow {wf.id!r}: a version with no parent beside registered ones is a new "
+            "root; register it with rewrite: true"
+        )
+    return parents
 
 
 async def _resolve(
