@@ -17,6 +17,7 @@ from assay.kernel.scores import (
     CoreViolation,
     DecidedBy,
     Outcome,
+    Ranked,
     Relative,
     Score,
     Ungraded,
@@ -41,7 +42,14 @@ async def stage(tmp_path: Path) -> AsyncIterator[StageHarness]:
         yield h
 
 
-def graded(score: Score, *, role: Role = Role.CHALLENGER, passed: bool = True) -> RunGraded:
+def graded(
+    score: Score,
+    *,
+    role: Role = Role.CHALLENGER,
+    passed: bool = True,
+    held_out: bool = False,
+    purpose: Purpose | None = None,
+) -> RunGraded:
     ref = RunRef(
         tenant=TENANT,
         run_id=new_run_id(),
@@ -50,8 +58,9 @@ def graded(score: Score, *, role: Role = Role.CHALLENGER, passed: bool = True) -
         workflow_id=WorkflowId("arith"),
         workflow_version=V2 if role is Role.CHALLENGER else V1,
         role=role,
-        purpose=Purpose.SHADOW if role is Role.CHALLENGER else Purpose.WORK,
+        purpose=purpose or (Purpose.SHADOW if role is Role.CHALLENGER else Purpose.WORK),
         baseline_version=V1 if role is Role.CHALLENGER else None,
+        held_out=held_out,
     )
     return RunGraded(run=ref, passed=passed, score=score)
 
@@ -104,7 +113,9 @@ async def test_ungraded_and_current_runs_count_pass_rates_only(stage: StageHarne
     await stage.deliver(
         GRADED, graded(Ungraded(reason=UngradedReason.BASELINE), role=Role.CURRENT), TENANT
     )
-    assert await aggregates(stage) == []
+    (agg,) = await aggregates(stage)  # a challenger run always publishes its evidence
+    assert agg.record == WinRecord()
+    assert (agg.runs, agg.passes, agg.screened, agg.served) == (1, 0, 1, 0)
     v1 = await stage.state(TENANT, "version", V1)
     v2 = await stage.state(TENANT, "version", V2)
     assert v1 is not None
@@ -119,3 +130,66 @@ async def test_a_redelivered_grade_is_folded_once(stage: StageHarness) -> None:
     await stage.deliver(GRADED, msg, TENANT, idem="once")
     (agg,) = await aggregates(stage)
     assert agg.record.judge_wins == 1
+
+
+# -- what the ladder reads, and the held-out split -------------------------------------------
+
+
+async def test_held_out_tasks_are_tallied_apart_and_never_in_the_evidence(
+    stage: StageHarness,
+) -> None:
+    capped = Capped(violations=[CoreViolation(criterion="safe", evidence="said X")])
+    await stage.deliver(GRADED, graded(rel(Outcome.WIN, DecidedBy.JUDGE)), TENANT)
+    await stage.deliver(GRADED, graded(rel(Outcome.LOSS, DecidedBy.JUDGE), held_out=True), TENANT)
+    await stage.deliver(GRADED, graded(capped, held_out=True, passed=False), TENANT)
+    await stage.deliver(
+        GRADED,
+        graded(Ungraded(reason=UngradedReason.NO_REFERENCE), role=Role.CURRENT, held_out=True),
+        TENANT,
+    )
+    last = (await aggregates(stage))[-1]
+    assert last.record == WinRecord(judge_wins=1)  # the gates read selection tasks only
+    assert (last.runs, last.passes, last.screened) == (1, 1, 1)
+    held = last.held_out
+    assert held is not None
+    assert held.record == WinRecord(judge_losses=1, capped=1)
+    assert (held.runs, held.passes) == (2, 1)
+    tally = await stage.state(TENANT, "version", V2)
+    assert tally is not None
+    assert (tally["runs"], tally["held_out"]["runs"]) == (3, 2)
+    await stage.deliver(
+        GRADED, graded(Ungraded(reason=UngradedReason.BASELINE), role=Role.CURRENT), TENANT
+    )
+    await stage.deliver(GRADED, graded(rel(Outcome.WIN, DecidedBy.JUDGE)), TENANT)
+    last = (await aggregates(stage))[-1]
+    assert (last.baseline_runs, last.baseline_passes) == (1, 1)  # selection only
+    assert last.held_out is not None
+    assert (last.held_out.baseline_runs, last.held_out.baseline_passes) == (1, 1)
+
+
+async def test_served_screened_and_order_checks_are_counted_for_the_ladder(
+    stage: StageHarness,
+) -> None:
+    checked = rel(Outcome.WIN, DecidedBy.JUDGE).model_copy(update={"order_consistent": False})
+    await stage.deliver(GRADED, graded(checked, purpose=Purpose.WORK), TENANT)
+    await stage.deliver(
+        GRADED, graded(Ungraded(reason=UngradedReason.JUDGE_FAILED), purpose=Purpose.WORK), TENANT
+    )  # maybe never screened: not clean
+    await stage.deliver(
+        GRADED, graded(Ungraded(reason=UngradedReason.NO_REFERENCE), purpose=Purpose.WORK), TENANT
+    )
+    last = (await aggregates(stage))[-1]
+    assert (last.screened, last.served) == (2, 2)
+    assert (last.order_checked, last.order_inconsistent) == (1, 1)
+
+
+async def test_anchored_deltas_count_in_the_record_by_their_sign(stage: StageHarness) -> None:
+    for delta, anchored in [(0.4, True), (-0.2, True), (0.0, True), (0.9, False)]:
+        score = Ranked(
+            strength=delta, interval=(delta - 1, delta + 1), group_size=2, anchored=anchored
+        )
+        await stage.deliver(GRADED, graded(score), TENANT)
+    last = (await aggregates(stage))[-1]
+    assert last.record == WinRecord(judge_wins=1, judge_losses=1, draws=1)
+    assert last.strength is not None
+    assert (last.strength.episodes, last.strength.unanchored) == (3, 1)
