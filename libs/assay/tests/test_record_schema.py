@@ -25,6 +25,7 @@ from assay.engine.events import (
     Suspended,
     Tiered,
 )
+from assay.grading.ladder import Standing
 from assay.kernel import (
     AttemptNo,
     AttemptState,
@@ -60,11 +61,15 @@ from assay.messages import (
     CancelRun,
     ChallengerRejected,
     GroupDue,
+    HeldOutTally,
+    Ladder,
     Promoted,
     Purpose,
     RewindRun,
     Role,
+    RolledBack,
     RunExecuted,
+    Rung,
     RunGraded,
     RunRef,
     RunResult,
@@ -93,7 +98,7 @@ from assay.record import (
 from assay_aggregate import AGGREGATE_EVENTS
 from assay_aggregate.stage import VersionTallied
 from assay_decide import DECIDE_EVENTS
-from assay_decide.stage import AllocationSet, ChallengerDecided
+from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
 from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
@@ -301,6 +306,7 @@ REF = RunRef(
     purpose=Purpose.SHADOW,
     baseline_version=V1,
     reference_expected=True,
+    held_out=True,
 )
 RESULT = VerifierResult(
     verifier="correct", kind="exact", verifier_version="1", passed=True, evidence="4 == 4"
@@ -345,6 +351,8 @@ ALLOCATION = AllocationChanged(
     challenger_share=0.1,
     shadow_rate=0.5,
     definitions={V1: DEFINITION, V2: DEFINITION},
+    rung=Rung.RAMP,
+    ladder=Ladder.RESOURCED,
 )
 VERIFIED = RunVerified(
     run=REF, episode="blob:abc", passed=True, results=[RESULT], usage=USAGE, executed=True
@@ -359,6 +367,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         task_key="arith/2+2",
     ),
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, rewrite=True),
+    WorkflowRegistered(tenant=TENANT, definition=DEFINITION, parents=[V1, V2]),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
@@ -421,6 +430,29 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         passes=5,
         strength=StrengthSummary(episodes=5, mean=0.3, interval=(0.1, 0.5), unanchored=1),
     ),
+    VariantAggregate(
+        tenant=TENANT,
+        workflow_id=WF,
+        workflow_version=V2,
+        baseline_version=V1,
+        record=RECORD,
+        runs=7,
+        passes=5,
+        screened=6,
+        served=2,
+        baseline_runs=30,
+        baseline_passes=21,
+        order_checked=4,
+        order_inconsistent=1,
+        held_out=HeldOutTally(
+            runs=3,
+            passes=1,
+            record=RECORD,
+            strength=StrengthSummary(episodes=2, mean=-0.1, interval=(-0.9, 0.7), unanchored=0),
+            baseline_runs=8,
+            baseline_passes=6,
+        ),
+    ),
     ALLOCATION,
     Promoted(
         tenant=TENANT,
@@ -437,6 +469,20 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         reason="crossed the reject boundary",
         record=RECORD,
         llr=-2.25,
+    ),
+    RolledBack(
+        tenant=TENANT,
+        workflow_id=WF,
+        workflow_version=V2,
+        current=V1,
+        rung=Rung.TRIAL,
+        trigger="pass_rate",
+        reason="pass rate 40% below 90%",
+        record=RECORD,
+        runs=20,
+        passes=8,
+        baseline_runs=40,
+        baseline_passes=36,
     ),
     UsageRecorded(
         tenant=TENANT,
@@ -515,7 +561,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             WorkflowStored(
                 workflow_id=WF,
                 workflow_version=V2,
-                parent=V1,
+                parents=[V1],
                 definition=DEFINITION,
                 added=["check"],
                 removed=[],
@@ -539,6 +585,10 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                         purpose=Purpose.SHADOW,
                     ),
                 ],
+                arm=Role.CURRENT,
+                rung=Rung.SHADOW,
+                held_out=True,
+                held_out_draw=0.07,
             ),
         ],
     ),
@@ -603,12 +653,34 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 record=RECORD,
             ),
             VersionTallied(run_id=RUN, workflow_id=WF, workflow_version=V1, runs=1, passes=0),
+            VersionTallied(
+                run_id=RUN,
+                workflow_id=WF,
+                workflow_version=V2,
+                runs=9,
+                passes=7,
+                baseline_version=V1,
+                record=RECORD,
+                screened=6,
+                served=2,
+                order_checked=3,
+                order_inconsistent=1,
+                held_out={"runs": 2, "passes": 2, "record": RECORD.model_dump(), "ranked": None},
+            ),
         ],
     ),
     "decide": (
         DECIDE_EVENTS,
         [
             AllocationSet(allocation=ALLOCATION, expected_generation=1, cause="registered"),
+            AllocationSet(
+                allocation=ALLOCATION,
+                expected_generation=1,
+                cause="trial: clean",
+                standing=Standing(
+                    ladder=Ladder.DEFAULT, rung=Rung.TRIAL, share=0.05, entered_served=2
+                ),
+            ),
             ChallengerDecided(
                 workflow_id=WF,
                 workflow_version=V2,
@@ -616,7 +688,28 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 record=RECORD,
                 llr=2.94,
                 reason="accept boundary",
+                outcome="promoted",
+                ladder=Ladder.DEFAULT,
+                rung=Rung.TRIAL,
+                trigger=None,
             ),
+            ChallengerDecided(
+                workflow_id=WF,
+                workflow_version=V2,
+                accepted=False,
+                record=RECORD,
+                llr=0.3,
+                reason="1 Core violation",
+                outcome="rolled_back",
+                ladder=Ladder.RESOURCED,
+                rung=Rung.SHADOW,
+                trigger="capped",
+            ),
+            EvidenceAccepted(
+                workflow_id=WF, workflow_version=V2, record=RECORD, llr=2.94, reason="accept"
+            ),
+            PromotionHeld(workflow_id=WF, workflow_version=V2, reason="judge inconsistent"),
+            PromotionHeld(workflow_id=WF, workflow_version=V2, reason=None),
         ],
     ),
 }

@@ -1,102 +1,132 @@
 """Decide: `assay.workflows`, `assay.aggregates` -> `assay.decisions` (§12).
 
-Single writer per `(tenant, workflow)` (the partition key), and every change
-of allocation checks the generation it read (compare-and-swap). The first
-registered version becomes current; the next becomes the challenger, run in
-shadow on a share of tasks; the sequential test on its win record promotes or
-rejects it.
+One current version and at most one challenger per `(tenant, workflow)`. The
+first registered version becomes current; the next one that meets shadow's
+entry criteria becomes the challenger and climbs the promotion ladder
+(`assay.grading.ladder`) on its selection evidence: shadow -> trial -> current,
+or shadow -> canary -> ramp -> current for a tournament-graded workflow. Any
+`Capped` episode or a pass-rate regression rolls it back; the sequential test
+may reject it. Each move publishes the allocation ingest routes by.
+
+Single writer per workflow: the partition key makes one consumer the writer,
+and a commit appends to the workflow's stream only if the stream still ends
+where the handler read it — a compare-and-swap that covers the generation it
+read, so a replica that raced it (two topics' partitions can sit on two
+replicas) runs again on what is there now.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from pydantic import Field
+from typing import Any
 
 from assay.bus.topics import AGGREGATES, DECISIONS, WORKFLOWS
 from assay.engine import StepNotExecutable, check_executable
-from assay.grading import SprtDecision, evaluate
-from assay.kernel import AssayError, Refused, WorkflowId, WorkflowVersion
+from assay.grading.ladder import Move, MoveKind, Standing, ladder_for, step
+from assay.kernel import Lsn, Refused, WorkflowId, WorkflowVersion
 from assay.kernel.scores import WinRecord
 from assay.messages import (
     AllocationChanged,
     ChallengerRejected,
+    Ladder,
     Promoted,
+    RolledBack,
+    Rung,
     VariantAggregate,
     WorkflowRegistered,
 )
-from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
+from assay.record import Event
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.workflow import WorkflowInvalid, from_document, validate
+from assay_decide.entry import shadow_refusal
+from assay_decide.events import (
+    DECIDE_EVENTS,
+    AllocationSet,
+    ChallengerDecided,
+    EvidenceAccepted,
+    PromotionHeld,
+    fold_decide,
+    stream_of,
+)
+
+__all__ = [
+    "DECIDE_EVENTS",
+    "AllocationSet",
+    "ChallengerDecided",
+    "EvidenceAccepted",
+    "PromotionHeld",
+    "create_stage",
+    "fold_decide",
+]
 
 
-class GenerationConflict(AssayError):
-    """The allocation changed between read and write (retried by the consumer)."""
+class Workflow:
+    """One handler's view of a workflow: what it read, and its writes, compare-and-swapped.
 
+    Open it before reading anything else of the workflow: the stream's end read here
+    is what the commit expects, so whatever the handler reads after it is covered.
+    """
 
-class AllocationSet(Event):
-    """The allocation of a workflow moved to a new generation."""
+    def __init__(self, uow: UnitOfWork, workflow: WorkflowId, head: Lsn) -> None:
+        self.uow = uow
+        self.id = workflow
+        self._head = head
+        self._expecting = False
 
-    type: ClassVar[str] = "AllocationSet"
-    version: ClassVar[int] = 1
-    allocation: AllocationChanged = Field(description="The new allocation.")
-    expected_generation: int = Field(ge=0, description="Generation it replaced (CAS).")
-    cause: str = Field(description="Why it changed.")
+    @classmethod
+    async def open(cls, uow: UnitOfWork, workflow: WorkflowId) -> Workflow:
+        """Read the stream's end (first), for the compare-and-swap."""
+        head = await uow.get("head", workflow)
+        return cls(uow, workflow, Lsn(int(head["next"]) if head else 0))
 
+    def record(self, event: Event) -> None:
+        """Append to the workflow's stream; the commit lands only if no one else did."""
+        key = stream_of(self.uow.tenant, self.id)
+        if not self._expecting:
+            self.uow.expect(key, self._head)
+            self._expecting = True
+        self.uow.record(key, event)
 
-class ChallengerDecided(Event):
-    """The sequential test ended for a challenger."""
+    async def allocation(self) -> dict[str, Any] | None:
+        """The workflow's allocation (an `AllocationChanged` payload)."""
+        return await self.uow.get("allocation", self.id)
 
-    type: ClassVar[str] = "ChallengerDecided"
-    version: ClassVar[int] = 1
-    workflow_id: WorkflowId = Field(description="Workflow.")
-    workflow_version: WorkflowVersion = Field(description="The challenger.")
-    accepted: bool = Field(description="Promoted (true) or rejected.")
-    record: WinRecord = Field(description="Record at the decision.")
-    llr: float = Field(description="Log-likelihood ratio at the decision.")
-    reason: str = Field(description="The boundary crossed.")
+    async def standing(self, alloc: dict[str, Any]) -> Standing:
+        """Where the challenger stands (rebuilt from the rung for an allocation of v1)."""
+        doc = await self.uow.get("ladder", self.id) or {}
+        share = float(alloc["challenger_share"])
+        base = {
+            "ladder": alloc.get("ladder") or Ladder.DEFAULT.value,
+            "rung": alloc.get("rung") or (Rung.TRIAL if share > 0 else Rung.SHADOW).value,
+            "share": share,
+        }
+        return Standing.model_validate({**base, **doc})
 
-
-DECIDE_EVENTS = EventRegistry([AllocationSet, ChallengerDecided])
-
-
-def fold_decide(record: LogRecord) -> list[StateDelta]:
-    """The allocation per workflow and the decision per challenger."""
-    t = record.key.tenant
-    match record.event:
-        case AllocationSet(allocation=a):
-            return [
-                Put(StateKey(t, "allocation", a.workflow_id), a.model_dump(mode="json")),
-                *(
-                    Put(StateKey(t, "known", v), {"workflow_id": a.workflow_id})
-                    for v in sorted(a.definitions)
-                ),
-            ]
-        case ChallengerDecided() as e:
-            return [Put(StateKey(t, "decision", e.workflow_version), e.model_dump(mode="json"))]
-    return []
+    def allocate(
+        self,
+        read: dict[str, Any] | None,
+        cause: str,
+        standing: Standing | None = None,
+        **fields: Any,
+    ) -> AllocationChanged:
+        """Record and publish the next generation of the allocation."""
+        gen = int((read or {}).get("generation", 0))
+        if standing is not None:
+            fields.update(
+                challenger_share=standing.share, rung=standing.rung, ladder=standing.ladder
+            )
+        alloc = AllocationChanged(
+            tenant=self.uow.tenant, workflow_id=self.id, generation=gen + 1, **fields
+        )
+        self.record(
+            AllocationSet(allocation=alloc, expected_generation=gen, cause=cause, standing=standing)
+        )
+        self.uow.emit(DECISIONS, alloc)
+        return alloc
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the decide stage."""
-    policy = deps.sprt
     known_tools = frozenset(deps.tools)
-
-    async def change(
-        uow: UnitOfWork, wf_id: WorkflowId, read: dict[str, Any] | None, cause: str, **fields: Any
-    ) -> None:
-        now = await uow.get("allocation", wf_id)
-        if (now or {}).get("generation") != (read or {}).get("generation"):
-            raise GenerationConflict(f"allocation of {wf_id!r} changed under decide")
-        gen = (read or {}).get("generation", 0)
-        alloc = AllocationChanged(
-            tenant=uow.tenant, workflow_id=wf_id, generation=gen + 1, **fields
-        )
-        uow.record(
-            BranchKey.main(uow.tenant, f"workflow:{wf_id}"),
-            AllocationSet(allocation=alloc, expected_generation=gen, cause=cause),
-        )
-        uow.emit(DECISIONS, alloc)
 
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
@@ -104,12 +134,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
             check_executable(wf)
         except (WorkflowInvalid, StepNotExecutable):
             return  # ingest dead-letters invalid definitions with the reason
-        alloc = await uow.get("allocation", wf.id)
+        w = await Workflow.open(uow, wf.id)
+        alloc = await w.allocation()
         definition = wf.model_dump(mode="json", by_alias=True)
         if alloc is None:
-            await change(
-                uow,
-                wf.id,
+            w.allocate(
                 None,
                 "first version registered",
                 current=wf.version,
@@ -117,87 +146,100 @@ def create_stage(deps: StageDeps) -> StageSpec:
             )
             return
         if await uow.get("known", wf.version) is not None:
-            return  # a re-registration of a version decide already holds or held
+            return  # a re-registration of a version decide holds, held or turned away
         if alloc.get("challenger"):
             raise Refused(
                 f"workflow {wf.id!r} already has challenger {alloc['challenger']}; "
                 "at most one challenger at a time"
             )
-        await change(
-            uow,
-            wf.id,
-            alloc,
-            "challenger registered (shadow)",
-            current=alloc["current"],
-            challenger=wf.version,
-            shadow_rate=deps.shadow_rate,
-            challenger_share=0.0,
-            definitions={**alloc["definitions"], wf.version: definition},
-        )
-
-    async def on_aggregate(msg: VariantAggregate, uow: UnitOfWork) -> None:
-        alloc = await uow.get("allocation", msg.workflow_id)
-        if alloc is None or alloc.get("challenger") != msg.workflow_version:
-            return  # not the live challenger (already decided, or never one)
-        if msg.baseline_version != alloc["current"]:
-            return
-        state = evaluate(msg.record, policy)
-        if state.decision is SprtDecision.CONTINUE:
-            return
-        accepted = state.decision is SprtDecision.ACCEPT
-        uow.record(
-            BranchKey.main(uow.tenant, f"workflow:{msg.workflow_id}"),
-            ChallengerDecided(
-                workflow_id=msg.workflow_id,
-                workflow_version=msg.workflow_version,
-                accepted=accepted,
-                record=msg.record,
-                llr=state.llr,
-                reason=state.reason,
-            ),
-        )
-        challenger_def = alloc["definitions"][msg.workflow_version]
-        current_def = alloc["definitions"][alloc["current"]]
-        if accepted:
-            uow.emit(
-                DECISIONS,
-                Promoted(
-                    tenant=uow.tenant,
-                    workflow_id=msg.workflow_id,
-                    workflow_version=msg.workflow_version,
-                    previous=alloc["current"],
-                    record=msg.record,
-                    llr=state.llr,
-                ),
+        refusal = shadow_refusal(wf, deps)
+        if refusal is not None:  # §12.3: shadow's entry criteria, checked before any replay
+            w.record(
+                ChallengerDecided(
+                    workflow_id=wf.id,
+                    workflow_version=wf.version,
+                    accepted=False,
+                    record=WinRecord(),
+                    llr=0.0,
+                    reason=refusal,
+                    outcome="rejected",
+                    ladder=ladder_for(definition),
+                    rung=None,
+                    trigger=None,
+                )
             )
-            await change(
-                uow,
-                msg.workflow_id,
-                alloc,
-                f"promoted: {state.reason}",
-                current=msg.workflow_version,
-                definitions={msg.workflow_version: challenger_def},
-            )
-        else:
             uow.emit(
                 DECISIONS,
                 ChallengerRejected(
                     tenant=uow.tenant,
-                    workflow_id=msg.workflow_id,
-                    workflow_version=msg.workflow_version,
-                    reason=state.reason,
-                    record=msg.record,
-                    llr=state.llr,
+                    workflow_id=wf.id,
+                    workflow_version=wf.version,
+                    reason=refusal,
+                    record=WinRecord(),
+                    llr=0.0,
                 ),
             )
-            await change(
-                uow,
-                msg.workflow_id,
-                alloc,
-                f"rejected: {state.reason}",
-                current=alloc["current"],
-                definitions={alloc["current"]: current_def},
+            return
+        w.allocate(
+            alloc,
+            "challenger registered (shadow)",
+            Standing(ladder=ladder_for(definition), rung=Rung.SHADOW, share=0.0),
+            current=alloc["current"],
+            challenger=wf.version,
+            shadow_rate=deps.shadow_rate,
+            definitions={**alloc["definitions"], wf.version: definition},
+        )
+
+    async def on_aggregate(msg: VariantAggregate, uow: UnitOfWork) -> None:
+        w = await Workflow.open(uow, msg.workflow_id)
+        alloc = await w.allocation()
+        if alloc is None or alloc.get("challenger") != msg.workflow_version:
+            return  # not the live challenger (already decided, or never one)
+        if msg.baseline_version != alloc["current"]:
+            return
+        standing = await w.standing(alloc)
+        move = step(standing, msg, deps.ladder, deps.sprt)
+        if move.accepted_now:
+            w.record(
+                EvidenceAccepted(
+                    workflow_id=w.id,
+                    workflow_version=msg.workflow_version,
+                    record=msg.record,
+                    llr=move.llr,
+                    reason=move.test,
+                )
             )
+            standing = standing.model_copy(update={"accepted": True})
+        match move.kind:
+            case MoveKind.STAY:
+                if move.held != standing.held:
+                    w.record(
+                        PromotionHeld(
+                            workflow_id=w.id,
+                            workflow_version=msg.workflow_version,
+                            reason=move.held,
+                        )
+                    )
+            case MoveKind.ADVANCE:
+                assert move.rung is not None
+                w.allocate(
+                    alloc,
+                    f"{move.rung.value}: {move.reason}",
+                    Standing(
+                        ladder=standing.ladder,
+                        rung=move.rung,
+                        share=move.share,
+                        entered_served=msg.served,
+                        entered_episodes=msg.strength.episodes if msg.strength else 0,
+                        accepted=standing.accepted,
+                    ),
+                    current=alloc["current"],
+                    challenger=msg.workflow_version,
+                    shadow_rate=deps.shadow_rate,
+                    definitions=alloc["definitions"],
+                )
+            case MoveKind.PROMOTE | MoveKind.REJECT | MoveKind.ROLL_BACK:
+                _end(w, alloc, standing, msg, move)
 
     return StageSpec(
         name="decide",
@@ -207,4 +249,71 @@ def create_stage(deps: StageDeps) -> StageSpec:
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             AGGREGATES: {VariantAggregate.type: on_aggregate},
         },
+    )
+
+
+def _end(
+    w: Workflow, alloc: dict[str, Any], standing: Standing, msg: VariantAggregate, move: Move
+) -> None:
+    """The challenger's time ends: it becomes current, or the current version keeps all
+    traffic. Nothing is deleted: a version decide turned away stays in the DAG."""
+    uow, challenger = w.uow, msg.workflow_version
+    previous = WorkflowVersion(alloc["current"])
+    outcome = {
+        MoveKind.PROMOTE: "promoted",
+        MoveKind.REJECT: "rejected",
+        MoveKind.ROLL_BACK: "rolled_back",
+    }[move.kind]
+    w.record(
+        ChallengerDecided(
+            workflow_id=w.id,
+            workflow_version=challenger,
+            accepted=move.kind is MoveKind.PROMOTE,
+            record=msg.record,
+            llr=move.llr,
+            reason=move.reason,
+            outcome=outcome,
+            ladder=standing.ladder,
+            rung=standing.rung,
+            trigger=move.trigger,
+        )
+    )
+    common = {"tenant": uow.tenant, "workflow_id": w.id, "record": msg.record}
+    if move.kind is MoveKind.PROMOTE:
+        uow.emit(
+            DECISIONS,
+            Promoted(**common, workflow_version=challenger, previous=previous, llr=move.llr),
+        )
+        keep = challenger
+    elif move.kind is MoveKind.REJECT:
+        uow.emit(
+            DECISIONS,
+            ChallengerRejected(
+                **common, workflow_version=challenger, reason=move.reason, llr=move.llr
+            ),
+        )
+        keep = previous
+    else:
+        assert move.trigger is not None
+        uow.emit(
+            DECISIONS,
+            RolledBack(
+                **common,
+                workflow_version=challenger,
+                current=previous,
+                rung=standing.rung,
+                trigger=move.trigger,
+                reason=move.reason,
+                runs=msg.runs,
+                passes=msg.passes,
+                baseline_runs=msg.baseline_runs,
+                baseline_passes=msg.baseline_passes,
+            ),
+        )
+        keep = previous
+    w.allocate(
+        alloc,
+        f"{outcome.replace('_', ' ')}: {move.reason}",
+        current=keep,
+        definitions={keep: alloc["definitions"][keep]},
     )

@@ -1,0 +1,159 @@
+"""Decide's log: every record of a workflow goes on its stream `workflow:<id>`.
+
+Derived state, per tenant:
+
+- `allocation/<workflow>`: the latest `AllocationChanged` payload;
+- `ladder/<workflow>`: where its challenger stands (`Standing`), absent without one;
+- `head/<workflow>`: the next LSN of the workflow's stream — what a handler
+  expects it still to be when it commits (the compare-and-swap);
+- `known/<version>`: every version decide has held or turned away;
+- `decision/<version>`: how a challenger's time ended;
+- `accepted/<version>`: when its sequential test crossed the accept boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from assay.grading.ladder import Standing
+from assay.kernel import TenantId, WorkflowId, WorkflowVersion
+from assay.kernel.scores import WinRecord
+from assay.messages import AllocationChanged, Ladder, Rung
+from assay.messages.loop import allocation_changed_v1_to_v2
+from assay.record import (
+    BranchKey,
+    Delete,
+    Event,
+    EventRegistry,
+    LogRecord,
+    Patch,
+    Put,
+    StateDelta,
+    StateKey,
+)
+
+STREAM_PREFIX = "workflow:"
+
+
+def stream_of(tenant: TenantId, workflow: WorkflowId) -> BranchKey:
+    """The stream every decide record of a workflow goes on."""
+    return BranchKey.main(tenant, f"{STREAM_PREFIX}{workflow}")
+
+
+class AllocationSet(Event):
+    """The allocation of a workflow moved to a new generation.
+
+    Version 2 carries the allocation at version 2 (rung and ladder) and where the
+    challenger stands after the change.
+    """
+
+    type: ClassVar[str] = "AllocationSet"
+    version: ClassVar[int] = 2
+    allocation: AllocationChanged = Field(description="The new allocation.")
+    expected_generation: int = Field(ge=0, description="Generation it replaced (CAS).")
+    cause: str = Field(description="Why it changed.")
+    standing: Standing | None = Field(
+        None, description="v2: where the challenger stands now; None without one."
+    )
+
+
+class ChallengerDecided(Event):
+    """A challenger's time ended: promoted, rejected (by the test, or at registration for
+    failing shadow's entry criteria) or rolled back.
+
+    Version 2 adds `outcome`, the `ladder` and `rung` it ended on and a rollback's
+    `trigger`.
+    """
+
+    type: ClassVar[str] = "ChallengerDecided"
+    version: ClassVar[int] = 2
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The challenger.")
+    accepted: bool = Field(description="Promoted (true) or not.")
+    record: WinRecord = Field(description="Record at the decision.")
+    llr: float = Field(description="Log-likelihood ratio at the decision.")
+    reason: str = Field(description="Why.")
+    outcome: Literal["promoted", "rejected", "rolled_back"] = Field(description="v2: how it ended.")
+    ladder: Ladder = Field(description="v2: the ladder it climbed (or would have).")
+    rung: Rung | None = Field(description="v2: the rung it ended on (None: never admitted).")
+    trigger: Literal["capped", "pass_rate"] | None = Field(
+        description="v2: what rolled it back, for a rollback."
+    )
+
+
+class EvidenceAccepted(Event):
+    """The challenger's sequential test crossed its accept boundary. The decision is
+    latched: promotion then waits only for the rung's other criteria."""
+
+    type: ClassVar[str] = "EvidenceAccepted"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The challenger.")
+    record: WinRecord = Field(description="Selection record at the crossing.")
+    llr: float = Field(description="Log-likelihood ratio at the crossing.")
+    reason: str = Field(description="The boundary crossed.")
+
+
+class PromotionHeld(Event):
+    """Everything but the drift check says promote (or the check came clean again)."""
+
+    type: ClassVar[str] = "PromotionHeld"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The challenger.")
+    reason: str | None = Field(description="Why the swap waits; None: it no longer does.")
+
+
+DECIDE_EVENTS = EventRegistry([AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld])
+
+
+@DECIDE_EVENTS.upcaster("AllocationSet", 1)
+def _allocation_set_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 held a version 1 allocation and no standing (one is rebuilt from the rung)."""
+    return {
+        **payload,
+        "allocation": allocation_changed_v1_to_v2(payload["allocation"]),
+        "standing": None,
+    }
+
+
+@DECIDE_EVENTS.upcaster("ChallengerDecided", 1)
+def _challenger_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 decided by the sequential test alone: promoted or rejected."""
+    outcome = "promoted" if payload["accepted"] else "rejected"
+    return {**payload, "outcome": outcome, "ladder": "default", "rung": None, "trigger": None}
+
+
+def fold_decide(record: LogRecord) -> list[StateDelta]:
+    """The allocation, standing and stream head per workflow; decisions per version."""
+    t = record.key.tenant
+    out: list[StateDelta] = []
+    if record.key.stream.startswith(STREAM_PREFIX):
+        workflow = record.key.stream[len(STREAM_PREFIX) :]
+        out.append(Put(StateKey(t, "head", workflow), {"next": record.lsn + 1}))
+    match record.event:
+        case AllocationSet(allocation=a, standing=standing):
+            ladder = StateKey(t, "ladder", a.workflow_id)
+            out += [
+                Put(StateKey(t, "allocation", a.workflow_id), a.model_dump(mode="json")),
+                *(
+                    Put(StateKey(t, "known", v), {"workflow_id": a.workflow_id})
+                    for v in sorted(a.definitions)
+                ),
+                Put(ladder, standing.model_dump(mode="json")) if standing else Delete(ladder),
+            ]
+        case ChallengerDecided() as e:
+            out += [
+                Put(StateKey(t, "decision", e.workflow_version), e.model_dump(mode="json")),
+                Put(StateKey(t, "known", e.workflow_version), {"workflow_id": e.workflow_id}),
+            ]
+        case EvidenceAccepted() as e:
+            out += [
+                Put(StateKey(t, "accepted", e.workflow_version), e.model_dump(mode="json")),
+                Patch(StateKey(t, "ladder", e.workflow_id), {"accepted": True}),
+            ]
+        case PromotionHeld() as e:
+            out.append(Patch(StateKey(t, "ladder", e.workflow_id), {"held": e.reason}))
+    return out
