@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARITH_V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
 ASSAY = Path(sys.executable).parent / "assay"
 TASK = '{"question": "2 + 3", "answer": "5"}'
+TENANT = "6f1c2b9e-8d0a-4c4e-9a57-0e1d2c3b4a59"
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,19 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "run_await": ["run", str(awaits), "--input", TASK],
         "health_empty": ["grade", "health"],
         "health_bad_tenant": ["grade", "health", "--tenant", "acme"],
+        "ladder_empty": ["ladder"],
+        "ladder_bad_tenant": ["ladder", "--tenant", "acme"],
+        "demo_one_workflow": ["demo", "--workflows", v2, "--no-progress"],
+        "demo_bad_ladder": ["demo", "--no-progress"],
+        "register_bad_parent": ["register", v2, "--tenant", TENANT, "--parent", "v1"],
     }
+
+
+CASE_ENV = {
+    "demo_bad_ladder": {"ASSAY_LADDER_TRIAL_SHARE": "2"},
+    "register_bad_parent": {"ASSAY_KAFKA_BOOTSTRAP": "127.0.0.1:9"},
+}
+"""Variables set for one case only."""
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +121,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             procs[name] = subprocess.Popen(
                 [str(ASSAY), "--data-dir", str(cwd / "data"), *args],
                 cwd=cwd,
-                env=env,
+                env={**env, **CASE_ENV.get(name, {})},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -258,6 +271,19 @@ def test_demo_with_an_inconsistent_sprt_policy_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs["demo_bad_sprt"], "invalid SPRT policy", "p1 must exceed p0")
 
 
+def test_demo_with_one_workflow_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["demo_one_workflow"], "--workflows takes the current version")
+
+
+def test_demo_with_a_bad_ladder_setting_names_the_variable(runs: Runs) -> None:
+    assert_usage_error(runs["demo_bad_ladder"], "ASSAY_LADDER_TRIAL_SHARE='2'", "less than 1")
+    assert not (runs.data("demo_bad_ladder") / "bus.sqlite").exists()
+
+
+def test_register_with_a_parent_that_is_not_a_version_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["register_bad_parent"], "--parent", "parents.0")
+
+
 def test_cancel_of_something_that_is_not_a_run_id_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs["cancel_bad_run"], "not a run id", "not-a-run")
 
@@ -275,3 +301,14 @@ def test_grade_health_where_nothing_was_graded_is_one_line(runs: Runs) -> None:
 
 def test_grade_health_with_a_tenant_that_is_not_a_uuid_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs.done["health_bad_tenant"], "--tenant must be a UUID")
+
+
+# -- assay ladder ------------------------------------------------------------------------------
+
+
+def test_ladder_where_no_workflow_was_registered_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs.done["ladder_empty"], "no decide state", "no workflow was registered")
+
+
+def test_ladder_with_a_tenant_that_is_not_a_uuid_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs.done["ladder_bad_tenant"], "--tenant must be a UUID")

@@ -20,27 +20,42 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 pytestmark = pytest.mark.slow
 
 
-async def test_demo_promotes_v2_and_rebuilds_identically(
+async def test_demo_climbs_the_ladder_rolls_back_v3_and_rebuilds_identically(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = tmp_path / "data"
     assert await demo(data, tasks=None, workflows=None, limit=None, progress=False) == 0
     out = capsys.readouterr().out
     assert "PROMOTED v2" in out
-    v1 = load_workflow(EXAMPLES / "workflows" / "arith-v1.yaml")
-    v2 = load_workflow(EXAMPLES / "workflows" / "arith-v2.yaml")
+    assert "shadow -> trial -> current" in out
+    assert "v3: ROLLED BACK from shadow: 1 Core violation" in out
+    assert "held out)" in out
+    v1, v2, v3 = (load_workflow(EXAMPLES / "workflows" / f"arith-v{n}.yaml") for n in (1, 2, 3))
     async with Embedded(data) as rt:
-        decision = await rt.logs["decide"].get(StateKey(DEMO_TENANT, "decision", v2.version))
+        promoted = await rt.logs["decide"].get(StateKey(DEMO_TENANT, "decision", v2.version))
+        rolled = await rt.logs["decide"].get(StateKey(DEMO_TENANT, "decision", v3.version))
         alloc = await rt.logs["decide"].get(StateKey(DEMO_TENANT, "allocation", v1.id))
         tallies = dict(await rt.logs["aggregate"].scan(DEMO_TENANT, "version"))
-    assert decision is not None
-    assert decision["accepted"] is True
+        tasks = [doc for _, doc in await rt.logs["ingest"].scan(DEMO_TENANT, "task")]
+        stored = await rt.logs["ingest"].get(StateKey(DEMO_TENANT, "definition", v3.version))
+    assert promoted is not None
+    assert (promoted["outcome"], promoted["rung"]) == ("promoted", "trial")
+    assert rolled is not None
+    assert (rolled["outcome"], rolled["rung"], rolled["trigger"]) == (
+        "rolled_back",
+        "shadow",
+        "capped",
+    )
     assert alloc is not None
-    assert alloc["current"] == v2.version
-    assert alloc["challenger"] is None
+    assert (alloc["current"], alloc["challenger"]) == (v2.version, None)
+    assert stored is not None  # rolled back, never deleted: v3 stays in the DAG
+    assert stored["parents"] == [v2.version]
     rate = {k: v["passes"] / v["runs"] for k, v in tallies.items()}
     assert rate[v2.version] > rate[v1.version]
     assert tallies[v1.version]["runs"] < tallies[v2.version]["runs"]  # v1 stopped serving
+    assert tallies[v3.version]["runs"] < 40  # rolled back on its first capped episodes
+    assert {t["arm"] for t in tasks} == {"current", "challenger"}  # v2 served on trial
+    assert 0 < sum(t["held_out"] for t in tasks) < len(tasks)
     assert await rebuild(data, check=True) == 0
 
 

@@ -31,15 +31,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log stage warnings")
     sub = p.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="v1 current, v2 challenger, example tasks, SPRT decision")
+    demo = sub.add_parser(
+        "demo", help="v1 current, v2 up the promotion ladder, v3 rolled back, example tasks"
+    )
     demo.add_argument("--tasks", type=Path, default=None, help="JSONL tasks (default: examples)")
     demo.add_argument(
         "--workflows",
         type=Path,
-        nargs=2,
+        nargs="+",
         default=None,
-        metavar=("CURRENT", "CHALLENGER"),
-        help="workflow files",
+        metavar="FILE",
+        help="workflow files: the current version, then one or two challengers in turn",
     )
     demo.add_argument("--limit", type=int, default=None, help="submit only the first N tasks")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -96,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
     register.add_argument("workflow", type=Path, help="workflow file (YAML or JSON)")
     register.add_argument("--tenant", default=None, help="tenant UUID (default: local)")
     register.add_argument("--rewrite", action="store_true", help="allow retaining no step id")
+    register.add_argument(
+        "--parent",
+        dest="parents",
+        action="append",
+        default=None,
+        metavar="VERSION",
+        help="a version it derives from (repeat for a merge; default: the latest)",
+    )
     submit = sub.add_parser("submit", help="produce tasks from a JSONL file onto assay.tasks")
     submit.add_argument("file", type=Path, help="one TaskSubmitted JSON object per line")
     submit.add_argument("--tenant", default=None, help="tenant for lines without one")
@@ -128,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
     schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
+    ladder = sub.add_parser(
+        "ladder",
+        help="each workflow's versions on the promotion ladder and the held-out gap (JSON)",
+    )
+    ladder.add_argument("--tenant", default=None, help="one tenant's UUID (default: all)")
     # `assay grade calibrate`: judge-versus-verifier agreement (cli/calibrate.py).
     grade = sub.add_parser("grade", help="grading tools")
     grade_sub = grade.add_subparsers(dest="grade_command", required=True)
@@ -240,7 +255,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await d.topics_command()
         if args.command == "register":
             return await d.register_command(
-                args.workflow, args.tenant or d.default_tenant(), args.rewrite
+                args.workflow, args.tenant or d.default_tenant(), args.rewrite, args.parents
             )
         if args.command == "submit":
             return await d.submit_command(args.file, args.tenant, args.workflow)
@@ -268,6 +283,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
         for path in write(args.directory):
             print(path)
         return 0
+    if args.command == "ladder":
+        from assay.cli.ladder import ladder_command
+        from assay.cli.logs import tenant_arg
+
+        return await ladder_command(data_dir, tenant_arg(args.tenant) if args.tenant else None)
     if args.command == "grade" and args.grade_command == "health":
         from assay.cli.health import health_command
         from assay.cli.logs import tenant_arg

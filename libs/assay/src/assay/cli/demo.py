@@ -1,9 +1,12 @@
 """`assay demo`: the whole loop in one process, resumable after a crash.
 
-Registers v1 (becomes current) and v2 (becomes the challenger, replayed in
-shadow), submits the example tasks, follows `assay.results` with a progress
-bar until every task has its result and every run is graded, then prints a
-summary read from the stages' own state.
+Registers v1 (becomes current) and v2 (becomes the challenger and climbs the
+promotion ladder: shadow, trial, current), submits the example tasks at a
+producer's pace, and once v2's time ends registers v3 — a challenger that leaks a
+debug trace a `Core` rubric criterion forbids, and is rolled back. It follows
+`assay.results` with a progress bar that shows the ladder until every task has
+its result and every run is graded, then prints a summary read from the stages'
+own state (`summary.py`).
 """
 
 from __future__ import annotations
@@ -18,18 +21,24 @@ from typing import Any
 from pydantic import ValidationError
 
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
+from assay.cli.summary import print_summary, summarise
 from assay.cli.tasks import read_tasks
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
-from assay.runtime.embedded import Embedded, sprt_from_env
+from assay.record import StateKey
+from assay.runtime.embedded import Embedded, ladder_from_env, sprt_from_env
 from assay.workflow import WorkflowDef, load_workflow
 
 DEMO_TENANT = TenantId(uuid.uuid5(uuid.NAMESPACE_URL, "assay:demo"))
 IN_FLIGHT = 32
 """Tasks the demo keeps awaiting a result at once."""
+DEFAULT_WORKFLOWS = ("arith-v1.yaml", "arith-v2.yaml", "arith-v3.yaml")
+DEMO_LADDER = {"trial_share": 0.1, "min_trial_runs": 3}
+"""A ladder sized for 240 tasks (the defaults trial a challenger on 5% of live tasks and
+want 5 clean trial episodes: about a hundred tasks). `ASSAY_LADDER_*` still override it."""
 
 
 def _examples() -> Path:
@@ -53,7 +62,7 @@ class _Bar:
         rate = done / max(time.monotonic() - self.t0, 1e-9)
         sys.stderr.write(
             f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} results "
-            f"{rate:5.1f}/s {note:<28}"
+            f"{rate:5.1f}/s {note:<34}"
         )
         sys.stderr.flush()
 
@@ -70,6 +79,58 @@ async def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
+class _Ladder:
+    """The demo's versions in order: the first is current, each later one challenges once
+    the one before it is decided (at most one challenger at a time)."""
+
+    def __init__(self, rt: Embedded, versions: list[WorkflowDef]) -> None:
+        self.rt, self.versions = rt, versions
+        self.labels: dict[str, str] = {wf.version: f"v{n}" for n, wf in enumerate(versions, 1)}
+        self.registered = 0
+        self.workflow = versions[0].id
+
+    async def allocation(self) -> dict[str, Any] | None:
+        return await self.rt.logs["ingest"].get(StateKey(DEMO_TENANT, "allocation", self.workflow))
+
+    async def decided(self, wf: WorkflowDef) -> bool:
+        doc = StateKey(DEMO_TENANT, "decision", wf.version)
+        return await self.rt.logs["decide"].get(doc) is not None
+
+    async def register_next(self) -> None:
+        """Register the next version; wait until ingest routes by it (or decide turned it
+        away at shadow's door)."""
+        wf = self.versions[self.registered]
+        msg = WorkflowRegistered(
+            tenant=DEMO_TENANT, definition=wf.model_dump(mode="json", by_alias=True)
+        )
+        await self.rt.publish(WORKFLOWS, msg, DEMO_TENANT, idem=wf.version)
+        self.registered += 1
+
+        async def routed() -> bool:
+            a = await self.allocation()
+            named = a is not None and wf.version in (a["current"], a.get("challenger"))
+            return named or await self.decided(wf)
+
+        await _wait_for(routed, 30, f"registration of {wf.version[:12]}")
+
+    async def advance(self) -> None:
+        """Register the next challenger once the last one's time has ended."""
+        waiting = 2 <= self.registered < len(self.versions)
+        if waiting and await self.decided(self.versions[self.registered - 1]):
+            await self.register_next()
+
+    async def note(self) -> str:
+        a = await self.allocation()
+        if a is None:
+            return ""
+        now = f"{self.labels.get(a['current'], '?')} current"
+        if a.get("challenger"):
+            rung = a.get("rung") or "shadow"
+            share = f" {a['challenger_share']:.0%}" if a["challenger_share"] else ""
+            now += f", {self.labels.get(a['challenger'], '?')} {rung}{share}"
+        return now
+
+
 async def demo(
     data_dir: Path,
     *,
@@ -81,6 +142,7 @@ async def demo(
 ) -> int:
     """Run the demo; return 0 when every task has exactly one result.
 
+    `workflows` are the current version, then the challengers in turn (one or two).
     `sprt` overrides fields of the sequential test's policy (else `ASSAY_SPRT_*`).
     """
     try:
@@ -88,64 +150,74 @@ async def demo(
     except ValidationError as exc:
         raise AssayError(f"invalid SPRT policy: {one_line(exc)}") from exc
     if workflows is None:
-        workflows = [_examples() / "workflows" / f"arith-v{n}.yaml" for n in (1, 2)]
-    v1_path, v2_path = workflows
-    v1, v2 = load_workflow(v1_path), load_workflow(v2_path)
-    if v1.id != v2.id:
-        raise AssayError(f"the two workflows must share an id ({v1.id!r} != {v2.id!r})")
-    todo = read_tasks(tasks or _examples() / "tasks" / "arith.jsonl", DEMO_TENANT, v1.id)
+        workflows = [_examples() / "workflows" / name for name in DEFAULT_WORKFLOWS]
+    if not 2 <= len(workflows) <= 3:
+        raise AssayError("--workflows takes the current version and one or two challengers")
+    versions = [load_workflow(p) for p in workflows]
+    if len({wf.id for wf in versions}) != 1:
+        ids = ", ".join(repr(str(wf.id)) for wf in versions)
+        raise AssayError(f"the workflows must share an id ({ids})")
+    todo = read_tasks(tasks or _examples() / "tasks" / "arith.jsonl", DEMO_TENANT, versions[0].id)
     todo = todo[:limit] if limit else todo
     keys = {t.idempotency_key for t in todo}
     t0 = time.monotonic()
-    async with Embedded(data_dir, sprt=policy) as rt:
+    ladder_policy = ladder_from_env(DEMO_LADDER)
+    async with Embedded(data_dir, sprt=policy, ladder=ladder_policy) as rt:
         rt.start()
-        await _register(rt, v1, v2)
+        ladder = _Ladder(rt, versions)
+        await ladder.register_next()
+        await ladder.register_next()
         bar = _Bar(len(keys), progress)
-        results = await _follow_results(rt, todo, bar)
-        bar.end()
+        results = await _follow_results(rt, todo, bar, ladder)
         await _wait_for(lambda: _settled(rt), 120, "every run to be graded")
-        summary = await _summary(rt, v1, v2, results, time.monotonic() - t0)
-    _print_summary(summary)
+        if ladder.registered == len(versions):  # the last challenger's first episodes decide it
+            await _wait_for(lambda: _decided_or_idle(ladder), 30, "the last challenger")
+        bar.show(len(results), await ladder.note())
+        bar.end()
+        summary = await summarise(rt, DEMO_TENANT, ladder.labels, results, time.monotonic() - t0)
+        summary["ladder"] = (
+            f"trial on {ladder_policy.trial_share:.0%} of tasks after "
+            f"{ladder_policy.min_shadow_runs} clean shadow episodes; current after "
+            f"{ladder_policy.min_trial_runs} clean trial ones; "
+            f"{ladder_policy.held_out_fraction:.0%} of tasks held out"
+        )
+    print_summary(summary)
     dupes = summary["duplicate_results"]
     return 0 if len(results) == len(keys) and not dupes else 1
 
 
-async def _register(rt: Embedded, v1: WorkflowDef, v2: WorkflowDef) -> None:
-    ingest, decide = rt.logs["ingest"], rt.logs["decide"]
-    from assay.record import StateKey
+async def _decided_or_idle(ladder: _Ladder) -> bool:
+    """The last challenger was decided, or the pipeline is quiet and did not decide it
+    (its episodes were too few, or all on held-out tasks)."""
+    return await ladder.decided(ladder.versions[-1]) or await _quiet(ladder.rt)
 
-    async def allocation() -> dict[str, Any] | None:
-        return await ingest.get(StateKey(DEMO_TENANT, "allocation", v1.id))
 
-    for wf, ready in (
-        (v1, lambda a: a is not None),
-        (v2, lambda a: a is not None and (v2.version in (a["current"], a.get("challenger")))),
-    ):
-        msg = WorkflowRegistered(
-            tenant=DEMO_TENANT, definition=wf.model_dump(mode="json", by_alias=True)
-        )
-        await rt.publish(WORKFLOWS, msg, DEMO_TENANT, idem=wf.version)
-
-        async def done(ready: Any = ready) -> bool:
-            if await decide.get(StateKey(DEMO_TENANT, "decision", v2.version)) is not None:
-                return True
-            return bool(ready(await allocation()))
-
-        await _wait_for(done, 30, f"registration of {wf.version[:12]}")
+async def _quiet(rt: Embedded) -> bool:
+    """Every stage has read every message on its topics and shipped its outbox."""
+    for name, runner in rt.runners.items():
+        if await rt.logs[name].drain_outbox(1):
+            return False
+        read = await rt.logs[name].positions()
+        for topic in runner.spec.topics:
+            ends = await rt.bus.end_offsets(topic)
+            if any(read.get((topic, p), 0) < end for p, end in ends.items()):
+                return False
+    return True
 
 
 async def _follow_results(
-    rt: Embedded, todo: list[TaskSubmitted], bar: _Bar
+    rt: Embedded, todo: list[TaskSubmitted], bar: _Bar, ladder: _Ladder
 ) -> dict[str, list[RunResult]]:
     """Submit tasks with at most `IN_FLIGHT` awaiting a result, like a producer that
     paces itself, and collect every result. Routing follows the allocation as it
-    changes, so after a promotion the old version stops receiving tasks."""
+    changes, so each rung's share of live tasks takes effect as the ladder moves."""
     keys = {t.idempotency_key for t in todo}
     results: dict[str, list[RunResult]] = {}
     offsets = dict.fromkeys(range(rt.partitions), 0)
     seen_ids: set[str] = set()
     queue = list(todo)
     in_flight: set[str] = set()
+    note, noted = "", 0.0
     while len(results) < len(keys):
         got = 0
         for p in range(rt.partitions):
@@ -161,6 +233,9 @@ async def _follow_results(
                     results.setdefault(res.idempotency_key, []).append(res)
                     in_flight.discard(res.idempotency_key)
                     got += 1
+        if time.monotonic() - noted > 0.2:
+            await ladder.advance()
+            note, noted = await ladder.note(), time.monotonic()
         batch: list[tuple[str, Versioned, TenantId, str]] = []
         while queue and len(in_flight) < IN_FLIGHT:
             task = queue.pop(0)
@@ -169,7 +244,7 @@ async def _follow_results(
                 batch.append((TASKS, task, DEMO_TENANT, task.idempotency_key))
         if batch:
             await rt.publish_many(batch)
-        bar.show(len(results))
+        bar.show(len(results), note)
         if not got and not batch:
             await asyncio.sleep(0.02)
     return results
@@ -179,78 +254,3 @@ async def _settled(rt: Embedded) -> bool:
     spawned = sum(len(doc["runs"]) for _, doc in await rt.logs["ingest"].scan(DEMO_TENANT, "task"))
     scored = len(await rt.logs["tournament"].scan(DEMO_TENANT, "scored"))
     return scored >= spawned
-
-
-async def _summary(
-    rt: Embedded,
-    v1: WorkflowDef,
-    v2: WorkflowDef,
-    results: dict[str, list[RunResult]],
-    seconds: float,
-) -> dict[str, Any]:
-    from assay.record import StateKey
-
-    versions = dict(await rt.logs["aggregate"].scan(DEMO_TENANT, "version"))
-    scored = await rt.logs["tournament"].scan(DEMO_TENANT, "scored")
-    decision = await rt.logs["decide"].get(StateKey(DEMO_TENANT, "decision", v2.version))
-    alloc = await rt.logs["decide"].get(StateKey(DEMO_TENANT, "allocation", v1.id))
-    runs = sum(v["runs"] for v in versions.values())
-    record = (versions.get(v2.version) or {}).get("record") or {}
-    label: dict[str, str] = {v1.version: "v1", v2.version: "v2"}
-    return {
-        "runs": runs,
-        "seconds": round(seconds, 2),
-        "tasks": len(results),
-        "duplicate_results": sum(len(r) - 1 for r in results.values()),
-        "pass_rate": {
-            label.get(k, k[:12]): {
-                "runs": v["runs"],
-                "passed": v["passes"],
-                "rate": round(v["passes"] / v["runs"], 3),
-            }
-            for k, v in versions.items()
-            if v["runs"]
-        },
-        "judge_calls": sum(doc["judge_calls"] for _, doc in scored),
-        "verifier_decided": record.get("verifier_wins", 0) + record.get("verifier_losses", 0),
-        "record": record,
-        "decision": None
-        if decision is None
-        else {
-            "accepted": decision["accepted"],
-            "reason": decision["reason"],
-            "comparisons": sum(
-                decision["record"][k]
-                for k in ("judge_wins", "judge_losses", "draws", "verifier_wins", "verifier_losses")
-            ),
-        },
-        "current": label.get(alloc["current"], alloc["current"][:12]) if alloc else None,
-        "current_version": alloc["current"] if alloc else None,
-    }
-
-
-def _print_summary(s: dict[str, Any]) -> None:
-    d = s["decision"]
-    rows = [
-        ("tasks with a result", str(s["tasks"])),
-        ("runs (incl. shadow)", str(s["runs"])),
-        *(
-            (f"pass rate {k}", f"{v['rate']:.1%} ({v['passed']}/{v['runs']})")
-            for k, v in sorted(s["pass_rate"].items())
-        ),
-        ("judge calls", str(s["judge_calls"])),
-        ("verifier-decided comparisons", str(s["verifier_decided"])),
-        (
-            "SPRT decision",
-            "pending" if d is None else ("PROMOTED v2" if d["accepted"] else "REJECTED v2"),
-        ),
-        ("comparisons to decide", "-" if d is None else str(d["comparisons"])),
-        ("current version", f"{s['current']} ({(s['current_version'] or '')[:12]})"),
-        ("wall time", f"{s['seconds']}s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    print("Assay demo")
-    for k, v in rows:
-        print(f"  {k:<{width}}  {v}")
-    if d is not None:
-        print(f"  ({d['reason']})")

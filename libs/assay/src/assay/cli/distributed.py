@@ -82,13 +82,26 @@ async def _produce(entries: list[OutboxEntry]) -> None:
         await transport.close()
 
 
-async def register_command(path: Path, tenant: str, rewrite: bool) -> int:
-    """`assay register WORKFLOW --tenant T`: put the definition on `assay.workflows`."""
+async def register_command(
+    path: Path, tenant: str, rewrite: bool, parents: list[str] | None = None
+) -> int:
+    """`assay register WORKFLOW --tenant T [--parent V ...]`: put the definition on
+    `assay.workflows`, naming the versions it derives from (default: the latest).
+
+    Raises:
+        AssayError: a parent is not a version hash.
+    """
     wf = load_workflow(path)
     t = tenant_arg(tenant)
-    msg = WorkflowRegistered(
-        tenant=t, definition=wf.model_dump(mode="json", by_alias=True), rewrite=rewrite
-    )
+    try:
+        msg = WorkflowRegistered(
+            tenant=t,
+            definition=wf.model_dump(mode="json", by_alias=True),
+            rewrite=rewrite,
+            parents=parents,
+        )
+    except ValidationError as exc:
+        raise AssayError(f"--parent: {one_line(exc)}") from exc
     await _produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
     print(f"registered {wf.id} version {wf.version}")
     return 0

@@ -1,0 +1,183 @@
+"""`assay ladder`: each workflow's versions on the promotion ladder, and the held-out gap.
+
+Per tenant and workflow: the allocation (generation, current version,
+challenger, its rung, share and ladder, and what holds it), then every version
+the aggregate has seen — the rungs it climbed and how its time ended, its
+verifier pass rate on selection and on held-out tasks, and for a challenger its
+win rate (draws excluded) on both; each with the gap, selection minus held-out
+(§12.5: a widening gap is the overfitting alarm). Read from the decide and
+aggregate stages' state: the data directory's SQLite files, or, with
+`ASSAY_DATABASE_URL` set, the `decide` and `aggregate` schemas it can read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from assay.cli.logs import NO_EVENTS, no_fold, postgres_log
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId
+from assay.runtime.settings import Settings
+from assay.store.ports import EventLog
+from assay.store.sqlite import SqliteEventLog
+
+RUNGS = {
+    "default": ["shadow", "trial"],
+    "resourced": ["shadow", "canary", "ramp"],
+}
+"""Each ladder's rungs below current, in the order they are climbed (none is skipped)."""
+
+
+def rate(hits: int, total: int) -> float | None:
+    """A proportion, None without a denominator."""
+    return hits / total if total else None
+
+
+def gap(selection: float | None, held_out: float | None) -> float | None:
+    """Selection minus held-out: positive when held-out tasks do worse."""
+    if selection is None or held_out is None:
+        return None
+    return selection - held_out
+
+
+def win_rate(record: dict[str, Any] | None) -> float | None:
+    """Wins over decisive comparisons (draws carry no evidence either way)."""
+    if not record:
+        return None
+    wins = int(record["judge_wins"]) + int(record["verifier_wins"])
+    losses = int(record["judge_losses"]) + int(record["verifier_losses"])
+    return rate(wins, wins + losses)
+
+
+def path(
+    decision: dict[str, Any] | None, ladder: str, rung: str | None, current: bool
+) -> list[str]:
+    """The rungs a version climbed and where it is now: `current`, `replaced` (it was
+    current once), `rejected` or `rolled_back`."""
+    rungs = RUNGS[ladder]
+
+    def upto(r: str | None) -> list[str]:
+        return rungs[: rungs.index(r) + 1] if r in rungs else []
+
+    if decision is not None:
+        outcome = str(decision.get("outcome", "promoted" if decision["accepted"] else "rejected"))
+        if outcome != "promoted":
+            return [*upto(decision.get("rung")), outcome]
+        return [*upto(decision.get("rung")), "current", *([] if current else ["replaced"])]
+    if rung is not None:
+        return upto(rung) or [rung]
+    return ["current"] if current else ["current", "replaced"]
+
+
+def version_report(version: str, tally: dict[str, Any]) -> dict[str, Any]:
+    """One version's pass and win rates on selection and held-out tasks, with the gaps."""
+    held = tally.get("held_out") or {}
+    runs, passes = int(tally["runs"]), int(tally["passes"])
+    held_runs, held_passes = int(held.get("runs", 0)), int(held.get("passes", 0))
+    sel_pass = rate(passes - held_passes, runs - held_runs)
+    held_pass = rate(held_passes, held_runs)
+    sel_win, held_win = win_rate(tally.get("record")), win_rate(held.get("record"))
+    return {
+        "version": version,
+        "runs": {"selection": runs - held_runs, "held_out": held_runs},
+        "pass_rate": {
+            "selection": sel_pass,
+            "held_out": held_pass,
+            "gap": gap(sel_pass, held_pass),
+        },
+        "win_rate": {"selection": sel_win, "held_out": held_win, "gap": gap(sel_win, held_win)},
+        "record": tally.get("record"),
+        "capped": {
+            "selection": int((tally.get("record") or {}).get("capped", 0)),
+            "held_out": int((held.get("record") or {}).get("capped", 0)),
+        },
+    }
+
+
+async def reports(
+    decide: EventLog, aggregate: EventLog, tenant: TenantId | None
+) -> list[dict[str, Any]]:
+    """One report per (tenant, workflow) the decide stage holds an allocation for."""
+    tallies: dict[tuple[TenantId, str], dict[str, Any]] = defaultdict(dict)
+    for who, version, doc in await aggregate.scan_kind("version"):
+        tallies[(who, str(doc["workflow_id"]))][version] = doc
+    decisions = {(who, v): doc for who, v, doc in await decide.scan_kind("decision")}
+    standings = {(who, w): doc for who, w, doc in await decide.scan_kind("ladder")}
+    out = []
+    for who, workflow, alloc in sorted(
+        await decide.scan_kind("allocation"), key=lambda r: (str(r[0]), r[1])
+    ):
+        if tenant is not None and who != tenant:
+            continue
+        ladder = alloc.get("ladder") or "default"
+        seen = tallies[(who, workflow)]
+        order = sorted(
+            set(seen)
+            | {v for (t, v), d in decisions.items() if t == who and d["workflow_id"] == workflow},
+        )
+        versions = []
+        for v in order:
+            tally = seen.get(v) or {"runs": 0, "passes": 0}
+            decision = decisions.get((who, v))
+            climbed = ladder if decision is None else str(decision.get("ladder") or "default")
+            live_rung = alloc.get("rung") if v == alloc.get("challenger") else None
+            versions.append(
+                {
+                    **version_report(v, tally),
+                    "current": v == alloc["current"],
+                    "path": path(decision, climbed, live_rung, v == alloc["current"]),
+                    "decision": None
+                    if decision is None
+                    else {k: decision[k] for k in ("outcome", "reason", "trigger", "rung", "llr")},
+                }
+            )
+        out.append(
+            {
+                "tenant": str(who),
+                "workflow": workflow,
+                "generation": alloc["generation"],
+                "current": alloc["current"],
+                "challenger": alloc.get("challenger"),
+                "rung": alloc.get("rung"),
+                "share": alloc.get("challenger_share", 0.0),
+                "ladder": ladder,
+                "standing": standings.get((who, workflow)),
+                "versions": versions,
+            }
+        )
+    return out
+
+
+async def read_reports(data_dir: Path, tenant: TenantId | None) -> list[dict[str, Any]]:
+    """The reports from the data directory, or from Postgres with `ASSAY_DATABASE_URL` set.
+
+    Raises:
+        AssayError: no decide or aggregate state where this environment points.
+    """
+    database_url = Settings.from_env().database_url
+    if database_url:
+        async with (
+            postgres_log(database_url, "decide") as decide,
+            postgres_log(database_url, "aggregate") as aggregate,
+        ):
+            return await reports(decide, aggregate, tenant)
+    paths = [data_dir / "decide.sqlite", data_dir / "aggregate.sqlite"]
+    for p in paths:
+        if not p.is_file():
+            raise AssayError(f"no {p.stem} state in {data_dir}: no workflow was registered there")
+    decide = await SqliteEventLog(paths[0], NO_EVENTS, no_fold).open()
+    aggregate = await SqliteEventLog(paths[1], NO_EVENTS, no_fold).open()
+    try:
+        return await reports(decide, aggregate, tenant)
+    finally:
+        await decide.close()
+        await aggregate.close()
+
+
+async def ladder_command(data_dir: Path, tenant: TenantId | None) -> int:
+    """Print each workflow's ladder report as JSON (a list)."""
+    print(json.dumps(await read_reports(data_dir, tenant), indent=2))
+    return 0

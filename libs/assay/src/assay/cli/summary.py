@@ -1,0 +1,124 @@
+"""The demo's final table, read from the stages' own state: what ran, what the judge
+cost, each version's climb up the ladder, and the held-out gap (§12.5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from assay.cli.ladder import reports
+from assay.kernel.ids import TenantId
+from assay.messages import RunResult
+from assay.record import StateKey
+from assay.runtime.embedded import Embedded
+
+ENDINGS = {"rejected": "REJECTED", "rolled_back": "ROLLED BACK", "promoted": "PROMOTED"}
+
+
+def _comparisons(record: dict[str, Any]) -> int:
+    keys = ("judge_wins", "judge_losses", "draws", "verifier_wins", "verifier_losses")
+    return sum(int(record[k]) for k in keys)
+
+
+async def summarise(
+    rt: Embedded,
+    tenant: TenantId,
+    labels: dict[str, str],
+    results: dict[str, list[RunResult]],
+    seconds: float,
+) -> dict[str, Any]:
+    """Everything the table shows, as data."""
+    decide, ingest = rt.logs["decide"], rt.logs["ingest"]
+    found = await reports(decide, rt.logs["aggregate"], tenant)
+    report = found[0] if found else None
+    scored = await rt.logs["tournament"].scan(tenant, "scored")
+    tasks = dict(await ingest.scan(tenant, "task"))
+    versions = []
+    for v in report["versions"] if report else []:
+        accepted = await decide.get(StateKey(tenant, "accepted", v["version"]))
+        record = (accepted or {}).get("record") or v["record"] or {}
+        versions.append(
+            {
+                **v,
+                "label": labels.get(v["version"], v["version"][:12]),
+                "comparisons_to_accept": _comparisons(record) if accepted else None,
+            }
+        )
+    runs = sum(v["runs"]["selection"] + v["runs"]["held_out"] for v in versions)
+    verifier = sum(
+        int((v["record"] or {}).get(k, 0))
+        for v in versions
+        for k in ("verifier_wins", "verifier_losses")
+    )
+    current = report["current"] if report else None
+    return {
+        "runs": runs,
+        "seconds": round(seconds, 2),
+        "tasks": len(results),
+        "held_out_tasks": sum(1 for key in results if tasks.get(key, {}).get("held_out")),
+        "duplicate_results": sum(len(r) - 1 for r in results.values()),
+        "judge_calls": sum(doc["judge_calls"] for _, doc in scored),
+        "verifier_decided": verifier,
+        "versions": versions,
+        "current": labels.get(current, (current or "")[:12]) if current else None,
+        "current_version": current,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _gap(x: float | None) -> str:
+    return "" if x is None else f" ({x * 100:+.1f})"
+
+
+def _pair(rates: dict[str, float | None]) -> str:
+    return f"{_pct(rates['selection'])} / {_pct(rates['held_out'])}{_gap(rates['gap'])}"
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    """The table, then one line per decision saying why."""
+    challengers = [v for v in s["versions"] if v["decision"] is not None]
+    first = challengers[0] if challengers else None
+    sprt = "pending"
+    if first is not None:
+        sprt = f"{ENDINGS[first['decision']['outcome']]} {first['label']}"
+    rows = [
+        ("tasks with a result", f"{s['tasks']} ({s['held_out_tasks']} held out)"),
+        ("runs (incl. shadow)", str(s["runs"])),
+        ("judge calls", str(s["judge_calls"])),
+        ("verifier-decided comparisons", str(s["verifier_decided"])),
+        ("SPRT decision", sprt),
+        (
+            "comparisons to decide",
+            "-"
+            if first is None or first["comparisons_to_accept"] is None
+            else str(first["comparisons_to_accept"]),
+        ),
+        ("current version", f"{s['current']} ({(s['current_version'] or '')[:12]})"),
+        ("ladder policy", s.get("ladder", "-")),
+        ("wall time", f"{s['seconds']}s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("Assay demo")
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    table = [("version", "ladder", "runs", "pass rate: selection / held-out (gap)", "win rate")]
+    for v in s["versions"]:
+        table.append(
+            (
+                v["label"],
+                " -> ".join(step.replace("_", " ") for step in v["path"]),
+                str(v["runs"]["selection"] + v["runs"]["held_out"]),
+                _pair(v["pass_rate"]),
+                _pair(v["win_rate"]) if v["record"] else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    print()
+    for row in table:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for v in challengers:
+        d = v["decision"]
+        where = d["rung"] or "registration"
+        print(f"  {v['label']}: {ENDINGS[d['outcome']]} from {where}: {d['reason']}")
