@@ -33,7 +33,7 @@ from assay.store.pg_schema import (
     outbox_channel,
     quoted,
 )
-from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence, StreamChanged
+from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence
 from assay.store.sqlite import encode_headers
 
 _MAX_GROUP = 500
@@ -148,7 +148,7 @@ class GroupCommitter:
                 conn = await self._connection()
             try:
                 if batch.expect:
-                    await self._expected(conn, batch)
+                    await view.check_ends(conn, batch)
                 if unknown := view.unknown_branches([batch]):
                     await view.learn_lsns(conn, unknown)
                 try:
@@ -175,27 +175,6 @@ class GroupCommitter:
             view.committed(f)
             return f.lsns
         raise AssertionError("unreachable")
-
-    async def _expected(self, conn: PoolConnectionProxy, batch: CommitBatch) -> None:
-        """Check that each branch the batch expects ends where it expects, from the
-        database (not the writer's guesses). The batch's first record on the branch
-        then goes in at that LSN: a writer that appended meanwhile makes that insert
-        fail on the log's key, and the next try finds the branch moved."""
-        batch.check_expect()
-        view = self._view
-        rows: dict[Branch, tuple[Any, str, int]] = {
-            (k.tenant.int, k.stream, k.branch): (k.tenant, k.stream, k.branch)
-            for k, _ in batch.expect
-        }
-        for row in rows:
-            view.next_lsn.pop(row, None)
-        await view.learn_lsns(conn, rows)
-        for key, end in batch.expect:
-            found = view.next_lsn[(key.tenant.int, key.stream, key.branch)]
-            if found != end:
-                raise StreamChanged(
-                    f"stream {key.stream} ends at {found}, not {end}: another writer moved it"
-                )
 
     async def _deleting(self, batch: CommitBatch) -> list[Lsn]:
         """A batch that deletes branches, as its own transaction on the writer's

@@ -22,7 +22,7 @@ from assay.kernel.ids import Lsn
 from assay.record.events import LogRecord
 from assay.record.state import Delete, Fold, Patch, Put, StateDelta, StateKey
 from assay.store.pg_batch_sql import DELETE, PATCH, PUT
-from assay.store.ports import CommitBatch
+from assay.store.ports import CommitBatch, StreamChanged
 
 Branch = tuple[int, str, int]
 """A branch as the LSN cache keys it: (tenant as an int, stream, branch). An int
@@ -140,6 +140,31 @@ class WriterView:
         columns = (list(c) for c in zip(*unknown.values(), strict=True))
         for i, top in await conn.fetch(self._lsn_sql, *columns):
             self.next_lsn[rows[i - 1]] = 0 if top is None else top + 1
+
+    async def check_ends(self, conn: PoolConnectionProxy, batch: CommitBatch) -> None:
+        """Check that each branch the batch expects ends where it expects, from the
+        database (not this writer's guesses), and make the batch's first record there
+        go in at that LSN: a writer that appended meanwhile makes that insert fail on
+        the log's key, and the next try finds the branch moved.
+
+        Raises:
+            StreamChanged: a branch ends elsewhere.
+            ValueError: the batch does not append to a branch it expects.
+        """
+        batch.check_expect()
+        rows: dict[Branch, tuple[Any, str, int]] = {
+            (k.tenant.int, k.stream, k.branch): (k.tenant, k.stream, k.branch)
+            for k, _ in batch.expect
+        }
+        for row in rows:
+            self.next_lsn.pop(row, None)
+        await self.learn_lsns(conn, rows)
+        for key, end in batch.expect:
+            found = self.next_lsn[(key.tenant.int, key.stream, key.branch)]
+            if found != end:
+                raise StreamChanged(
+                    f"stream {key.stream} ends at {found}, not {end}: another writer moved it"
+                )
 
     def unknown_docs(self, folded: list[Folded]) -> dict[Doc, StateKey]:
         """The documents these batches patch that this writer does not know."""
