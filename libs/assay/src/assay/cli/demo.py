@@ -97,19 +97,25 @@ class _Ladder:
         return await self.rt.logs["decide"].get(doc) is not None
 
     async def register_next(self) -> None:
-        """Register the next version; wait until ingest routes by it (or decide turned it
-        away at shadow's door)."""
+        """Register the next version; wait until decide knows it (held, or turned away at
+        shadow's door) and ingest routes by decide's latest allocation. After a restart
+        the version may long be known, or even replaced: that is as good."""
         wf = self.versions[self.registered]
         msg = WorkflowRegistered(
             tenant=DEMO_TENANT, definition=wf.model_dump(mode="json", by_alias=True)
         )
         await self.rt.publish(WORKFLOWS, msg, DEMO_TENANT, idem=wf.version)
         self.registered += 1
+        decide = self.rt.logs["decide"]
 
         async def routed() -> bool:
-            a = await self.allocation()
-            named = a is not None and wf.version in (a["current"], a.get("challenger"))
-            return named or await self.decided(wf)
+            if await decide.get(StateKey(DEMO_TENANT, "known", wf.version)) is None:
+                return False
+            held = await decide.get(StateKey(DEMO_TENANT, "allocation", self.workflow))
+            routing = await self.allocation()
+            if held is None or routing is None:
+                return False
+            return bool(routing["generation"] >= held["generation"])
 
         await _wait_for(routed, 30, f"registration of {wf.version[:12]}")
 
