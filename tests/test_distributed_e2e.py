@@ -43,16 +43,19 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[1]
 V1 = ROOT / "examples" / "workflows" / "arith-v1.yaml"
 V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
+V3 = ROOT / "examples" / "workflows" / "arith-v3.yaml"
 RANKED_V1 = ROOT / "examples" / "workflows" / "arith-ranked-v1.yaml"
 RANKED_V2 = ROOT / "examples" / "workflows" / "arith-ranked-v2.yaml"
 TASKS = [json.loads(line) for line in (ROOT / "examples" / "tasks" / "arith.jsonl").open()]
+LADDER = {"ASSAY_LADDER_TRIAL_SHARE": "0.15", "ASSAY_LADDER_MIN_TRIAL_RUNS": "3"}
+"""A ladder sized for tests of tens of tasks (the defaults want about a hundred on trial)."""
 
 
 @pytest.fixture(scope="module")
 def deployment(
     postgres: Service, s3: Service, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
-    d = asyncio.run(deploy(tmp_path_factory.mktemp("e2e"), postgres, s3))
+    d = asyncio.run(deploy(tmp_path_factory.mktemp("e2e"), postgres, s3, extra_env=LADDER))
     try:
         yield d
     finally:
@@ -175,7 +178,7 @@ async def await_results(
     return records
 
 
-async def test_two_tenants_each_get_one_result_per_task_and_v2_is_promoted(
+async def test_two_tenants_each_get_one_result_per_task_and_v2_leaves_shadow(
     deployment: Deployment,
 ) -> None:
     d = deployment
@@ -195,14 +198,11 @@ async def test_two_tenants_each_get_one_result_per_task_and_v2_is_promoted(
             assert payload["run_id"]
     for tenant in tenants:
 
-        async def promoted(tenant: str = tenant) -> bool:
-            rows = await d.query(
-                "SELECT value FROM decide.state WHERE tenant = $1 AND kind = 'decision'",
-                uuid.UUID(tenant),
-            )
-            return any(json.loads(row["value"])["accepted"] for row in rows)
+        async def on_trial(tenant: str = tenant) -> bool:
+            a = await allocation(d, tenant)
+            return a is not None and a.get("rung") == "trial"
 
-        await wait_for(f"v2 promoted for {tenant}", promoted, 60)
+        await wait_for(f"v2 on trial for {tenant}", on_trial, 60)
 
 
 async def test_a_tournament_mode_workflow_is_graded_end_to_end(deployment: Deployment) -> None:
@@ -220,8 +220,17 @@ async def test_a_tournament_mode_workflow_is_graded_end_to_end(deployment: Deplo
     assert {s["kind"] for s in scores} <= {"ranked", "ungraded"}, scores
     ranked = [s for s in scores if s["kind"] == "ranked"]
     assert ranked, "no group closed with both versions in it"
-    # A served task's run is the current version's: control, pinned to zero.
-    assert all(s["anchored"] and s["strength"] == 0.0 and s["group_size"] == 2 for s in ranked)
+    # A task served by the current version: its run is control, pinned to zero.
+    current = str(load_workflow(RANKED_V1).version)
+    control = [
+        p["score"]
+        for p in payloads
+        if p["tenant"] == tenant
+        and p["score"]["kind"] == "ranked"
+        and p["workflow_version"] == current
+    ]
+    assert control
+    assert all(s["anchored"] and s["strength"] == 0.0 and s["group_size"] == 2 for s in control)
     assert all(s["reason"] == "insufficient_group" for s in scores if s["kind"] == "ungraded")
     challenger = str(load_workflow(RANKED_V2).version)
 
@@ -232,7 +241,9 @@ async def test_a_tournament_mode_workflow_is_graded_end_to_end(deployment: Deplo
             challenger,
         )
         doc = json.loads(rows[0]["value"]) if rows else {}
-        return bool(doc.get("ranked")) and doc["ranked"]["n"] >= len(ranked)
+        held = (doc.get("held_out") or {}).get("ranked") or {"n": 0}
+        anchored = int((doc.get("ranked") or {"n": 0})["n"]) + int(held["n"])  # both sides
+        return anchored >= len(control)
 
     await wait_for("the challenger's strengths in the aggregate", aggregated, 60)
     closed = await d.query(
@@ -240,6 +251,112 @@ async def test_a_tournament_mode_workflow_is_graded_end_to_end(deployment: Deplo
         uuid.UUID(tenant),
     )
     assert sum(json.loads(row["value"])["epoch"] for row in closed) >= len(ranked)
+
+
+async def decide_state(d: Deployment, tenant: str, kind: str, key: str) -> dict[str, Any] | None:
+    rows = await d.query(
+        "SELECT value FROM decide.state WHERE tenant = $1 AND kind = $2 AND key = $3",
+        uuid.UUID(tenant),
+        kind,
+        key,
+    )
+    return json.loads(rows[0]["value"]) if rows else None
+
+
+async def test_a_challenger_climbs_the_ladder_on_evidence_and_a_core_violator_rolls_back(
+    deployment: Deployment,
+) -> None:
+    """v2 goes shadow -> trial -> current on its evidence, with tasks produced in waves
+    (routing follows each new allocation); then v3, whose episodes break a Core rubric
+    criterion, is rolled back automatically: a traffic change that deletes nothing."""
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=True)
+    v2, v3 = str(load_workflow(V2).version), str(load_workflow(V3).version)
+    waves = iter(TASKS[i : i + 10] for i in range(0, len(TASKS), 10))
+
+    async def wave() -> None:
+        tasks = next(waves)
+        await produce(d.bootstrap, task_records(tenant, tasks))
+        await await_results(d, {(tenant, t["idempotency_key"]) for t in tasks})
+
+    async def rung() -> str | None:
+        a = await allocation(d, tenant)
+        return None if a is None else a.get("rung")
+
+    await wave()  # shadow: v2 replays every task beside v1
+    await wave()
+    await wait_for("v2 to reach trial", lambda: _is(rung, "trial"), 60)
+    for _ in range(12):  # trial: v2 serves a share of live tasks, until it is promoted
+        if await decide_state(d, tenant, "decision", v2) is not None:
+            break
+        await wave()
+    await wait_for("v2's decision", lambda: _exists(decide_state(d, tenant, "decision", v2)), 60)
+    promoted = await decide_state(d, tenant, "decision", v2)
+    assert promoted is not None
+    assert (promoted["outcome"], promoted["rung"]) == ("promoted", "trial"), promoted
+    alloc = await allocation(d, tenant)
+    assert alloc is not None
+    assert (alloc["current"], alloc["challenger"]) == (v2, None)
+    served = await d.query(
+        "SELECT value FROM ingest.state WHERE tenant = $1 AND kind = 'task'", uuid.UUID(tenant)
+    )
+    docs = [json.loads(row["value"]) for row in served]
+    assert any(doc["arm"] == "challenger" and doc["rung"] == "trial" for doc in docs)
+    assert 0 < sum(doc["held_out"] for doc in docs) < len(docs)  # the split is recorded
+
+    register(d, tenant, V3)
+
+    async def v3_challenges() -> bool:
+        a = await allocation(d, tenant)
+        return a is not None and a.get("challenger") == v3
+
+    await wait_for("v3 to become the challenger", v3_challenges)
+    for _ in range(3):
+        await wave()
+        if await decide_state(d, tenant, "decision", v3) is not None:
+            break
+    await wait_for("v3's rollback", lambda: _exists(decide_state(d, tenant, "decision", v3)), 60)
+    rolled = await decide_state(d, tenant, "decision", v3)
+    assert rolled is not None
+    assert (rolled["outcome"], rolled["trigger"], rolled["rung"]) == (
+        "rolled_back",
+        "capped",
+        "shadow",
+    )
+    alloc = await allocation(d, tenant)
+    assert alloc is not None
+    assert (alloc["current"], alloc["challenger"]) == (v2, None)
+
+    def rolled_back(records: list[Any]) -> bool:
+        return any(_rollback_of(r, tenant, v3) for r in records)
+
+    decisions = await read_topic(d.bootstrap, "assay.decisions", rolled_back, 30)
+    (message,) = [json.loads(r.value)["payload"] for r in decisions if _rollback_of(r, tenant, v3)]
+    assert (message["current"], message["trigger"]) == (v2, "capped")
+    stored = await d.query(
+        "SELECT value FROM ingest.state WHERE tenant = $1 AND kind = 'definition' AND key = $2",
+        uuid.UUID(tenant),
+        v3,
+    )
+    assert json.loads(stored[0]["value"])["parents"] == [v2]  # still in the DAG
+
+
+async def _is(read: Any, value: str) -> bool:
+    return bool(await read() == value)
+
+
+async def _exists(doc: Any) -> bool:
+    return await doc is not None
+
+
+def _rollback_of(record: Any, tenant: str, version: str) -> bool:
+    body = json.loads(record.value)
+    payload = body["payload"]
+    return bool(
+        body["type"] == "RolledBack"
+        and payload["tenant"] == tenant
+        and payload["workflow_version"] == version
+    )
 
 
 async def test_poison_on_the_task_topic_is_dead_lettered_and_the_pipeline_goes_on(
