@@ -43,6 +43,7 @@ async def summarise(
                 "comparisons_to_accept": _comparisons(record) if accepted else None,
             }
         )
+    versions.sort(key=lambda v: (v["version"] not in labels, v["label"]))  # v1, v2, ...
     runs = sum(v["runs"]["selection"] + v["runs"]["held_out"] for v in versions)
     verifier = sum(
         int((v["record"] or {}).get(k, 0))
