@@ -60,6 +60,8 @@ from assay.messages import (
     MESSAGES,
     AllocationChanged,
     AttemptIndeterminate,
+    BranchChild,
+    BranchRun,
     CancelRun,
     ChallengerRejected,
     Envelope,
@@ -77,6 +79,7 @@ from assay.messages import (
     RunVerified,
     SignalRun,
     TaskSubmitted,
+    ToolUnavailableDelta,
     Usage,
     UsageRecorded,
     VariantAggregate,
@@ -603,6 +606,17 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
         (CancelRun(tenant=TENANT, run_id=RunId(RUN), reason="stop"), f"{t}:{RUN}"),
         (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),
+        (
+            BranchRun(
+                tenant=TENANT,
+                run_id=RunId(RUN),
+                at_step=StepId("plan"),
+                children=[
+                    BranchChild(deltas=[ToolUnavailableDelta(kind="tool_unavailable", tool="x")])
+                ],
+            ),
+            f"{t}:{RUN}",
+        ),
         (SignalRun(tenant=TENANT, run_id=RunId(RUN), signal="approval"), f"{t}:{RUN}"),
         (
             AttemptIndeterminate(

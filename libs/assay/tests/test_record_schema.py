@@ -13,6 +13,7 @@ from pydantic import Field
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
 from assay.engine.events import (
     ArchivedBranch,
+    BranchTreeRecorded,
     CancelRequested,
     Forked,
     GradingEnded,
@@ -57,10 +58,16 @@ from assay.messages import (
     MESSAGES,
     AllocationChanged,
     AttemptIndeterminate,
+    BranchChild,
+    BranchRun,
+    BranchTree,
     CancelRun,
     ChallengerRejected,
     GroupDue,
+    InjectPlanDelta,
+    ModelParamsDelta,
     Promoted,
+    PromptDelta,
     Purpose,
     RewindRun,
     Role,
@@ -74,11 +81,20 @@ from assay.messages import (
     SignalRun,
     StrengthSummary,
     TaskSubmitted,
+    ToolUnavailableDelta,
     Usage,
     UsageRecorded,
     VariantAggregate,
     VerifierResult,
     WorkflowRegistered,
+)
+from assay.messages.branching import (
+    AnyDelta,
+    BranchBoundary,
+    BranchOutcome,
+    BranchTreeChild,
+    Divergence,
+    StageAttribution,
 )
 from assay.record import (
     Delete,
@@ -350,6 +366,45 @@ VERIFIED = RunVerified(
     run=REF, episode="blob:abc", passed=True, results=[RESULT], usage=USAGE, executed=True
 )
 
+DELTAS: list[AnyDelta] = [
+    PromptDelta(kind="prompt", step=StepId("solve"), prompt="Solve {{ task.question }}."),
+    ModelParamsDelta(kind="model_params", step=StepId("solve"), max_tokens=64, max_attempts=2),
+    ToolUnavailableDelta(kind="tool_unavailable", tool="search"),
+    InjectPlanDelta(kind="inject_plan", plan="Restate the problem, then solve it."),
+]
+OUTCOME = BranchOutcome(
+    status="failed",
+    failed_step=StepId("check"),
+    usage=USAGE,
+    usage_after_boundary=Usage(model_calls=1, prompt_tokens=20, completion_tokens=4),
+    episode="blob:abc",
+)
+TREE = BranchTree(
+    kind="assay-branch",
+    tenant=TENANT,
+    run_id=RUN,
+    command="m-2",
+    reason="ablation",
+    workflow_id=WF,
+    workflow_version=V2,
+    boundary=BranchBoundary(step=StepId("plan"), branch=0, at=5),
+    parent=OUTCOME.model_copy(update={"status": "succeeded", "failed_step": None, "output": "4"}),
+    children=[
+        BranchTreeChild(
+            child=1,
+            branch=1,
+            label="no search",
+            deltas=[DELTAS[2]],
+            outcome=OUTCOME,
+            diverged_at=Divergence(
+                step=StepId("check"), iteration=0, why="it failed here and succeeded in the parent"
+            ),
+            result="blob:def",
+        )
+    ],
+    attribution=[StageAttribution(step=StepId("check"), children=[1])],
+)
+
 MESSAGE_EXAMPLES: list[Versioned] = [
     TaskSubmitted(
         tenant=TENANT,
@@ -363,6 +418,14 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
     RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
+    BranchRun(
+        tenant=REF.tenant,
+        run_id=REF.run_id,
+        at_step=StepId("plan"),
+        branch=0,
+        children=[BranchChild(deltas=[d], label=d.kind) for d in DELTAS],
+        reason="ablation",
+    ),
     SignalRun(tenant=REF.tenant, run_id=REF.run_id, signal="approval", payload="ok"),
     AttemptIndeterminate(
         run=REF,
@@ -482,6 +545,17 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             Suspended(step=StepId("ask"), iteration=0, signal="approval", deadline_ms=1),
             Signalled(step=StepId("ask"), iteration=0, signal="approval", payload="ok"),
             Forked(from_branch=0, at=3, reason="retry", command="m-1", discarded_effects=["r"]),
+            Forked(
+                from_branch=0,
+                at=5,
+                reason="ablation",
+                command="m-2",
+                deltas=DELTAS,
+                child=2,
+                after_step=StepId("plan"),
+                label="all four",
+            ),
+            BranchTreeRecorded(tree_ref="blob:ghi", tree=TREE),
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE

@@ -12,6 +12,7 @@ from assay.kernel.schema import Versioned
 from assay.messages import (
     AllocationChanged,
     AttemptIndeterminate,
+    BranchRun,
     CancelRun,
     ChallengerRejected,
     GroupDue,
@@ -114,7 +115,7 @@ TOPICS: dict[str, Topic] = {
         Topic(RESULTS, (RunResult,), _k("tenant", "run_id"), "tenant:run_id"),
         Topic(
             RUN_COMMANDS,
-            (CancelRun, RewindRun, SignalRun),
+            (CancelRun, RewindRun, BranchRun, SignalRun),
             _k("tenant", "run_id"),
             "tenant:run_id",
         ),

@@ -169,7 +169,7 @@ class AttemptRunner:
         error: str | None = None
         try:
             if isinstance(step, ModelStep):
-                prompt = render(step.prompt, context)
+                prompt = with_plan(render(step.prompt, context), run.spec.plan)
             else:
                 args = {k: render(v, context) for k, v in step.args.items()}
         except TemplateError as exc:
@@ -199,15 +199,13 @@ class AttemptRunner:
         t0: float,
     ) -> AttemptFinished:
         tool = self.tools.get(step.tool)
-        if tool is None:
-            return await self._finish(
-                run,
-                step.id,
-                n,
-                AttemptState.FAILED,
-                t0,
-                error=f"no tool {step.tool!r} is registered",
+        if tool is None or step.tool in run.spec.unavailable_tools:
+            why = (
+                f"tool {step.tool!r} is unavailable on this branch (a branch delta)"
+                if tool is not None
+                else f"no tool {step.tool!r} is registered"
             )
+            return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=why)
         ref = run.spec.ref
         try:
             key = idempotency_key(tool, ref.tenant, ref.run_id, step.id, iteration, args)
@@ -470,6 +468,18 @@ class AttemptRunner:
             idempotency_key=intent.idempotency_key,
             workspace=workspace,
         )
+
+
+PLAN_HEADING = "Plan:"
+"""The line a branch's injected plan follows, above the prompt (`with_plan`)."""
+
+
+def with_plan(prompt: str, plan: str | None) -> str:
+    """The prompt a model step sends: the branch's plan (if any) above the rendered prompt.
+
+    The plan is not a template: it is added after rendering, verbatim.
+    """
+    return prompt if plan is None else f"{PLAN_HEADING}\n{plan}\n\n{prompt}"
 
 
 def _why(run: RunContext) -> str:

@@ -77,6 +77,10 @@ class RunSpec:
     """The sub-workflows the run calls, pinned when it was spawned (`child_key`)."""
     stream: str | None = None
     """The stream driven; None: the run's own (a sub-workflow has one inside the run)."""
+    unavailable_tools: frozenset[str] = frozenset()
+    """Tools this branch may not call (a branch delta): an attempt calling one fails."""
+    plan: str | None = None
+    """Text prepended to every model prompt this branch renders (a branch delta)."""
 
     @property
     def key(self) -> BranchKey:
