@@ -119,6 +119,31 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--branch", type=int, default=None, help="branch to fork (default: live)")
     rewind.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
     rewind.add_argument("--reason", default="", help="why, recorded with the fork")
+    branch = sub.add_parser(
+        "branch",
+        help="fork children of a run after a step, each with deltas; print the lineage tree",
+        description=(
+            "Fork children of a finished run from the checkpoint after step --at, one per"
+            " --delta (prompt:STEP=TEMPLATE, model_params:STEP=max_tokens=N[,timeout_s=S]"
+            "[,max_attempts=N], tool_unavailable:TOOL, inject_plan:TEXT) or per item of"
+            " --deltas FILE.json; drive each to its end and print which step each child"
+            " first differs from its parent at. A contradicted delta refuses the whole command."
+        ),
+    )
+    branch.add_argument("run", help="the run id")
+    branch.add_argument("--at", required=True, metavar="STEP", help="the step the children follow")
+    branch.add_argument(
+        "--delta", action="append", default=[], metavar="SPEC", help="one child's delta (repeat)"
+    )
+    branch.add_argument("--deltas", type=Path, default=None, metavar="FILE.json", help="children")
+    branch.add_argument("--children", type=int, default=None, metavar="K", help="check: K children")
+    branch.add_argument("--branch", type=int, default=None, help="branch to fork (default: live)")
+    branch.add_argument("--tenant", default=None, help="the run's tenant (default: its own)")
+    branch.add_argument("--reason", default="", help="why, recorded with the tree")
+    branch.add_argument("--json", action="store_true", help="print the tree as JSON")
+    branch.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the tree (300)"
+    )
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -217,6 +242,20 @@ async def _dispatch(args: argparse.Namespace) -> int:
             branch=args.branch,
             all_branches=args.all_branches,
             as_json=args.json,
+        )
+    if args.command == "branch":
+        from assay.cli.branch import branch_command, children_of
+
+        return await branch_command(
+            data_dir,
+            args.run,
+            at=args.at,
+            children=children_of(args.delta, args.deltas, args.children),
+            branch=args.branch,
+            tenant=args.tenant,
+            reason=args.reason,
+            as_json=args.json,
+            timeout_s=args.timeout,
         )
     if args.command in (
         "serve",

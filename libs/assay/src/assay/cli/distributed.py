@@ -70,7 +70,8 @@ async def topics_command() -> int:
     return 0
 
 
-async def _produce(entries: list[OutboxEntry]) -> None:
+async def produce(entries: list[OutboxEntry]) -> None:
+    """Produce `entries` to the Kafka cluster `ASSAY_KAFKA_BOOTSTRAP` names."""
     settings = Settings.from_env()
     settings.require("kafka_bootstrap")
     assert settings.kafka_bootstrap is not None
@@ -89,7 +90,7 @@ async def register_command(path: Path, tenant: str, rewrite: bool) -> int:
     msg = WorkflowRegistered(
         tenant=t, definition=wf.model_dump(mode="json", by_alias=True), rewrite=rewrite
     )
-    await _produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
+    await produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
     print(f"registered {wf.id} version {wf.version}")
     return 0
 
@@ -106,7 +107,7 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
             path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
         )
     ]
-    await _produce(entries)
+    await produce(entries)
     print(f"submitted {len(entries)} task(s)")
     return 0
 
@@ -117,7 +118,7 @@ async def cancel_command(run: str, tenant: str, reason: str) -> int:
         raise AssayError(f"not a run id: {run!r}")
     t = tenant_arg(tenant)
     msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
-    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
+    await produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
     print(f"asked to cancel run {run}")
     return 0
 
@@ -131,7 +132,7 @@ async def signal_command(run: str, tenant: str, name: str, payload: str) -> int:
         msg = SignalRun(tenant=t, run_id=RunId(run), signal=name, payload=payload)
     except ValidationError as exc:
         raise AssayError(f"invalid signal: {one_line(exc)}") from exc
-    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"signal:{run}:{name}:{payload}")])
+    await produce([producer_entry(RUN_COMMANDS, msg, t, f"signal:{run}:{name}:{payload}")])
     print(f"sent {name!r} to run {run}")
     return 0
 
@@ -144,7 +145,7 @@ async def rewind_command(run: str, tenant: str, at: int, branch: int | None, rea
         raise AssayError("--at and --branch are LSNs and branch numbers: 0 or more")
     t = tenant_arg(tenant)
     msg = RewindRun(tenant=t, run_id=RunId(run), at=at, branch=branch, reason=reason)
-    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
+    await produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
     print(f"asked to rewind run {run} at LSN {at}")
     return 0
 
