@@ -21,6 +21,7 @@ from assay.bus.topics import (
     RUN_COMMANDS,
     RUN_STATUS,
     RUNS,
+    TASKS,
     producer_entry,
 )
 from assay.crash import crash_point
@@ -59,6 +60,8 @@ from assay.messages import (
     CancelRun,
     Episode,
     RewindRun,
+    RolloutProgress,
+    RolloutResult,
     RunExecuted,
     RunRef,
     RunResult,
@@ -337,6 +340,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return  # a redelivered command whose fork already ran to its end
         await conclude(spec, uow, lease, graded=False)
 
+    retention = Retention(deps.retention)
+
     return StageSpec(
         name="execute",
         events=WORK_EVENTS,
@@ -348,7 +353,10 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 RewindRun.type: on_rewind,
                 SignalRun.type: on_signal,
             },
-            RESULTS: {RunResult.type: Retention(deps.retention).on_result},
+            RESULTS: {
+                RunResult.type: retention.on_result,
+                RolloutResult.type: retention.on_rollout_result,
+            },
         },
         background=(timeouts,),
     )
@@ -462,6 +470,19 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
     detail = f"{reason}; an intent was dispatched and is unresolved" if unknown else reason
     uow.emit(RUN_STATUS, RunStatusChanged(run=run, state=RunState.CANCELLED, detail=detail))
+    if run.rollout is not None:  # a sibling's end is its group's to report (§13)
+        uow.emit(
+            TASKS,
+            RolloutProgress(
+                tenant=run.tenant,
+                idempotency_key=run.rollout.group,
+                run_id=run.run_id,
+                index=run.rollout.index,
+                ended="cancelled",
+                model_calls=episode.usage.model_calls,
+            ),
+        )
+        return
     uow.emit(
         RESULTS,
         RunResult(

@@ -100,8 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("file", type=Path, help="one TaskSubmitted JSON object per line")
     submit.add_argument("--tenant", default=None, help="tenant for lines without one")
     submit.add_argument("--workflow", default=None, help="workflow for lines without one")
-    cancel = sub.add_parser("cancel", help="stop a run: a CancelRun onto assay.run-commands")
-    cancel.add_argument("run", help="the run id")
+    cancel = sub.add_parser(
+        "cancel",
+        help="stop a run (CancelRun onto assay.run-commands) or, with --rollout, a rollout group",
+    )
+    cancel.add_argument("run", help="the run id; with --rollout, the group's task key")
+    cancel.add_argument(
+        "--rollout",
+        action="store_true",
+        help="RUN names a rollout group by its task's idempotency key: CancelRollout",
+    )
     cancel.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
     cancel.add_argument("--reason", default="", help="why, recorded with the run")
     approve = sub.add_parser("approve", help="approve a run waiting at an await step")
@@ -252,6 +260,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "rewind":
             return await d.rewind_command(
                 args.run, args.tenant or d.default_tenant(), args.at, args.branch, args.reason
+            )
+        if args.command == "cancel" and args.rollout:
+            return await d.cancel_rollout_command(
+                args.run, args.tenant or d.default_tenant(), args.reason
             )
         if args.command == "cancel":
             return await d.cancel_command(args.run, args.tenant or d.default_tenant(), args.reason)

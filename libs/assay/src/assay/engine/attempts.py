@@ -85,7 +85,7 @@ class AttemptRunner:
             if (
                 counted >= step.retry.max_attempts
                 or interrupted >= MAX_INTERRUPTED
-                or run.totals.model_calls >= run.spec.definition.budget.max_model_calls
+                or run.totals.model_calls >= run.spec.max_model_calls
             ):
                 return False
             if step.retry.backoff_s:
@@ -207,6 +207,19 @@ class AttemptRunner:
                 AttemptState.FAILED,
                 t0,
                 error=f"no tool {step.tool!r} is registered",
+            )
+        confined = tool.needs_sandbox and not tool.needs_network  # touches its workspace only
+        if isinstance(tool.effects, Unsafe) and run.spec.speculative and not confined:
+            return await self._finish(
+                run,
+                step.id,
+                n,
+                AttemptState.FAILED,
+                t0,
+                error=(
+                    f"tool {step.tool!r} has unsafe effects outside the sandbox, and a rollout "
+                    "sibling publishes none: they would repeat in every sibling (DESIGN §13)"
+                ),
             )
         ref = run.spec.ref
         try:
@@ -334,7 +347,7 @@ class AttemptRunner:
     async def _model_attempt(
         self, run: RunContext, step: ModelStep, n: AttemptNo, prompt: str, t0: float
     ) -> AttemptFinished:
-        if run.totals.model_calls >= run.spec.definition.budget.max_model_calls:
+        if run.totals.model_calls >= run.spec.max_model_calls:
             return await self._finish(
                 run,
                 step.id,
