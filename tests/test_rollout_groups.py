@@ -52,7 +52,12 @@ WORKFLOW: WorkflowDef = from_document(
                 "tool": "write_file",
                 "args": {"path": "mine.txt", "content": "written by this sibling"},
             },
-            {"id": "solve", "kind": "model", "prompt": "What is {{ task.question }}?"},
+            {
+                "id": "solve",
+                "kind": "model",
+                "prompt": "What is {{ task.question }}?",
+                "max_tokens": 32,
+            },
             {
                 "id": "answer",
                 "kind": "tool",
@@ -264,6 +269,26 @@ async def test_a_deadline_stops_the_group(tmp_path: Path) -> None:
         assert [s.ended for s in result.siblings] == ["cancelled"]  # the one that had started
         assert result.winner is None
         assert result.pass_at_k == []
+
+
+async def test_a_token_budget_is_never_exceeded(tmp_path: Path) -> None:
+    spec = RolloutSpec(
+        n=6,
+        budget=RolloutBudget(max_concurrency=2, run_max_tokens=64, group_max_tokens=200),
+    )
+    async with Embedded(tmp_path / "data", clock=fixed_clock) as rt:
+        await register(rt)
+        await submit(rt, "group-5", spec)
+        result = await wait_for(lambda: rollout_result(rt, "group-5"), 120, "the result")
+    assert result.admitted == 3  # 200 tokens at 64 a sibling
+    assert len(result.siblings) == 3
+    assert all(s.usage.prompt_tokens + s.usage.completion_tokens <= 64 for s in result.siblings)
+    assert 0 < result.tokens <= 200
+
+
+def test_a_group_token_cap_needs_a_per_run_cap() -> None:
+    with pytest.raises(ValueError, match="needs run_max_tokens"):
+        RolloutBudget(group_max_tokens=100)
 
 
 def test_a_spec_admitting_more_than_it_requests_is_refused() -> None:

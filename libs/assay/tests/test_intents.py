@@ -482,3 +482,25 @@ async def test_a_rollout_siblings_model_calls_stop_at_its_cap(work_log: EventLog
     ]
     assert episode.attempts[1].error == "the run's model-call budget is spent"
     assert episode.usage.model_calls == 1
+
+
+async def test_a_rollout_siblings_token_cap_refuses_a_call_it_cannot_cover(
+    work_log: EventLog,
+) -> None:
+    wf = WorkflowDef.model_validate(
+        {
+            "id": "wf-tokens",
+            "steps": [{"id": "ask", "kind": "model", "prompt": "hello", "max_tokens": 8}],
+        }
+    )
+    spec = spec_for(wf)
+    capped = spec.ref.model_copy(
+        update={"rollout": RolloutRef(group="g", index=0, size=2, mode="evaluation", max_tokens=12)}
+    )
+    spec = RunSpec(ref=capped, definition=wf, input=spec.input, branch=spec.branch)
+    episode = await Driver(StubModel(), {}).drive(spec, LogJournal(work_log))
+    (attempt,) = episode.attempts  # 5 prompt bytes + 8 completion tokens > 12
+    assert attempt.state is AttemptState.FAILED
+    assert attempt.error is not None
+    assert "token budget (12) cannot cover this call" in attempt.error
+    assert episode.usage.model_calls == 0

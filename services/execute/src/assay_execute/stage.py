@@ -480,6 +480,7 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
                 index=run.rollout.index,
                 ended="cancelled",
                 model_calls=episode.usage.model_calls,
+                tokens=episode.usage.prompt_tokens + episode.usage.completion_tokens,
             ),
         )
         return

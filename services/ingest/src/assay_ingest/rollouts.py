@@ -7,10 +7,11 @@ message that changes it — the task, each sibling's `RolloutProgress`, a
 `CancelRollout` — arrives on `assay.tasks` with that key.
 
 - **Admission.** At most `admit` of the `n` requested, and no more than the
-  group's model-call budget covers at the per-run maximum.
+  group's model-call and token budgets cover at the per-run maxima.
 - **Spawning.** A sibling starts only while fewer than `max_concurrency` run and
-  the calls spent plus every running sibling's maximum plus its own fit the
-  group total — so neither cap is ever exceeded. Sibling ids derive from the
+  the calls (and tokens) spent plus every running sibling's maximum plus its own
+  fit the group total — so no cap is ever exceeded (execute holds each sibling
+  to its per-run maxima). Sibling ids derive from the
   task's envelope and the index: a redelivered message spawns nothing twice, and
   a retried attempt is an attempt of the same sibling, never another rollout.
 - **Closing.** When nothing runs and nothing more may start — all admitted ran,
@@ -100,7 +101,10 @@ def _may_spawn(doc: dict[str, Any]) -> bool:
     if running >= doc["concurrency"]:
         return False
     cap = doc["group_max_model_calls"]
-    return cap is None or doc["spent"] + (running + 1) * doc["per_run"] <= cap
+    if cap is not None and doc["spent"] + (running + 1) * doc["per_run"] > cap:
+        return False
+    tokens = doc.get("group_max_tokens")
+    return tokens is None or doc["spent_tokens"] + (running + 1) * doc["per_run_tokens"] <= tokens
 
 
 class Rollouts:
@@ -126,6 +130,8 @@ class Rollouts:
         admitted = spec.admit or spec.n
         if budget.group_max_model_calls is not None:
             admitted = min(admitted, budget.group_max_model_calls // per_run)
+        if budget.group_max_tokens is not None and budget.run_max_tokens is not None:
+            admitted = min(admitted, budget.group_max_tokens // budget.run_max_tokens)
         at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
         doc: dict[str, Any] = {
             "task_id": task_id,
@@ -136,6 +142,9 @@ class Rollouts:
             "per_run": per_run,
             "concurrency": budget.max_concurrency or max(admitted, 1),
             "group_max_model_calls": budget.group_max_model_calls,
+            "per_run_tokens": budget.run_max_tokens,
+            "group_max_tokens": budget.group_max_tokens,
+            "spent_tokens": 0,
             "deadline_ms": None if budget.deadline_s is None else at_ms + budget.deadline_s * 1000,
             "at_ms": at_ms,
             "origin": uow.envelope.id,
@@ -159,8 +168,9 @@ class Rollouts:
         sibling = next((r for r in doc["runs"] if r["run_id"] == msg.run_id), None)
         if sibling is None or sibling["state"] != "running":
             return  # a repeated report
-        sibling.update(state=msg.ended, model_calls=msg.model_calls)
+        sibling.update(state=msg.ended, model_calls=msg.model_calls, tokens=msg.tokens)
         doc["spent"] += msg.model_calls
+        doc["spent_tokens"] += msg.tokens
         task_input = await uow.get("rollout-input", msg.idempotency_key) or {}
         await self._advance(uow, msg.idempotency_key, doc, task_input)
 
@@ -242,6 +252,7 @@ class Rollouts:
                 size=doc["admitted"],
                 mode=spec.mode,
                 max_model_calls=doc["per_run"],
+                max_tokens=doc["per_run_tokens"],
             ),
         )
         children = await self.resolve(uow, definition)
@@ -255,7 +266,9 @@ class Rollouts:
             ),
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
-        doc["runs"].append({"run_id": run_id, "index": index, "state": "running", "model_calls": 0})
+        doc["runs"].append(
+            {"run_id": run_id, "index": index, "state": "running", "model_calls": 0, "tokens": 0}
+        )
         doc["peak"] = max(doc["peak"], len(_running(doc)))
 
     @staticmethod
@@ -275,6 +288,7 @@ class Rollouts:
             reason=doc["reason"],
             detail=doc["detail"],
             model_calls=doc["spent"],
+            tokens=doc["spent_tokens"],
             peak_concurrency=doc["peak"],
         )
 

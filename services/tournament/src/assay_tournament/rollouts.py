@@ -138,6 +138,7 @@ class RolloutSelection:
                 index=r.rollout.index,
                 ended="verified",
                 model_calls=msg.usage.model_calls,
+                tokens=msg.usage.prompt_tokens + msg.usage.completion_tokens,
             ),
         )
 
@@ -214,6 +215,7 @@ class RolloutSelection:
             closed=msg.reason,
             detail=msg.detail,
             model_calls=msg.model_calls,
+            tokens=msg.tokens,
             peak_concurrency=msg.peak_concurrency,
         )
         uow.record(

@@ -356,6 +356,22 @@ class AttemptRunner:
                 t0,
                 error="the run's model-call budget is spent",
             )
+        cap = run.spec.max_tokens
+        used = run.totals.prompt_tokens + run.totals.completion_tokens
+        # A bound, not an estimate: a byte-level tokenizer gives at most one prompt token
+        # per UTF-8 byte, and the endpoint gives at most max_tokens of completion.
+        if cap is not None and used + len(prompt.encode()) + step.max_tokens > cap:
+            return await self._finish(
+                run,
+                step.id,
+                n,
+                AttemptState.FAILED,
+                t0,
+                error=(
+                    f"the run's token budget ({cap}) cannot cover this call: {used} used, up to "
+                    f"{len(prompt.encode())} prompt and {step.max_tokens} completion tokens"
+                ),
+            )
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
         try:
             done = await run.cancel.race(

@@ -93,6 +93,11 @@ class RunSpec:
         return ceiling
 
     @property
+    def max_tokens(self) -> int | None:
+        """A rollout sibling's token ceiling (None: the run has none)."""
+        return self.ref.rollout.max_tokens if self.ref.rollout is not None else None
+
+    @property
     def speculative(self) -> bool:
         """A rollout sibling: it calls no unsafe tool that reaches outside its own sandbox
         workspace — N siblings would repeat the effect N times (§13)."""

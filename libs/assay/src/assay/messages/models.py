@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from assay.kernel.ids import (
     RunId,
@@ -92,6 +92,15 @@ class RunRef(Versioned):
     rollout: RolloutRef | None = Field(
         None, description="For a sibling of a rollout group: its group and index."
     )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_rollout(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out unless set: a run outside any rollout group serialises as it always did,
+        # so its episode's bytes (and content address) are unchanged.
+        data: dict[str, Any] = handler(self)
+        if data.get("rollout") is None:
+            data.pop("rollout", None)
+        return data
 
 
 class Usage(Versioned):

@@ -46,6 +46,28 @@ class RolloutBudget(Versioned):
         le=7 * 86400,
         description="Seconds after submission when the group stops: running siblings cancelled.",
     )
+    run_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens one sibling may use: a model call is made only if the tokens used plus "
+            "the prompt's UTF-8 bytes plus the step's max_tokens fit (a bound, not a guess)."
+        ),
+    )
+    group_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens the whole group may use (needs run_max_tokens): a sibling starts only when "
+            "the tokens used plus every running sibling's maximum plus its own fit."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _group_tokens_need_a_run_cap(self) -> RolloutBudget:
+        if self.group_max_tokens is not None and self.run_max_tokens is None:
+            raise ValueError("group_max_tokens needs run_max_tokens, the bound of each sibling")
+        return self
 
 
 class SelectionPolicy(Versioned):
@@ -103,4 +125,7 @@ class RolloutRef(Versioned):
     mode: RolloutMode = Field(description="The group's mode.")
     max_model_calls: int | None = Field(
         None, ge=1, description="This sibling's model-call maximum (the group's per-run cap)."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="This sibling's token maximum (the group's per-run cap)."
     )

@@ -32,6 +32,7 @@ class RolloutProgress(Versioned):
     index: int = Field(ge=0, description="Its index in the group.")
     ended: Literal["verified", "cancelled"] = Field(description="How it ended.")
     model_calls: int = Field(ge=0, description="Model calls it made.")
+    tokens: int = Field(0, ge=0, description="Prompt and completion tokens it used.")
 
 
 class CancelRollout(Versioned):
@@ -62,6 +63,7 @@ class RolloutClosed(Versioned):
     reason: Literal["completed", "cancelled", "deadline"] = Field(description="Why it closed.")
     detail: str = Field("", description="For people: who cancelled, or the budget that stopped it.")
     model_calls: int = Field(ge=0, description="Model calls the siblings made.")
+    tokens: int = Field(0, ge=0, description="Tokens the siblings used.")
     peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
 
 
@@ -129,4 +131,5 @@ class RolloutResult(Versioned):
     )
     detail: str = Field("", description="For people.")
     model_calls: int = Field(ge=0, description="Model calls of every sibling.")
+    tokens: int = Field(0, ge=0, description="Tokens of every sibling.")
     peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
