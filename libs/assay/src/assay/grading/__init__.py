@@ -2,10 +2,21 @@
 
 from assay.grading.judges import Judge, StubJudge
 from assay.grading.pairwise import challenger_position, compare_with_reference
-from assay.grading.sprt import SprtDecision, SprtPolicy, SprtState, evaluate, llr
+from assay.grading.sprt import (
+    Oc,
+    SprtDecision,
+    SprtPolicy,
+    SprtState,
+    evaluate,
+    fixed_n,
+    llr,
+    operating_characteristics,
+    simulate,
+)
 
 __all__ = [
     "Judge",
+    "Oc",
     "SprtDecision",
     "SprtPolicy",
     "SprtState",
@@ -13,5 +24,8 @@ __all__ = [
     "challenger_position",
     "compare_with_reference",
     "evaluate",
+    "fixed_n",
     "llr",
+    "operating_characteristics",
+    "simulate",
 ]
