@@ -35,12 +35,12 @@ import enum
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import assert_never
 
 import numpy as np
 import scipy.linalg
 from numpy.typing import NDArray
-from scipy import stats
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
@@ -467,7 +467,7 @@ def _contrasts(
         contrast[index[anchors[0]]] = 0.0  # exactly: the anchor minus itself
     values = contrast @ theta
     variances = np.einsum("ij,jk,ik->i", contrast, covariance, contrast)
-    z = float(stats.norm.ppf((1 + level) / 2))
+    z = NormalDist().inv_cdf((1 + level) / 2)
     out = {}
     for name, value, variance in zip(roster, values.tolist(), variances.tolist(), strict=True):
         se = math.sqrt(max(variance, 0.0))

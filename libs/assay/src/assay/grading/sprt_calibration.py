@@ -23,10 +23,10 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 HORIZON = 100_000
 """Decisive comparisons after which the exact walk is cut off; what is left is undecided."""
@@ -280,12 +280,15 @@ def fixed_n(p0: float, p1: float, alpha: float, beta: float) -> int:
     Raises:
         ValueError: the parameters are outside 0 < p0 < p1 < 1, 0 < alpha, beta < 1.
     """
+    # Imported here: scipy.stats takes about a second to import, and every process
+    # that evaluates the sequential test imports this module.
+    from scipy import stats
+
     if not (0 < p0 < p1 < 1 and 0 < alpha < 1 and 0 < beta < 1):
         raise ValueError("fixed_n needs 0 < p0 < p1 < 1 and alpha, beta in (0, 1)")
-    z = stats.norm.isf(alpha) * math.sqrt(p0 * (1 - p0)) + stats.norm.isf(beta) * math.sqrt(
-        p1 * (1 - p1)
-    )
-    approx = max(1, math.ceil((z / (p1 - p0)) ** 2))
+    z = NormalDist().inv_cdf
+    spread = z(1 - alpha) * math.sqrt(p0 * (1 - p0)) + z(1 - beta) * math.sqrt(p1 * (1 - p1))
+    approx = max(1, math.ceil((spread / (p1 - p0)) ** 2))
     n = np.arange(1, 4 * approx + 64)
     cut = stats.binom.ppf(1 - alpha, n, p0) + 1
     size = stats.binom.sf(cut - 1, n, p0)
