@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from assay.grading import bt_posterior
 from assay.grading.bt import BtFitError, PairCount, Ties, count_rows, fit
 from assay.kernel.errors import AssayError
 
@@ -290,6 +291,12 @@ def test_fit_refuses_with_the_reason(
     with pytest.raises(BtFitError, match=message) as caught:
         fit(counts, **kwargs)  # type: ignore[arg-type]
     assert isinstance(caught.value, AssayError)
+
+
+def test_a_fit_that_does_not_converge_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bt_posterior, "MAX_NEWTON_STEPS", 1)
+    with pytest.raises(BtFitError, match="the fit failed: Newton did not converge in 1 steps"):
+        fit(GOOD)
 
 
 def test_draws_with_a_losing_group_are_still_bounded() -> None:

@@ -24,9 +24,8 @@ here:
   the negative log posterior, ν included) by the delta method for each
   contrast; a single anchor has strength 0, standard error 0, interval [0, 0].
 
-The fit works on aggregated counts per pair: vectorised over pairs, with the
-analytic gradient and Hessian and a damped Newton method. The negative log
-posterior is convex in (θ, log ν), so Newton from θ = 0 converges.
+The fit works on aggregated counts per pair, by damped Newton on a convex
+objective with an analytic gradient and Hessian (`bt_posterior`).
 """
 
 from __future__ import annotations
@@ -39,25 +38,12 @@ from statistics import NormalDist
 from typing import assert_never
 
 import numpy as np
-import scipy.linalg
 from numpy.typing import NDArray
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from assay.grading.bt_posterior import FloatArray, PairArrays, Posterior
 from assay.kernel.errors import AssayError
-
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
-
-GAUGE = 1.0
-"""Curvature added along "every strength up by the same amount", the one direction the
-likelihood cannot see; it fixes the mean raw strength at 0 and changes no contrast."""
-
-MAX_NEWTON_STEPS = 200
-"""Newton steps before the fit gives up; a convex fit converges in a few dozen at most."""
-
-CONVERGED = 1e-10
-"""Newton decrement (g·H⁻¹g) below which one more full step reaches the optimum."""
 
 
 class Ties(enum.Enum):
@@ -187,7 +173,7 @@ def fit(
     roster = _roster(counts, players)
     anchors = _anchors(anchor, roster)
     index = {name: i for i, name in enumerate(roster)}
-    pairs = _Pairs.of(counts, index)
+    pairs = _pair_arrays(counts, index)
     draws, decisive = float(pairs.draws.sum()), float((pairs.a_wins + pairs.b_wins).sum())
     if ties is Ties.NONE and draws > 0:
         raise BtFitError(
@@ -208,19 +194,22 @@ def fit(
     if prior_precision == 0:
         _check_bounded(pairs, roster)
     fit_tie = ties is Ties.DAVIDSON and draws > 0 and not only_draws
-    theta, covariance, log_nu = _Model(pairs, len(roster), prior_precision, fit_tie).solve()
+    try:
+        solution = Posterior(pairs, len(roster), prior_precision, fit_tie).solve()
+    except (ArithmeticError, np.linalg.LinAlgError) as exc:
+        raise BtFitError(f"the fit failed: {exc}") from exc
     tie: float | None
     match ties:
         case Ties.NONE:
             tie = None
-        case Ties.DAVIDSON if log_nu is not None:
-            tie = math.exp(log_nu)
+        case Ties.DAVIDSON if solution.log_nu is not None:
+            tie = math.exp(solution.log_nu)
         case Ties.DAVIDSON:  # no draw at all, or nothing but draws
             tie = math.inf if only_draws else 0.0
         case _:
             assert_never(ties)
     return BtFit(
-        strengths=_contrasts(theta, covariance, roster, anchors, level),
+        strengths=_contrasts(solution.theta, solution.covariance, roster, anchors, level),
         anchor=anchors,
         tie=tie,
         comparisons=draws + decisive,
@@ -231,7 +220,16 @@ def fit(
 def _roster(counts: Sequence[PairCount], players: Sequence[str] | None) -> list[str]:
     """Players in order: `players` as given, else by first appearance in the counts."""
     if players is None:
-        return list(dict.fromkeys(name for c in counts for name in (c.a, c.b)))
+        roster = list(dict.fromkeys(name for c in counts for name in (c.a, c.b)))
+    else:
+        roster = _listed(counts, players)
+    if not roster:
+        raise BtFitError("there are no players to fit")
+    return roster
+
+
+def _listed(counts: Sequence[PairCount], players: Sequence[str]) -> list[str]:
+    """`players`, once checked: no repeats, and every player of the counts among them."""
     roster = list(players)
     if len(set(roster)) != len(roster):
         repeated = sorted({p for p in roster if roster.count(p) > 1})
@@ -245,8 +243,6 @@ def _roster(counts: Sequence[PairCount], players: Sequence[str] | None) -> list[
 
 
 def _anchors(anchor: str | Sequence[str] | None, roster: list[str]) -> tuple[str, ...]:
-    if not roster:
-        raise BtFitError("there are no players to fit")
     chosen = (roster[0],) if anchor is None else (anchor,) if isinstance(anchor, str) else anchor
     anchors = tuple(dict.fromkeys(chosen))
     if not anchors:
@@ -258,42 +254,27 @@ def _anchors(anchor: str | Sequence[str] | None, roster: list[str]) -> tuple[str
     return anchors
 
 
-@dataclass(frozen=True)
-class _Pairs:
-    """The counts as arrays over pairs: player indices and outcome counts."""
-
-    i: IntArray
-    j: IntArray
-    a_wins: FloatArray
-    b_wins: FloatArray
-    draws: FloatArray
-
-    @classmethod
-    def of(cls, counts: Sequence[PairCount], index: dict[str, int]) -> _Pairs:
-        for c in counts:
-            if c.a == c.b:
-                raise BtFitError(f"a count pairs {c.a!r} with itself")
-            for what, value in (("a_wins", c.a_wins), ("b_wins", c.b_wins), ("draws", c.draws)):
-                if not (math.isfinite(value) and value >= 0):
-                    raise BtFitError(
-                        f"the count of {c.a!r} against {c.b!r} has {what} = {value}; "
-                        "counts must be finite and >= 0"
-                    )
-        return cls(
-            i=np.array([index[c.a] for c in counts], dtype=np.int64),
-            j=np.array([index[c.b] for c in counts], dtype=np.int64),
-            a_wins=np.array([c.a_wins for c in counts], dtype=np.float64),
-            b_wins=np.array([c.b_wins for c in counts], dtype=np.float64),
-            draws=np.array([c.draws for c in counts], dtype=np.float64),
-        )
-
-    def without_outcomes(self) -> _Pairs:
-        """The same pairs with no outcome: a likelihood that says nothing."""
-        zero = np.zeros(0, dtype=np.float64)
-        return _Pairs(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), zero, zero, zero)
+def _pair_arrays(counts: Sequence[PairCount], index: dict[str, int]) -> PairArrays:
+    """The counts as arrays, once each is checked."""
+    for c in counts:
+        if c.a == c.b:
+            raise BtFitError(f"a count pairs {c.a!r} with itself")
+        for what, value in (("a_wins", c.a_wins), ("b_wins", c.b_wins), ("draws", c.draws)):
+            if not (math.isfinite(value) and value >= 0):
+                raise BtFitError(
+                    f"the count of {c.a!r} against {c.b!r} has {what} = {value}; "
+                    "counts must be finite and >= 0"
+                )
+    return PairArrays(
+        i=np.array([index[c.a] for c in counts], dtype=np.int64),
+        j=np.array([index[c.b] for c in counts], dtype=np.int64),
+        a_wins=np.array([c.a_wins for c in counts], dtype=np.float64),
+        b_wins=np.array([c.b_wins for c in counts], dtype=np.float64),
+        draws=np.array([c.draws for c in counts], dtype=np.float64),
+    )
 
 
-def _check_bounded(pairs: _Pairs, roster: list[str]) -> None:
+def _check_bounded(pairs: PairArrays, roster: list[str]) -> None:
     """Refuse data whose maximum-likelihood strengths are not all finite.
 
     The estimate exists exactly when the "beat or drew with" graph is strongly
@@ -331,124 +312,6 @@ def _names(roster: list[str], members: NDArray[np.bool_]) -> str:
     names = [roster[i] for i in np.flatnonzero(members)]
     shown = ", ".join(map(repr, names[:5]))
     return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"
-
-
-class _Model:
-    """The negative log posterior over x = (θ_1..θ_K[, log ν]) with its derivatives."""
-
-    def __init__(self, pairs: _Pairs, k: int, precision: float, fit_tie: bool) -> None:
-        self.pairs = pairs
-        self.k = k
-        self.precision = precision
-        self.fit_tie = fit_tie
-        self.size = k + 1 if fit_tie else k
-        self.n = pairs.a_wins + pairs.b_wins + pairs.draws
-
-    def start(self) -> FloatArray:
-        x = np.zeros(self.size)
-        if self.fit_tie:
-            # Equal strengths give P(draw) = ν / (2 + ν): start from the observed draw rate.
-            rate = float(self.pairs.draws.sum() / self.n.sum())
-            x[self.k] = math.log(2 * rate / (1 - rate))
-        return x
-
-    def _log_terms(self, x: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-        """Per pair: θ_i, θ_j, the draw term's log weight, and log of the denominator."""
-        ti, tj = x[self.pairs.i], x[self.pairs.j]
-        if self.fit_tie:
-            td = x[self.k] + (ti + tj) / 2
-            log_d = np.logaddexp(np.logaddexp(ti, tj), td)
-        else:
-            td = np.full_like(ti, -np.inf)
-            log_d = np.logaddexp(ti, tj)
-        return ti, tj, td, log_d
-
-    def value(self, x: FloatArray) -> float:
-        p = self.pairs
-        ti, tj, td, log_d = self._log_terms(x)
-        draw = p.draws * td if self.fit_tie else 0.0
-        loglik = float(np.sum(p.a_wins * ti + p.b_wins * tj + draw - self.n * log_d))
-        theta = x[: self.k]
-        return -loglik + self._prior(theta)
-
-    def _prior(self, theta: FloatArray) -> float:
-        return float(self.precision / 2 * theta @ theta + GAUGE / 2 * theta.sum() ** 2)
-
-    def derivatives(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Gradient and Hessian of the negative log posterior at x."""
-        p, k, size = self.pairs, self.k, self.size
-        ti, tj, td, log_d = self._log_terms(x)
-        pi, pj, pd = np.exp(ti - log_d), np.exp(tj - log_d), np.exp(td - log_d)
-        n = self.n
-        # E[∂ log D]: a draw counts half to each side's strength.
-        mi, mj = pi + pd / 2, pj + pd / 2
-        grad = np.zeros(size)
-        grad[:k] = np.bincount(p.i, n * mi - p.a_wins - p.draws / 2, minlength=k)
-        grad[:k] += np.bincount(p.j, n * mj - p.b_wins - p.draws / 2, minlength=k)
-        rows = [p.i, p.j, p.i, p.j]
-        cols = [p.i, p.j, p.j, p.i]
-        cross = n * (pd / 4 - mi * mj)
-        vals = [n * (pi + pd / 4 - mi**2), n * (pj + pd / 4 - mj**2), cross, cross]
-        if self.fit_tie:
-            grad[k] = float(np.sum(n * pd - p.draws))
-            tie_i, tie_j = n * pd * (0.5 - mi), n * pd * (0.5 - mj)
-            at_k = np.full_like(p.i, k)
-            rows += [p.i, at_k, p.j, at_k, at_k[:1]]
-            cols += [at_k, p.i, at_k, p.j, at_k[:1]]
-            vals += [tie_i, tie_i, tie_j, tie_j, np.array([np.sum(n * pd * (1 - pd))])]
-        flat = np.concatenate(rows) * size + np.concatenate(cols)
-        weights = np.concatenate(vals)
-        hess = np.bincount(flat, weights, minlength=size * size).astype(np.float64)
-        hess = hess.reshape(size, size)
-        theta = x[:k]
-        grad[:k] += self.precision * theta + GAUGE * theta.sum()
-        hess[:k, :k] += GAUGE
-        hess[np.arange(k), np.arange(k)] += self.precision
-        return grad, hess
-
-    def solve(self) -> tuple[FloatArray, FloatArray, float | None]:
-        """MAP strengths, their covariance (Laplace), and log ν when fitted.
-
-        Raises:
-            BtFitError: the Hessian is numerically singular or Newton did not converge.
-        """
-        x = self.start()
-        for _ in range(MAX_NEWTON_STEPS):
-            grad, hess = self.derivatives(x)
-            factor = self._factor(hess)
-            step = -scipy.linalg.cho_solve(factor, grad)
-            decrement = float(-grad @ step)
-            if decrement < CONVERGED:
-                x = x + step
-                break
-            x = self._line_search(x, step, grad)
-        else:
-            raise BtFitError(f"the fit did not converge in {MAX_NEWTON_STEPS} Newton steps")
-        _, hess = self.derivatives(x)
-        factor = self._factor(hess)
-        covariance = scipy.linalg.cho_solve(factor, np.eye(self.size))[: self.k, : self.k]
-        return x[: self.k], covariance, float(x[self.k]) if self.fit_tie else None
-
-    def _line_search(self, x: FloatArray, step: FloatArray, grad: FloatArray) -> FloatArray:
-        """The longest of step, step/2, step/4… that decreases the objective enough (Armijo).
-
-        Raises:
-            BtFitError: no such step down to 2⁻⁴⁰ of the Newton step.
-        """
-        here, slope, t = self.value(x), float(grad @ step), 1.0
-        for _ in range(40):
-            moved = x + t * step
-            if self.value(moved) <= here + 1e-4 * t * slope:
-                return moved
-            t /= 2
-        raise BtFitError("the fit stalled: no Newton step decreases the objective")
-
-    @staticmethod
-    def _factor(hess: FloatArray) -> tuple[FloatArray, bool]:
-        try:
-            return scipy.linalg.cho_factor(hess)
-        except np.linalg.LinAlgError as exc:
-            raise BtFitError(f"the fit's curvature is singular: {exc}") from exc
 
 
 def _contrasts(
