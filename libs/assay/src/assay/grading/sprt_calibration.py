@@ -86,12 +86,12 @@ class LatticeOc:
 class _Step:
     """One step of the walk: the states after n comparisons, before absorption.
 
-    `probs` has axes (test, win rate, state); state i holds `k[i]` wins. `accepting`
-    and `rejecting` mark, per test, the states on or beyond its boundaries.
+    `probs` has axes (test, win rate, state) and `ratio` is each state's
+    log-likelihood ratio; `accepting` and `rejecting` mark, per test, the states on
+    or beyond its boundaries.
     """
 
     n: int
-    k: NDArray[np.int64]
     ratio: FloatArray
     probs: FloatArray
     accepting: NDArray[np.bool_]
@@ -124,7 +124,7 @@ def _walk(
         nxt[..., 1:] += cont * win
         k = base + np.arange(width + 1)
         ratio = steps.llr(k, n - k)
-        step = _Step(n, k, ratio, nxt, ratio >= up, ratio <= low)
+        step = _Step(n, ratio, nxt, ratio >= up, ratio <= low)
         yield step
         nxt = np.where(step.accepting | step.rejecting, 0.0, nxt)
         # The window moves up by at most one win per step; what falls out was absorbed.
