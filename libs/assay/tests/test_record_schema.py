@@ -61,6 +61,7 @@ from assay.messages import (
     BranchChild,
     BranchRun,
     BranchTree,
+    CancelRollout,
     CancelRun,
     ChallengerRejected,
     GroupDue,
@@ -71,6 +72,12 @@ from assay.messages import (
     Purpose,
     RewindRun,
     Role,
+    RolloutBudget,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutRef,
+    RolloutResult,
+    RolloutSpec,
     RunExecuted,
     RunGraded,
     RunRef,
@@ -78,6 +85,8 @@ from assay.messages import (
     RunSpawned,
     RunStatusChanged,
     RunVerified,
+    SelectionRecord,
+    SiblingResult,
     SignalRun,
     StrengthSummary,
     TaskSubmitted,
@@ -111,6 +120,7 @@ from assay_aggregate.stage import VersionTallied
 from assay_decide import DECIDE_EVENTS
 from assay_decide.stage import AllocationSet, ChallengerDecided
 from assay_ingest import INGEST_EVENTS
+from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
 from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
 from assay_tournament.events import (
@@ -118,8 +128,11 @@ from assay_tournament.events import (
     GradingMetered,
     GroupClosed,
     GroupJoined,
+    JudgeAnswered,
     ReferenceSet,
+    RolloutSelected,
     RunScored,
+    SiblingWaiting,
 )
 from assay_verify import VERIFY_EVENTS
 from assay_verify.stage import RunVerdictRecorded
@@ -318,6 +331,25 @@ REF = RunRef(
     baseline_version=V1,
     reference_expected=True,
 )
+SPEC = RolloutSpec(
+    n=6,
+    mode="best_of_n",
+    admit=5,
+    budget=RolloutBudget(
+        max_concurrency=2, run_max_model_calls=2, group_max_model_calls=10, deadline_s=600
+    ),
+)
+SIBLING = REF.model_copy(
+    update={
+        "role": Role.CURRENT,
+        "purpose": Purpose.WORK,
+        "baseline_version": None,
+        "reference_expected": False,
+        "rollout": RolloutRef(
+            group="order-18", index=1, size=5, mode="best_of_n", max_model_calls=2
+        ),
+    }
+)
 RESULT = VerifierResult(
     verifier="correct", kind="exact", verifier_version="1", passed=True, evidence="4 == 4"
 )
@@ -413,7 +445,87 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         input={"question": "2+2", "answer": "4"},
         task_key="arith/2+2",
     ),
+    TaskSubmitted(
+        tenant=TENANT,
+        workflow_id=WF,
+        idempotency_key="order-18",
+        input={"question": "17 * 23", "answer": "391"},
+        rollout=SPEC,
+    ),
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, rewrite=True),
+    RunSpawned(run=SIBLING, definition=DEFINITION, input={"question": "17 * 23"}),
+    RunVerified(
+        run=SIBLING, episode="blob:def", passed=True, results=[RESULT], usage=USAGE, executed=True
+    ),
+    RolloutProgress(
+        tenant=TENANT,
+        idempotency_key="order-18",
+        run_id=RUN,
+        index=1,
+        ended="verified",
+        model_calls=2,
+    ),
+    CancelRollout(tenant=TENANT, idempotency_key="order-18", reason="enough"),
+    RolloutClosed(
+        tenant=TENANT,
+        task_id=TASK,
+        idempotency_key="order-18",
+        workflow_id=WF,
+        workflow_version=V1,
+        spec=SPEC,
+        admitted=5,
+        runs=[RUN, OTHER_RUN],
+        cancelled=[OTHER_RUN],
+        reason="cancelled",
+        detail="enough",
+        model_calls=3,
+        peak_concurrency=2,
+    ),
+    RolloutResult(
+        tenant=TENANT,
+        idempotency_key="order-18",
+        task_id=TASK,
+        workflow_id=WF,
+        workflow_version=V1,
+        mode="best_of_n",
+        requested=6,
+        admitted=5,
+        siblings=[
+            SiblingResult(
+                run_id=RUN,
+                index=0,
+                ended="verified",
+                passed=True,
+                verification=[RESULT],
+                usage=USAGE,
+                rank=Ranked(strength=0.4, interval=(-0.9, 1.7), group_size=2, anchored=False),
+            ),
+            SiblingResult(
+                run_id=OTHER_RUN,
+                index=1,
+                ended="cancelled",
+                passed=False,
+                verification=[],
+                usage=USAGE,
+            ),
+        ],
+        passes=1,
+        pass_at_k=[1.0],
+        best_of_n_passed=True,
+        winner=RUN,
+        output="391",
+        selection=SelectionRecord(
+            policy="verifier_then_judge",
+            policy_version=1,
+            decided_by="verifier",
+            evidence="sibling #0 alone passed without a Core violation",
+            judge_calls=0,
+        ),
+        closed="cancelled",
+        detail="enough",
+        model_calls=3,
+        peak_concurrency=2,
+    ),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
@@ -614,6 +726,11 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                     ),
                 ],
             ),
+            RolloutAdmitted(group="order-18", input={"question": "17 * 23", "answer": "391"}),
+            RolloutUpdated(
+                group="order-18",
+                doc={"task_id": TASK, "admitted": 5, "runs": [], "spent": 0, "closed": False},
+            ),
         ],
     ),
     "verify": (
@@ -662,6 +779,10 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             GradingMetered(
                 meter={"day": "2026-11-29", "calls_today": 12, "by_purpose": {"compare": 12}}
             ),
+            SiblingWaiting(group="order-18", verified=VERIFIED.model_dump(mode="json")),
+            RolloutSelected(group="order-18", result={"winner": RUN, "passes": 1}),
+            JudgeAnswered(key=f"order-18/{RUN}/{OTHER_RUN}", verdict="b"),
+            JudgeAnswered(key=f"order-18/{RUN}", violations=[]),
         ],
     ),
     "aggregate": (

@@ -47,7 +47,7 @@ from assay_decide.stage import AllocationSet
 
 TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000d1"))
 SHADOW_RATE = 0.25
-POLICY = SprtPolicy()  # accept at 9 straight wins, reject at 5 straight losses
+POLICY = SprtPolicy()  # accept at 9 straight wins, reject at 6 straight losses
 
 
 def version_doc(n: int) -> dict[str, Any]:
@@ -236,7 +236,7 @@ async def test_crossing_the_accept_boundary_promotes_the_challenger(contest: Sta
 
 
 async def test_crossing_the_reject_boundary_rejects_the_challenger(contest: Stage) -> None:
-    record = WinRecord(judge_losses=3, verifier_losses=2)
+    record = WinRecord(judge_losses=4, verifier_losses=2)
     out = await contest.aggregate(2, 1, record)
     assert [type(m) for m in out] == [ChallengerRejected, AllocationChanged]
     rejected, alloc = out
@@ -289,8 +289,8 @@ async def test_aggregate_before_any_registration_is_ignored(stage: Stage) -> Non
 
 
 async def test_decided_challenger_is_not_decided_again(contest: Stage) -> None:
-    await contest.aggregate(2, 1, WinRecord(judge_losses=5))
-    assert await contest.aggregate(2, 1, WinRecord(judge_losses=6)) == []
+    await contest.aggregate(2, 1, WinRecord(judge_losses=6))
+    assert await contest.aggregate(2, 1, WinRecord(judge_losses=7)) == []
     assert await contest.aggregate(2, 1, WinRecord(judge_wins=20)) == []
     alloc = await contest.allocation()
     assert alloc is not None
@@ -298,7 +298,7 @@ async def test_decided_challenger_is_not_decided_again(contest: Stage) -> None:
 
 
 async def test_after_a_rejection_a_new_version_can_challenge(contest: Stage) -> None:
-    await contest.aggregate(2, 1, WinRecord(judge_losses=5))
+    await contest.aggregate(2, 1, WinRecord(judge_losses=6))
     alloc = only_allocation(await contest.register(3))
     assert alloc.generation == 4
     assert alloc.current == ir(1).version

@@ -22,6 +22,7 @@ from assay.bus.topics import (
     RUN_COMMANDS,
     RUN_STATUS,
     RUNS,
+    TASKS,
     producer_entry,
 )
 from assay.crash import crash_point
@@ -58,6 +59,8 @@ from assay.messages import (
     CancelRun,
     Episode,
     RewindRun,
+    RolloutProgress,
+    RolloutResult,
     RunExecuted,
     RunRef,
     RunResult,
@@ -339,6 +342,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
         spec = await recorded(uow, BranchKey.for_run(uow.tenant, msg.run_id, branch))
         await conclude(spec, uow, lease, graded=False)
 
+    retention = Retention(deps.retention)
+
     return StageSpec(
         name="execute",
         events=WORK_EVENTS,
@@ -351,7 +356,10 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 BranchRun.type: brancher.on_branch,
                 SignalRun.type: on_signal,
             },
-            RESULTS: {RunResult.type: Retention(deps.retention).on_result},
+            RESULTS: {
+                RunResult.type: retention.on_result,
+                RolloutResult.type: retention.on_rollout_result,
+            },
         },
         background=(timeouts,),
     )
@@ -383,6 +391,20 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
     detail = f"{reason}; an intent was dispatched and is unresolved" if unknown else reason
     uow.emit(RUN_STATUS, RunStatusChanged(run=run, state=RunState.CANCELLED, detail=detail))
+    if run.rollout is not None:  # a sibling's end is its group's to report (§13)
+        uow.emit(
+            TASKS,
+            RolloutProgress(
+                tenant=run.tenant,
+                idempotency_key=run.rollout.group,
+                run_id=run.run_id,
+                index=run.rollout.index,
+                ended="cancelled",
+                model_calls=episode.usage.model_calls,
+                tokens=episode.usage.prompt_tokens + episode.usage.completion_tokens,
+            ),
+        )
+        return
     uow.emit(
         RESULTS,
         RunResult(

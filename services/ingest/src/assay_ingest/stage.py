@@ -29,8 +29,10 @@ from assay.kernel import (
 )
 from assay.messages import (
     AllocationChanged,
+    CancelRollout,
     Purpose,
     Role,
+    RolloutProgress,
     RunRef,
     RunSpawned,
     RunStatusChanged,
@@ -50,6 +52,7 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.rollouts import ROLLOUT_EVENTS, Rollouts, fold_rollout
 
 
 class WorkflowStored(Event):
@@ -97,7 +100,7 @@ class TaskAccepted(Event):
     runs: list[SpawnedRun] = Field(description="Runs spawned.")
 
 
-INGEST_EVENTS = EventRegistry([WorkflowStored, AllocationApplied, TaskAccepted])
+INGEST_EVENTS = EventRegistry([WorkflowStored, AllocationApplied, TaskAccepted, *ROLLOUT_EVENTS])
 
 
 def fold_ingest(record: LogRecord) -> list[StateDelta]:
@@ -116,7 +119,7 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [Put(StateKey(t, "allocation", a["workflow_id"]), a)]
         case TaskAccepted() as e:
             return [Put(StateKey(t, "task", e.idempotency_key), e.model_dump(mode="json"))]
-    return []
+    return fold_rollout(record)
 
 
 def task_id_for(task: TaskSubmitted) -> TaskId:
@@ -208,6 +211,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if alloc is None:
             raise Refused(f"unknown workflow {msg.workflow_id!r} for tenant {msg.tenant}")
         task_id = task_id_for(msg)
+        if msg.rollout is not None:
+            await rollouts.admit(uow, msg, task_id, alloc)
+            return
         serve, shadow = draw(task_id, "serve"), draw(task_id, "shadow")
         challenger = alloc.get("challenger")
         plan: list[tuple[Role, Purpose, str]] = []
@@ -261,15 +267,22 @@ def create_stage(deps: StageDeps) -> StageSpec:
             ),
         )
 
+    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}))
+
     return StageSpec(
         name="ingest",
         events=INGEST_EVENTS,
         fold=fold_ingest,
         handlers={
-            TASKS: {TaskSubmitted.type: on_task},
+            TASKS: {
+                TaskSubmitted.type: on_task,
+                RolloutProgress.type: rollouts.on_progress,
+                CancelRollout.type: rollouts.on_cancel,
+            },
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             DECISIONS: {AllocationChanged.type: on_allocation},
         },
+        background=(rollouts.deadlines,),
     )
 
 

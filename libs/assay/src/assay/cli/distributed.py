@@ -20,6 +20,7 @@ from assay.kernel.ids import RunId, WorkflowId, is_run_id
 from assay.kernel.schema import one_line
 from assay.messages import (
     MESSAGES,
+    CancelRollout,
     CancelRun,
     RewindRun,
     SignalRun,
@@ -123,6 +124,15 @@ async def cancel_command(run: str, tenant: str, reason: str) -> int:
     return 0
 
 
+async def cancel_rollout_command(group: str, tenant: str, reason: str) -> int:
+    """`assay cancel --rollout KEY`: a `CancelRollout` onto `assay.tasks`, keyed like the task."""
+    t = tenant_arg(tenant)
+    msg = CancelRollout(tenant=t, idempotency_key=group, reason=reason or "cancelled")
+    await produce([producer_entry(TASKS, msg, t, f"cancel-rollout:{group}:{reason}")])
+    print(f"asked to cancel rollout group {group}")
+    return 0
+
+
 async def signal_command(run: str, tenant: str, name: str, payload: str) -> int:
     """`assay approve RUN` / `assay signal RUN NAME`: a `SignalRun` onto `assay.run-commands`."""
     if not is_run_id(run):
@@ -151,7 +161,8 @@ async def rewind_command(run: str, tenant: str, at: int, branch: int | None, rea
 
 
 async def results_command(follow: bool, tenant: str | None) -> int:
-    """`assay results [--follow]`: print `RunResult`s as JSON lines, from the beginning."""
+    """`assay results [--follow]`: print each task's `RunResult` or `RolloutResult` as JSON lines,
+    from the beginning."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     settings = Settings.from_env()

@@ -85,7 +85,7 @@ class AttemptRunner:
             if (
                 counted >= step.retry.max_attempts
                 or interrupted >= MAX_INTERRUPTED
-                or run.totals.model_calls >= run.spec.definition.budget.max_model_calls
+                or run.totals.model_calls >= run.spec.max_model_calls
             ):
                 return False
             if step.retry.backoff_s:
@@ -206,6 +206,19 @@ class AttemptRunner:
                 else f"no tool {step.tool!r} is registered"
             )
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=why)
+        confined = tool.needs_sandbox and not tool.needs_network  # touches its workspace only
+        if isinstance(tool.effects, Unsafe) and run.spec.speculative and not confined:
+            return await self._finish(
+                run,
+                step.id,
+                n,
+                AttemptState.FAILED,
+                t0,
+                error=(
+                    f"tool {step.tool!r} has unsafe effects outside the sandbox, and a rollout "
+                    "sibling publishes none: they would repeat in every sibling (DESIGN §13)"
+                ),
+            )
         ref = run.spec.ref
         try:
             key = idempotency_key(tool, ref.tenant, ref.run_id, step.id, iteration, args)
@@ -332,7 +345,7 @@ class AttemptRunner:
     async def _model_attempt(
         self, run: RunContext, step: ModelStep, n: AttemptNo, prompt: str, t0: float
     ) -> AttemptFinished:
-        if run.totals.model_calls >= run.spec.definition.budget.max_model_calls:
+        if run.totals.model_calls >= run.spec.max_model_calls:
             return await self._finish(
                 run,
                 step.id,
@@ -340,6 +353,22 @@ class AttemptRunner:
                 AttemptState.FAILED,
                 t0,
                 error="the run's model-call budget is spent",
+            )
+        cap = run.spec.max_tokens
+        used = run.totals.prompt_tokens + run.totals.completion_tokens
+        # A bound, not an estimate: a byte-level tokenizer gives at most one prompt token
+        # per UTF-8 byte, and the endpoint gives at most max_tokens of completion.
+        if cap is not None and used + len(prompt.encode()) + step.max_tokens > cap:
+            return await self._finish(
+                run,
+                step.id,
+                n,
+                AttemptState.FAILED,
+                t0,
+                error=(
+                    f"the run's token budget ({cap}) cannot cover this call: {used} used, up to "
+                    f"{len(prompt.encode())} prompt and {step.max_tokens} completion tokens"
+                ),
             )
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
         try:

@@ -87,6 +87,26 @@ class RunSpec:
         """The log key of this run's branch."""
         return BranchKey(self.ref.tenant, self.stream or self.ref.run_id, self.branch)
 
+    @property
+    def max_model_calls(self) -> int:
+        """The run's model-call ceiling: the workflow's, or a rollout sibling's lower cap."""
+        ceiling = self.definition.budget.max_model_calls
+        rollout = self.ref.rollout
+        if rollout is not None and rollout.max_model_calls is not None:
+            return min(ceiling, rollout.max_model_calls)
+        return ceiling
+
+    @property
+    def max_tokens(self) -> int | None:
+        """A rollout sibling's token ceiling (None: the run has none)."""
+        return self.ref.rollout.max_tokens if self.ref.rollout is not None else None
+
+    @property
+    def speculative(self) -> bool:
+        """A rollout sibling: it calls no unsafe tool that reaches outside its own sandbox
+        workspace — N siblings would repeat the effect N times (§13)."""
+        return self.ref.rollout is not None
+
 
 class Cancelled(Exception):
     """Work stopped because its cancel scope was cancelled."""

@@ -47,11 +47,27 @@ from assay.messages.models import (
     VerifierResult,
     WorkflowRegistered,
     run_graded_v1_to_v2,
+    run_ref_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_spawned_v1_to_v2,
+    task_submitted_v1_to_v2,
     usage_recorded_v1_to_v2,
     variant_aggregate_v1_to_v2,
+)
+from assay.messages.rollout_spec import (
+    RolloutBudget,
+    RolloutRef,
+    RolloutSpec,
+    SelectionPolicy,
+)
+from assay.messages.rollouts import (
+    CancelRollout,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutResult,
+    SelectionRecord,
+    SiblingResult,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -66,6 +82,10 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         GroupDue,
         RunGraded,
         RunResult,
+        RolloutProgress,
+        CancelRollout,
+        RolloutClosed,
+        RolloutResult,
         CancelRun,
         RewindRun,
         BranchRun,
@@ -80,6 +100,13 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
 """Every message type that travels on a topic, at its current version."""
 
 MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
+MESSAGES.upcaster("TaskSubmitted", 1)(task_submitted_v1_to_v2)
+MESSAGES.upcaster("RunSpawned", 2)(run_ref_unchanged)
+MESSAGES.upcaster("RunStatusChanged", 1)(run_ref_unchanged)
+MESSAGES.upcaster("AttemptIndeterminate", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunExecuted", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunVerified", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunGraded", 2)(run_ref_unchanged)
 MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
 MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
@@ -97,6 +124,7 @@ __all__ = [
     "BranchDelta",
     "BranchRun",
     "BranchTree",
+    "CancelRollout",
     "CancelRun",
     "ChallengerRejected",
     "Elision",
@@ -111,6 +139,12 @@ __all__ = [
     "ReducedEpisode",
     "RewindRun",
     "Role",
+    "RolloutBudget",
+    "RolloutClosed",
+    "RolloutProgress",
+    "RolloutRef",
+    "RolloutResult",
+    "RolloutSpec",
     "RunExecuted",
     "RunGraded",
     "RunRef",
@@ -119,6 +153,9 @@ __all__ = [
     "RunStatusChanged",
     "RunVerified",
     "SchemaRegistry",
+    "SelectionPolicy",
+    "SelectionRecord",
+    "SiblingResult",
     "SignalRun",
     "StrengthSummary",
     "TaskSubmitted",
