@@ -453,7 +453,7 @@ async def test_a_rollout_sibling_calls_no_unsafe_tool_outside_its_sandbox(
     (attempt,) = episode.attempts
     assert attempt.state is AttemptState.FAILED
     assert attempt.error is not None
-    assert "rollout sibling publishes none" in attempt.error
+    assert "a rollout sibling or a shadow run never publishes" in attempt.error
     assert intents([r.event for r in await work_log.read(spec.key)]) == []
     assert sink.calls == []
 
@@ -504,3 +504,24 @@ async def test_a_rollout_siblings_token_cap_refuses_a_call_it_cannot_cover(
     assert attempt.error is not None
     assert "token budget (12) cannot cover this call" in attempt.error
     assert episode.usage.model_calls == 0
+
+
+async def test_a_shadow_run_calls_no_unsafe_tool_outside_its_sandbox(work_log: EventLog) -> None:
+    """Shadow replay re-executes a task the current version served: its effects would repeat."""
+    sink = EffectSink()
+    spec = spec_for(one_tool_workflow("charge"))
+    shadow = spec.ref.model_copy(update={"purpose": Purpose.SHADOW, "role": Role.CHALLENGER})
+    spec = RunSpec(ref=shadow, definition=spec.definition, input=spec.input, branch=spec.branch)
+    driver = Driver(StubModel(), toolset(sink, Behaviour()))
+    (attempt,) = (await driver.drive(spec, LogJournal(work_log))).attempts
+    assert attempt.state is AttemptState.FAILED
+    assert sink.calls == []
+    idempotent = spec_for(one_tool_workflow("put"))  # an idempotent effect is not refused
+    idempotent = RunSpec(
+        ref=idempotent.ref.model_copy(update={"purpose": Purpose.SHADOW}),
+        definition=idempotent.definition,
+        input=idempotent.input,
+        branch=idempotent.branch,
+    )
+    (put,) = (await driver.drive(idempotent, LogJournal(work_log))).attempts
+    assert put.state is AttemptState.SUCCEEDED

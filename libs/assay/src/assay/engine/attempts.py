@@ -215,8 +215,9 @@ class AttemptRunner:
                 AttemptState.FAILED,
                 t0,
                 error=(
-                    f"tool {step.tool!r} has unsafe effects outside the sandbox, and a rollout "
-                    "sibling publishes none: they would repeat in every sibling (DESIGN §13)"
+                    f"tool {step.tool!r} has unsafe effects outside the sandbox, which a rollout "
+                    "sibling or a shadow run never publishes: they would repeat effects the "
+                    "task already had (DESIGN §12, §13)"
                 ),
             )
         ref = run.spec.ref

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from assay.kernel.ids import BranchId, Lsn, StepId
 from assay.kernel.schema import Versioned
 from assay.messages.episode import AttemptView
-from assay.messages.models import RunRef, Usage
+from assay.messages.models import Purpose, RunRef, Usage
 from assay.record.events import BranchKey, Event, LogRecord
 from assay.sandbox.port import Workspace
 from assay.store.ports import Checkpoint
@@ -103,9 +103,10 @@ class RunSpec:
 
     @property
     def speculative(self) -> bool:
-        """A rollout sibling: it calls no unsafe tool that reaches outside its own sandbox
-        workspace — N siblings would repeat the effect N times (§13)."""
-        return self.ref.rollout is not None
+        """A rollout sibling or a shadow run: it calls no unsafe tool that reaches outside its
+        own sandbox workspace — N siblings would repeat the effect N times (§13), and a
+        shadow run re-executes a task the current version already served (§12.4)."""
+        return self.ref.rollout is not None or self.ref.purpose is Purpose.SHADOW
 
 
 class Cancelled(Exception):
