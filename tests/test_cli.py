@@ -23,6 +23,7 @@ ARITH_V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
 ASSAY = Path(sys.executable).parent / "assay"
 TASK = '{"question": "2 + 3", "answer": "5"}'
 TENANT = "6f1c2b9e-8d0a-4c4e-9a57-0e1d2c3b4a59"
+BT_ROWS = "a,b,winner\nx,y,a\ny,x,draw\nx,z,b\nz,y,a\ny,z,a\nz,x,draw\n"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,16 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "  - {id: x, kind: tool, tool: strip, args: {text: a}}\n"
     )
     (root / "rebuild_empty" / "data").mkdir(parents=True)
+    rows = root / "rows.csv"
+    rows.write_text(BT_ROWS)
+    counts = root / "counts.csv"
+    counts.write_text(
+        "a,b,a_wins,b_wins,draws\nx,y,3,1,1\ny,z,2,2,0\nx,z,1,2,0\n",
+    )
+    bad_row = root / "bad-row.csv"
+    bad_row.write_text("a,b,winner\nx,y,a\nx,y,x\n")
+    separated = root / "separated.csv"
+    separated.write_text("x,y,a\nx,z,a\ny,z,b\nz,y,a\n")
     v2 = str(ARITH_V2)
     return {
         "run_ok": ["run", v2, "--input", TASK],
@@ -96,6 +107,15 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "demo_one_workflow": ["demo", "--workflows", v2, "--no-progress"],
         "demo_bad_ladder": ["demo", "--no-progress"],
         "register_bad_parent": ["register", v2, "--tenant", TENANT, "--parent", "v1"],
+        "bt_rows": ["grade", "bt", "--input", str(rows)],
+        "bt_counts": ["grade", "bt", "--input", str(counts), "--anchor", "y", "--ties", "davidson"],
+        "bt_missing": ["grade", "bt", "--input", str(root / "missing.csv")],
+        "bt_bad_row": ["grade", "bt", "--input", str(bad_row)],
+        "bt_unknown_anchor": ["grade", "bt", "--input", str(rows), "--anchor", "nobody"],
+        "bt_separated": ["grade", "bt", "--input", str(separated), "--prior-precision", "0"],
+        "sprt": ["grade", "sprt", "--simulate-p", "0.7", "--reps", "4000", "--seed", "1"],
+        "sprt_wald": ["grade", "sprt", "--simulate-p", "0.5", "--reps", "2000", "--wald"],
+        "sprt_bad": ["grade", "sprt", "--simulate-p", "0.6", "--p1", "0.4"],
     }
 
 
@@ -312,3 +332,84 @@ def test_ladder_where_no_workflow_was_registered_is_one_line(runs: Runs) -> None
 
 def test_ladder_with_a_tenant_that_is_not_a_uuid_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs.done["ladder_bad_tenant"], "--tenant must be a UUID")
+
+
+# -- assay grade -------------------------------------------------------------------------------
+
+
+def strengths(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
+    """The `grade bt` document: exactly name -> {strength, se, interval}."""
+    assert proc.returncode == 0, proc.stderr
+    doc: dict[str, dict[str, object]] = json.loads(proc.stdout)
+    for entry in doc.values():
+        assert set(entry) == {"strength", "se", "interval"}
+    return doc
+
+
+def test_grade_bt_prints_strengths_against_the_first_player(runs: Runs) -> None:
+    doc = strengths(runs["bt_rows"])
+    assert list(doc) == ["x", "y", "z"]
+    assert doc["x"] == {"strength": 0.0, "se": 0.0, "interval": [0.0, 0.0]}
+    assert "tie parameter" in runs["bt_rows"].stderr
+    assert "6 comparisons" in runs["bt_rows"].stderr
+
+
+def test_grade_bt_reads_counts_and_pins_the_named_anchor(runs: Runs) -> None:
+    doc = strengths(runs["bt_counts"])
+    assert doc["y"]["strength"] == 0.0
+    assert "anchor y" in runs["bt_counts"].stderr
+
+
+def test_grade_bt_reads_stdin(runs: Runs) -> None:
+    proc = subprocess.run(
+        [str(ASSAY), "grade", "bt", "--input", "-"],
+        input=BT_ROWS,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert strengths(proc) == strengths(runs["bt_rows"])
+
+
+def test_grade_bt_of_a_missing_file_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["bt_missing"], "cannot read", "missing.csv")
+
+
+def test_grade_bt_names_the_line_of_a_malformed_row(runs: Runs) -> None:
+    assert_usage_error(runs["bt_bad_row"], "bad-row.csv:3", "winner must be a, b or draw")
+
+
+def test_grade_bt_with_an_unknown_anchor_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["bt_unknown_anchor"], "unknown anchor 'nobody'")
+
+
+def test_grade_bt_of_separated_data_without_a_prior_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["bt_separated"], "'x' won every comparison", "prior_precision > 0")
+
+
+def test_grade_sprt_prints_the_cost_beside_the_fixed_n_test(runs: Runs) -> None:
+    proc = runs["sprt"]
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["fixed_n"] == 67
+    assert doc["ratio"] == pytest.approx(doc["simulated"]["mean_n"] / 67)
+    assert doc["ratio"] < 0.55
+    assert set(doc["simulated"]["quantiles"]) == {"p50", "p90", "p99"}
+    assert doc["simulated"]["accept_rate"] + doc["simulated"]["reject_rate"] == 1.0
+    assert doc["exact"]["accept_rate"] == pytest.approx(0.95, abs=0.005)
+    bounds = doc["boundaries"]
+    assert bounds["wald_lower"] < bounds["lower"] < 0 < bounds["upper"] < bounds["wald_upper"]
+    assert doc["policy"]["calibrated"] is True
+
+
+def test_grade_sprt_with_wald_uses_walds_boundaries(runs: Runs) -> None:
+    proc = runs["sprt_wald"]
+    assert proc.returncode == 0, proc.stderr
+    bounds = json.loads(proc.stdout)["boundaries"]
+    assert bounds["upper"] == bounds["wald_upper"]
+    assert bounds["lower"] == bounds["wald_lower"]
+
+
+def test_grade_sprt_with_an_inconsistent_policy_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["sprt_bad"], "invalid SPRT policy", "p1 must exceed p0")

@@ -359,6 +359,41 @@ def _rollback_of(record: Any, tenant: str, version: str) -> bool:
     )
 
 
+async def test_a_rollout_group_is_run_and_selected_end_to_end(deployment: Deployment) -> None:
+    """A task with a rollout spec, produced by a plain Kafka client: its siblings run on
+    the six stage processes and one RolloutResult comes back."""
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    task = dict(TASKS[0], idempotency_key="rollout-1")
+    task["rollout"] = {
+        "n": 4,
+        "budget": {"max_concurrency": 2, "run_max_model_calls": 2, "group_max_model_calls": 6},
+    }
+    await produce(d.bootstrap, task_records(tenant, [task]))
+
+    def done(records: list[Any]) -> bool:
+        return any(
+            json.loads(r.value)["payload"].get("idempotency_key") == "rollout-1"
+            and json.loads(r.value)["payload"]["tenant"] == tenant
+            for r in records
+        )
+
+    records = await read_topic(d.bootstrap, "assay.results", done, 180)
+    results = [
+        json.loads(r.value) for r in records if json.loads(r.value)["payload"]["tenant"] == tenant
+    ]
+    assert len({body["id"] for body in results}) == 1, "one result for the task"
+    body = results[0]
+    assert body["type"] == "RolloutResult"
+    result = body["payload"]
+    assert result["admitted"] == 3  # six group calls at two a sibling
+    assert len(result["siblings"]) == 3
+    assert result["peak_concurrency"] <= 2
+    assert result["model_calls"] <= 6
+    assert len(result["pass_at_k"]) == sum(s["ended"] == "verified" for s in result["siblings"])
+    assert result["selection"]["policy"] == "verifier_then_judge"
+
+
 async def test_poison_on_the_task_topic_is_dead_lettered_and_the_pipeline_goes_on(
     deployment: Deployment,
 ) -> None:

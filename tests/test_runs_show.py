@@ -610,7 +610,9 @@ def test_the_json_keys_are_stable() -> None:
         "usage",
         "episode",
         "branches",
+        "branchings",  # added within version 1: keys are added, never renamed or removed
     ]
+    assert doc["branchings"] == []
     zero, one = doc["branches"]
     assert list(zero) == [
         "branch",

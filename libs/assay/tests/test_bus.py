@@ -60,6 +60,9 @@ from assay.messages import (
     MESSAGES,
     AllocationChanged,
     AttemptIndeterminate,
+    BranchChild,
+    BranchRun,
+    CancelRollout,
     CancelRun,
     ChallengerRejected,
     Envelope,
@@ -69,6 +72,10 @@ from assay.messages import (
     RewindRun,
     Role,
     RolledBack,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutResult,
+    RolloutSpec,
     RunExecuted,
     Rung,
     RunGraded,
@@ -77,8 +84,10 @@ from assay.messages import (
     RunSpawned,
     RunStatusChanged,
     RunVerified,
+    SelectionRecord,
     SignalRun,
     TaskSubmitted,
+    ToolUnavailableDelta,
     Usage,
     UsageRecorded,
     VariantAggregate,
@@ -495,7 +504,7 @@ def test_envelope_round_trips_through_its_wire_body() -> None:
     opened = open_envelope(body)
     assert opened == env
     assert MESSAGES.decode(opened.type, opened.schema_version, opened.payload) == msg
-    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 1, TENANT)
+    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 2, TENANT)
 
 
 def test_headers_mirror_the_envelope_fields() -> None:
@@ -509,7 +518,7 @@ def test_headers_mirror_the_envelope_fields() -> None:
         assert value == str(fields[name]).encode()
     assert headers["id"] == env.id.encode()
     assert headers["tenant"] == str(TENANT).encode()
-    assert headers["schema_version"] == b"1"
+    assert headers["schema_version"] == b"2"
     assert datetime.fromisoformat(headers["occurred_at"].decode()) == env.occurred_at
 
     child = sealed(task("other"), cause=env)
@@ -605,6 +614,17 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
         (CancelRun(tenant=TENANT, run_id=RunId(RUN), reason="stop"), f"{t}:{RUN}"),
         (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),
+        (
+            BranchRun(
+                tenant=TENANT,
+                run_id=RunId(RUN),
+                at_step=StepId("plan"),
+                children=[
+                    BranchChild(deltas=[ToolUnavailableDelta(kind="tool_unavailable", tool="x")])
+                ],
+            ),
+            f"{t}:{RUN}",
+        ),
         (SignalRun(tenant=TENANT, run_id=RunId(RUN), signal="approval"), f"{t}:{RUN}"),
         (
             AttemptIndeterminate(
@@ -618,6 +638,63 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             f"{t}:{TASK}",
         ),
         (GroupDue(tenant=TENANT, task_id=TaskId(TASK), passed=True, epoch=0), f"{t}:{TASK}"),
+        (
+            RolloutProgress(
+                tenant=TENANT,
+                idempotency_key="idem-1",
+                run_id=RunId(RUN),
+                index=0,
+                ended="verified",
+                model_calls=1,
+            ),
+            f"{t}:idem-1",
+        ),
+        (CancelRollout(tenant=TENANT, idempotency_key="idem-1"), f"{t}:idem-1"),
+        (
+            RolloutClosed(
+                tenant=TENANT,
+                task_id=TaskId(TASK),
+                idempotency_key="idem-1",
+                workflow_id=WorkflowId(WORKFLOW),
+                workflow_version=WorkflowVersion(VERSION),
+                spec=RolloutSpec(n=2),
+                admitted=2,
+                runs=[],
+                cancelled=[],
+                reason="completed",
+                model_calls=0,
+                peak_concurrency=0,
+            ),
+            f"{t}:{TASK}",
+        ),
+        (
+            RolloutResult(
+                tenant=TENANT,
+                idempotency_key="idem-1",
+                task_id=TaskId(TASK),
+                workflow_id=WorkflowId(WORKFLOW),
+                workflow_version=WorkflowVersion(VERSION),
+                mode="evaluation",
+                requested=2,
+                admitted=0,
+                siblings=[],
+                passes=0,
+                pass_at_k=[],
+                best_of_n_passed=False,
+                winner=None,
+                selection=SelectionRecord(
+                    policy="verifier_then_judge",
+                    policy_version=1,
+                    decided_by="none",
+                    evidence="no sibling ran",
+                    judge_calls=0,
+                ),
+                closed="completed",
+                model_calls=0,
+                peak_concurrency=0,
+            ),
+            f"{t}:idem-1",
+        ),
         (RunGraded(run=ref, passed=True, score=ungraded), f"{t}:{VERSION}"),
         (
             RunResult(

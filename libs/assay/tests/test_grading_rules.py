@@ -29,11 +29,12 @@ from assay.workflow import RubricItem
 
 
 @pytest.mark.parametrize(("alpha", "beta"), [(0.05, 0.10), (0.01, 0.2), (0.1, 0.1), (0.2, 0.05)])
-def test_boundaries_are_walds(alpha: float, beta: float) -> None:
-    policy = SprtPolicy(alpha=alpha, beta=beta)
-    assert policy.upper == pytest.approx(math.log((1 - beta) / alpha))
-    assert policy.lower == pytest.approx(math.log(beta / (1 - alpha)))
-    assert policy.lower < 0 < policy.upper
+def test_boundaries_are_walds_unless_calibrated(alpha: float, beta: float) -> None:
+    wald = SprtPolicy(alpha=alpha, beta=beta, calibrated=False)
+    assert wald.upper == wald.wald_upper == pytest.approx(math.log((1 - beta) / alpha))
+    assert wald.lower == wald.wald_lower == pytest.approx(math.log(beta / (1 - alpha)))
+    calibrated = SprtPolicy(alpha=alpha, beta=beta)
+    assert wald.lower <= calibrated.lower < 0 < calibrated.upper <= wald.upper
 
 
 @pytest.mark.parametrize(("p0", "p1"), [(0.5, 0.5), (0.6, 0.5), (0.7, 0.3)])
@@ -141,7 +142,8 @@ def simulate(policy: SprtPolicy, win_rate: float, seed: int) -> tuple[float, flo
 
 
 POLICIES = [
-    pytest.param(SprtPolicy(), id="p0=.5,p1=.7,a=.05,b=.10"),
+    pytest.param(SprtPolicy(), id="p0=.5,p1=.7,a=b=.05"),
+    pytest.param(SprtPolicy(beta=0.10, calibrated=False), id="wald,p0=.5,p1=.7,a=.05,b=.10"),
     pytest.param(SprtPolicy(p0=0.5, p1=0.6, alpha=0.05, beta=0.05), id="p0=.5,p1=.6,a=b=.05"),
 ]
 
@@ -166,7 +168,7 @@ def test_a_clearly_better_challenger_is_accepted_quickly() -> None:
     policy = SprtPolicy()
     accept, _, mean_n = simulate(policy, 0.9, seed=7)
     assert accept >= 0.99
-    assert mean_n < 15  # Wald: about upper / E[step] = 2.89 / 0.25 ≈ 11.5, plus overshoot
+    assert mean_n < 15  # about upper / E[step] = 2.81 / 0.25 ≈ 11.1, plus overshoot
 
 
 # -- episodes for the pairwise tests ----------------------------------------------------------

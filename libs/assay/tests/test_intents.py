@@ -46,7 +46,7 @@ from assay.kernel import (
     tenant_id,
 )
 from assay.kernel.schema import Versioned
-from assay.messages import AttemptIndeterminate, Purpose, Role, RunRef
+from assay.messages import AttemptIndeterminate, Purpose, Role, RolloutRef, RunRef
 from assay.record import BranchKey, Event, StateKey
 from assay.store.ports import EventLog
 from assay.workflow import WorkflowDef
@@ -435,3 +435,93 @@ def test_attempt_started_records_the_arguments_recovery_needs() -> None:
         step=StepId("act"), attempt=AttemptNo(1), iteration=0, args={"item": "x"}
     )
     assert started.args == {"item": "x"}
+
+
+async def test_a_rollout_sibling_calls_no_unsafe_tool_outside_its_sandbox(
+    work_log: EventLog,
+) -> None:
+    """N siblings would repeat the effect N times: the attempt fails, no intent is written."""
+    sink = EffectSink()
+    spec = spec_for(one_tool_workflow("charge"))
+    sibling = spec.ref.model_copy(
+        update={"rollout": RolloutRef(group="g", index=0, size=3, mode="best_of_n")}
+    )
+    spec = RunSpec(ref=sibling, definition=spec.definition, input=spec.input, branch=spec.branch)
+    episode = await Driver(StubModel(), toolset(sink, Behaviour())).drive(
+        spec, LogJournal(work_log)
+    )
+    (attempt,) = episode.attempts
+    assert attempt.state is AttemptState.FAILED
+    assert attempt.error is not None
+    assert "a rollout sibling or a shadow run never publishes" in attempt.error
+    assert intents([r.event for r in await work_log.read(spec.key)]) == []
+    assert sink.calls == []
+
+
+async def test_a_rollout_siblings_model_calls_stop_at_its_cap(work_log: EventLog) -> None:
+    wf = WorkflowDef.model_validate(
+        {
+            "id": "wf-model",
+            "steps": [
+                {"id": "ask", "kind": "model", "prompt": "first"},
+                {"id": "again", "kind": "model", "prompt": "second"},
+            ],
+        }
+    )
+    spec = spec_for(wf)
+    capped = spec.ref.model_copy(
+        update={
+            "rollout": RolloutRef(group="g", index=0, size=2, mode="evaluation", max_model_calls=1)
+        }
+    )
+    spec = RunSpec(ref=capped, definition=wf, input=spec.input, branch=spec.branch)
+    episode = await Driver(StubModel(), {}).drive(spec, LogJournal(work_log))
+    assert [(a.step, a.state) for a in episode.attempts] == [
+        ("ask", AttemptState.SUCCEEDED),
+        ("again", AttemptState.FAILED),
+    ]
+    assert episode.attempts[1].error == "the run's model-call budget is spent"
+    assert episode.usage.model_calls == 1
+
+
+async def test_a_rollout_siblings_token_cap_refuses_a_call_it_cannot_cover(
+    work_log: EventLog,
+) -> None:
+    wf = WorkflowDef.model_validate(
+        {
+            "id": "wf-tokens",
+            "steps": [{"id": "ask", "kind": "model", "prompt": "hello", "max_tokens": 8}],
+        }
+    )
+    spec = spec_for(wf)
+    capped = spec.ref.model_copy(
+        update={"rollout": RolloutRef(group="g", index=0, size=2, mode="evaluation", max_tokens=12)}
+    )
+    spec = RunSpec(ref=capped, definition=wf, input=spec.input, branch=spec.branch)
+    episode = await Driver(StubModel(), {}).drive(spec, LogJournal(work_log))
+    (attempt,) = episode.attempts  # 5 prompt bytes + 8 completion tokens > 12
+    assert attempt.state is AttemptState.FAILED
+    assert attempt.error is not None
+    assert "token budget (12) cannot cover this call" in attempt.error
+    assert episode.usage.model_calls == 0
+
+
+async def test_a_shadow_run_calls_no_unsafe_tool_outside_its_sandbox(work_log: EventLog) -> None:
+    """Shadow replay re-executes a task the current version served: its effects would repeat."""
+    sink = EffectSink()
+    spec = spec_for(one_tool_workflow("charge"))
+    shadow = spec.ref.model_copy(update={"purpose": Purpose.SHADOW, "role": Role.CHALLENGER})
+    spec = RunSpec(ref=shadow, definition=spec.definition, input=spec.input, branch=spec.branch)
+    driver = Driver(StubModel(), toolset(sink, Behaviour()))
+    (attempt,) = (await driver.drive(spec, LogJournal(work_log))).attempts
+    assert attempt.state is AttemptState.FAILED
+    assert sink.calls == []
+    idempotent = spec_for(one_tool_workflow("put"))  # an idempotent effect is not refused
+    idempotent = RunSpec(
+        ref=idempotent.ref.model_copy(update={"purpose": Purpose.SHADOW}),
+        definition=idempotent.definition,
+        input=idempotent.input,
+        branch=idempotent.branch,
+    )
+    (put,) = (await driver.drive(idempotent, LogJournal(work_log))).attempts
+    assert put.state is AttemptState.SUCCEEDED

@@ -13,6 +13,7 @@ from pydantic import Field
 from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinished, RunStarted
 from assay.engine.events import (
     ArchivedBranch,
+    BranchTreeRecorded,
     CancelRequested,
     Forked,
     GradingEnded,
@@ -58,16 +59,29 @@ from assay.messages import (
     MESSAGES,
     AllocationChanged,
     AttemptIndeterminate,
+    BranchChild,
+    BranchRun,
+    BranchTree,
+    CancelRollout,
     CancelRun,
     ChallengerRejected,
     GroupDue,
     HeldOutTally,
+    InjectPlanDelta,
     Ladder,
+    ModelParamsDelta,
     Promoted,
+    PromptDelta,
     Purpose,
     RewindRun,
     Role,
     RolledBack,
+    RolloutBudget,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutRef,
+    RolloutResult,
+    RolloutSpec,
     RunExecuted,
     Rung,
     RunGraded,
@@ -76,14 +90,25 @@ from assay.messages import (
     RunSpawned,
     RunStatusChanged,
     RunVerified,
+    SelectionRecord,
+    SiblingResult,
     SignalRun,
     StrengthSummary,
     TaskSubmitted,
+    ToolUnavailableDelta,
     Usage,
     UsageRecorded,
     VariantAggregate,
     VerifierResult,
     WorkflowRegistered,
+)
+from assay.messages.branching import (
+    AnyDelta,
+    BranchBoundary,
+    BranchOutcome,
+    BranchTreeChild,
+    Divergence,
+    StageAttribution,
 )
 from assay.record import (
     Delete,
@@ -100,6 +125,7 @@ from assay_aggregate.stage import VersionTallied
 from assay_decide import DECIDE_EVENTS
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
+from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
 from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
 from assay_tournament.events import (
@@ -107,8 +133,11 @@ from assay_tournament.events import (
     GradingMetered,
     GroupClosed,
     GroupJoined,
+    JudgeAnswered,
     ReferenceSet,
+    RolloutSelected,
     RunScored,
+    SiblingWaiting,
 )
 from assay_verify import VERIFY_EVENTS
 from assay_verify.stage import RunVerdictRecorded
@@ -308,6 +337,25 @@ REF = RunRef(
     reference_expected=True,
     held_out=True,
 )
+SPEC = RolloutSpec(
+    n=6,
+    mode="best_of_n",
+    admit=5,
+    budget=RolloutBudget(
+        max_concurrency=2, run_max_model_calls=2, group_max_model_calls=10, deadline_s=600
+    ),
+)
+SIBLING = REF.model_copy(
+    update={
+        "role": Role.CURRENT,
+        "purpose": Purpose.WORK,
+        "baseline_version": None,
+        "reference_expected": False,
+        "rollout": RolloutRef(
+            group="order-18", index=1, size=5, mode="best_of_n", max_model_calls=2
+        ),
+    }
+)
 RESULT = VerifierResult(
     verifier="correct", kind="exact", verifier_version="1", passed=True, evidence="4 == 4"
 )
@@ -358,6 +406,45 @@ VERIFIED = RunVerified(
     run=REF, episode="blob:abc", passed=True, results=[RESULT], usage=USAGE, executed=True
 )
 
+DELTAS: list[AnyDelta] = [
+    PromptDelta(kind="prompt", step=StepId("solve"), prompt="Solve {{ task.question }}."),
+    ModelParamsDelta(kind="model_params", step=StepId("solve"), max_tokens=64, max_attempts=2),
+    ToolUnavailableDelta(kind="tool_unavailable", tool="search"),
+    InjectPlanDelta(kind="inject_plan", plan="Restate the problem, then solve it."),
+]
+OUTCOME = BranchOutcome(
+    status="failed",
+    failed_step=StepId("check"),
+    usage=USAGE,
+    usage_after_boundary=Usage(model_calls=1, prompt_tokens=20, completion_tokens=4),
+    episode="blob:abc",
+)
+TREE = BranchTree(
+    kind="assay-branch",
+    tenant=TENANT,
+    run_id=RUN,
+    command="m-2",
+    reason="ablation",
+    workflow_id=WF,
+    workflow_version=V2,
+    boundary=BranchBoundary(step=StepId("plan"), branch=0, at=5),
+    parent=OUTCOME.model_copy(update={"status": "succeeded", "failed_step": None, "output": "4"}),
+    children=[
+        BranchTreeChild(
+            child=1,
+            branch=1,
+            label="no search",
+            deltas=[DELTAS[2]],
+            outcome=OUTCOME,
+            diverged_at=Divergence(
+                step=StepId("check"), iteration=0, why="it failed here and succeeded in the parent"
+            ),
+            result="blob:def",
+        )
+    ],
+    attribution=[StageAttribution(step=StepId("check"), children=[1])],
+)
+
 MESSAGE_EXAMPLES: list[Versioned] = [
     TaskSubmitted(
         tenant=TENANT,
@@ -366,12 +453,100 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         input={"question": "2+2", "answer": "4"},
         task_key="arith/2+2",
     ),
+    TaskSubmitted(
+        tenant=TENANT,
+        workflow_id=WF,
+        idempotency_key="order-18",
+        input={"question": "17 * 23", "answer": "391"},
+        rollout=SPEC,
+    ),
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, rewrite=True),
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, parents=[V1, V2]),
+    RunSpawned(run=SIBLING, definition=DEFINITION, input={"question": "17 * 23"}),
+    RunVerified(
+        run=SIBLING, episode="blob:def", passed=True, results=[RESULT], usage=USAGE, executed=True
+    ),
+    RolloutProgress(
+        tenant=TENANT,
+        idempotency_key="order-18",
+        run_id=RUN,
+        index=1,
+        ended="verified",
+        model_calls=2,
+    ),
+    CancelRollout(tenant=TENANT, idempotency_key="order-18", reason="enough"),
+    RolloutClosed(
+        tenant=TENANT,
+        task_id=TASK,
+        idempotency_key="order-18",
+        workflow_id=WF,
+        workflow_version=V1,
+        spec=SPEC,
+        admitted=5,
+        runs=[RUN, OTHER_RUN],
+        cancelled=[OTHER_RUN],
+        reason="cancelled",
+        detail="enough",
+        model_calls=3,
+        peak_concurrency=2,
+    ),
+    RolloutResult(
+        tenant=TENANT,
+        idempotency_key="order-18",
+        task_id=TASK,
+        workflow_id=WF,
+        workflow_version=V1,
+        mode="best_of_n",
+        requested=6,
+        admitted=5,
+        siblings=[
+            SiblingResult(
+                run_id=RUN,
+                index=0,
+                ended="verified",
+                passed=True,
+                verification=[RESULT],
+                usage=USAGE,
+                rank=Ranked(strength=0.4, interval=(-0.9, 1.7), group_size=2, anchored=False),
+            ),
+            SiblingResult(
+                run_id=OTHER_RUN,
+                index=1,
+                ended="cancelled",
+                passed=False,
+                verification=[],
+                usage=USAGE,
+            ),
+        ],
+        passes=1,
+        pass_at_k=[1.0],
+        best_of_n_passed=True,
+        winner=RUN,
+        output="391",
+        selection=SelectionRecord(
+            policy="verifier_then_judge",
+            policy_version=1,
+            decided_by="verifier",
+            evidence="sibling #0 alone passed without a Core violation",
+            judge_calls=0,
+        ),
+        closed="cancelled",
+        detail="enough",
+        model_calls=3,
+        peak_concurrency=2,
+    ),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
     RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
+    BranchRun(
+        tenant=REF.tenant,
+        run_id=REF.run_id,
+        at_step=StepId("plan"),
+        branch=0,
+        children=[BranchChild(deltas=[d], label=d.kind) for d in DELTAS],
+        reason="ablation",
+    ),
     SignalRun(tenant=REF.tenant, run_id=REF.run_id, signal="approval", payload="ok"),
     AttemptIndeterminate(
         run=REF,
@@ -528,6 +703,17 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             Suspended(step=StepId("ask"), iteration=0, signal="approval", deadline_ms=1),
             Signalled(step=StepId("ask"), iteration=0, signal="approval", payload="ok"),
             Forked(from_branch=0, at=3, reason="retry", command="m-1", discarded_effects=["r"]),
+            Forked(
+                from_branch=0,
+                at=5,
+                reason="ablation",
+                command="m-2",
+                deltas=DELTAS,
+                child=2,
+                after_step=StepId("plan"),
+                label="all four",
+            ),
+            BranchTreeRecorded(tree_ref="blob:ghi", tree=TREE),
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
@@ -590,6 +776,11 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 held_out=True,
                 held_out_draw=0.07,
             ),
+            RolloutAdmitted(group="order-18", input={"question": "17 * 23", "answer": "391"}),
+            RolloutUpdated(
+                group="order-18",
+                doc={"task_id": TASK, "admitted": 5, "runs": [], "spent": 0, "closed": False},
+            ),
         ],
     ),
     "verify": (
@@ -638,6 +829,10 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             GradingMetered(
                 meter={"day": "2026-11-29", "calls_today": 12, "by_purpose": {"compare": 12}}
             ),
+            SiblingWaiting(group="order-18", verified=VERIFIED.model_dump(mode="json")),
+            RolloutSelected(group="order-18", result={"winner": RUN, "passes": 1}),
+            JudgeAnswered(key=f"order-18/{RUN}/{OTHER_RUN}", verdict="b"),
+            JudgeAnswered(key=f"order-18/{RUN}", violations=[]),
         ],
     ),
     "aggregate": (

@@ -1121,6 +1121,15 @@ async def test_blob_put_is_content_addressed(blobs: BlobStore) -> None:
     assert await blobs.get(tenant, await blobs.put(tenant, b"")) == b""
 
 
+async def test_concurrent_puts_of_one_content_all_succeed(blobs: BlobStore) -> None:
+    # Siblings of a rollout group write identical workspace snapshots at once.
+    tenant = new_tenant()
+    content = bytes(range(256)) * 4096
+    refs = await asyncio.gather(*(blobs.put(tenant, content) for _ in range(16)))
+    assert set(refs) == {blake3_hex(content)}
+    assert await blobs.get(tenant, refs[0]) == content
+
+
 async def test_blob_missing_and_deleted_read_as_none(blobs: BlobStore) -> None:
     tenant = new_tenant()
     assert await blobs.get(tenant, blake3_hex(b"never stored")) is None

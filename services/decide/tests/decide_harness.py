@@ -46,7 +46,7 @@ from assay.workflow import WorkflowDef, from_document
 
 TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000d1"))
 SHADOW_RATE = 0.25
-POLICY = SprtPolicy()  # accept at 9 straight wins, reject at 5 straight losses
+POLICY = SprtPolicy()  # accept at 9 straight wins, reject at 6 straight losses
 LADDER = LadderPolicy()  # trial at 5 clean shadow episodes, current after 5 clean trial ones
 
 

@@ -222,7 +222,7 @@ async def test_allocation_key_and_causation_follow_the_message(stage: Stage) -> 
 
 
 async def test_crossing_the_reject_boundary_rejects_the_challenger(contest: Stage) -> None:
-    record = WinRecord(judge_losses=3, verifier_losses=2)
+    record = WinRecord(judge_losses=4, verifier_losses=2)
     out = await contest.evidence(evidence(2, record=record))
     assert [type(m) for m in out] == [ChallengerRejected, AllocationChanged]
     rejected, alloc = out
@@ -266,14 +266,14 @@ async def test_evidence_before_any_registration_is_ignored(stage: Stage) -> None
 
 
 async def test_a_decided_challenger_is_not_decided_again(contest: Stage) -> None:
-    await contest.evidence(evidence(2, record=WinRecord(judge_losses=5)))
-    assert await contest.evidence(evidence(2, record=WinRecord(judge_losses=6))) == []
+    await contest.evidence(evidence(2, record=WinRecord(judge_losses=6)))
+    assert await contest.evidence(evidence(2, record=WinRecord(judge_losses=7))) == []
     assert await contest.evidence(evidence(2, record=WinRecord(judge_wins=20))) == []
     assert (await contest.allocation())["generation"] == 3
 
 
 async def test_after_a_rejection_a_new_version_can_challenge(contest: Stage) -> None:
-    await contest.evidence(evidence(2, record=WinRecord(judge_losses=5)))
+    await contest.evidence(evidence(2, record=WinRecord(judge_losses=6)))
     alloc = only_allocation(await contest.register(3))
     assert (alloc.generation, alloc.current, alloc.challenger) == (4, ir(1).version, ir(3).version)
     assert set(alloc.definitions) == {ir(1).version, ir(3).version}

@@ -20,6 +20,7 @@ from assay.bus import (
     GRADED,
     RESULTS,
     RUN_STATUS,
+    TASKS,
     USAGE,
     VERIFIED,
     BusMessage,
@@ -64,6 +65,10 @@ from assay.messages import (
     GroupDue,
     Purpose,
     Role,
+    RolloutClosed,
+    RolloutRef,
+    RolloutResult,
+    RolloutSpec,
     RunGraded,
     RunRef,
     RunResult,
@@ -114,6 +119,7 @@ class ScriptedJudge:
     screened: list[RunId] = field(default_factory=list)
     prefer_longer: bool = False
     fail_with: JudgeFailed | None = None
+    crash_after: int | None = None
 
     async def compare(
         self,
@@ -123,6 +129,9 @@ class ScriptedJudge:
         *,
         on_usage: UsageCallback | None = None,
     ) -> Verdict:
+        if self.crash_after is not None and len(self.compared) == self.crash_after:
+            self.crash_after = None
+            raise RuntimeError("the process died mid-selection")
         self.compared.append((a.run.run_id, b.run.run_id))
         if on_usage is not None:
             on_usage(JudgeUsage(self.name, 120, 4, 0.0002))
@@ -158,7 +167,10 @@ class Graded:
         return list(self.by_topic.get(GRADED, []))
 
     def results(self) -> list[RunResult]:
-        return list(self.by_topic.get(RESULTS, []))
+        return [r for r in self.by_topic.get(RESULTS, []) if isinstance(r, RunResult)]
+
+    def rollout_results(self) -> list[RolloutResult]:
+        return [r for r in self.by_topic.get(RESULTS, []) if isinstance(r, RolloutResult)]
 
     def statuses(self) -> list[RunStatusChanged]:
         return list(self.by_topic.get(RUN_STATUS, []))
@@ -726,7 +738,8 @@ async def test_a_group_closes_at_quorum_and_ranks_everyone_against_control(stage
     assert isinstance(control, Ranked)
     assert control.strength == 0.0
     order = sorted(runs, key=lambda r: scores[r.run_id].strength)  # type: ignore[union-attr]
-    assert [o.run_id for o in order] == [runs[i].run_id for i in (1, 0, 3, 2)]
+    # Two Swiss rounds: the shortest output lost both its pairs, the longest won both.
+    assert (order[0].run_id, order[-1].run_id) == (runs[1].run_id, runs[2].run_id)
     # 2 rounds of 2 pairs, both orderings; every call metered as grading.
     assert len(stage.judge.compared) == 8 == len(closing.usage())
     assert sum(g.judge_calls for g in closing.graded()) == 8
@@ -919,3 +932,65 @@ async def test_attempt_ranks_and_step_credit_reach_graded_and_results(stage: Sta
     assert result.step_credit == graded.step_credit
     assert result.step_credit[0].changed == ["prompt (1 -> 12 characters)"]
     assert run.purpose is Purpose.WORK
+
+
+# -- rollout selection ---------------------------------------------------------------------
+
+
+def sibling(task: TaskId, index: int, size: int = 4) -> RunRef:
+    return current(task, f"sib{index}").model_copy(
+        update={"rollout": RolloutRef(group="group-9", index=index, size=size, mode="best_of_n")}
+    )
+
+
+def closed(task: TaskId, runs: list[RunRef]) -> RolloutClosed:
+    return RolloutClosed(
+        tenant=TENANT,
+        task_id=task,
+        idempotency_key="group-9",
+        workflow_id=V1.id,
+        workflow_version=V1.version,
+        spec=RolloutSpec(n=len(runs)),
+        admitted=len(runs),
+        runs=[r.run_id for r in runs],
+        cancelled=[],
+        reason="completed",
+        model_calls=len(runs),
+        peak_concurrency=len(runs),
+    )
+
+
+async def test_rollout_siblings_wait_then_one_selection_is_published(stage: Stage) -> None:
+    t = task_id(20)
+    runs = [sibling(t, i) for i in range(4)]
+    for i, run in enumerate(runs):
+        out = await stage.verified(run, passed=i != 2, output="x" * (i + 1))
+        assert out.graded() == []
+        assert out.by_topic.get(RESULTS, []) == []
+        (progress,) = out.by_topic[TASKS]
+        assert (progress.run_id, progress.ended) == (run.run_id, "verified")
+    stage.judge.prefer_longer = True
+    out = await stage.deliver(closed(t, runs))
+    (result,) = out.rollout_results()
+    assert result.passes == 3
+    assert result.pass_at_k == pytest.approx([0.75, 1.0, 1.0, 1.0])
+    assert result.winner == runs[3].run_id  # the longest output of those that passed
+    assert result.selection.decided_by == "judge"
+    assert len(out.graded()) == 4  # each sibling's score within its group
+    assert (await stage.deliver(closed(t, runs))).rollout_results() == []  # selected once
+
+
+async def test_a_selection_redelivered_after_a_crash_asks_the_judge_nothing_twice(
+    stage: Stage,
+) -> None:
+    t = task_id(21)
+    runs = [sibling(t, i) for i in range(4)]
+    for i, run in enumerate(runs):
+        await stage.verified(run, output="x" * (i + 1))
+    stage.judge.prefer_longer = True
+    stage.judge.crash_after = 3  # the process dies after the third verdict
+    out = await stage.deliver(closed(t, runs))  # the runner retries the handler
+    (result,) = out.rollout_results()
+    assert result.selection.decided_by == "judge"
+    asked = stage.judge.compared
+    assert len(asked) == len(set(asked)) == 8  # 2 rounds x 2 pairs x 2 orders, once each

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -56,12 +56,15 @@ from assay.engine.retention import (
 )
 from assay.kernel import AssayError, BranchId, Lsn, RunId, TenantId
 from assay.kernel.schema import one_line
-from assay.messages import Episode, RunResult
+from assay.messages import Episode, RolloutResult, RunResult
 from assay.record import BranchKey, LogRecord, StateKey
 from assay.runtime import UnitOfWork
 from assay.store.ports import BlobStore, BranchDeletion, CommitBatch, EventLog, StreamChanged
 
 log = logging.getLogger(__name__)
+
+GradingStatus = Literal["graded", "ungraded", "cancelled"]
+"""How grading of a run ended, as `GradingEnded` records it."""
 
 TIERING_QUEUE = "tiering"
 """The document kind `fold_work` keeps per reduced, untiered run (`Reduced` puts it with
@@ -85,18 +88,30 @@ class Retention:
     async def on_result(self, msg: RunResult, uow: UnitOfWork) -> None:
         """Grading of `msg.run_id` ended: record it, reduce the run if it is over its
         tenant's ceiling, then sweep the tenant's runs that are due to be tiered."""
-        doc = await uow.get("run", msg.run_id)
-        if doc is None:
-            log.info("retention: no run %s of tenant %s here", msg.run_id, uow.tenant)
-        elif not doc.get("tiered"):
-            await self._grading_ended(msg, doc, uow)
+        await self._ended(msg.run_id, msg.status, uow)
         await self.sweep(uow)
 
-    async def _grading_ended(self, msg: RunResult, doc: dict[str, Any], uow: UnitOfWork) -> None:
-        key = BranchKey.for_run(uow.tenant, msg.run_id, BranchId(doc.get("branch", 0)))
+    async def on_rollout_result(self, msg: RolloutResult, uow: UnitOfWork) -> None:
+        """Grading of every sibling of a rollout group ended with its selection (§13)."""
+        for sibling in msg.siblings:
+            status: GradingStatus = "cancelled" if sibling.ended == "cancelled" else "graded"
+            await self._ended(sibling.run_id, status, uow)
+        await self.sweep(uow)
+
+    async def _ended(self, run: RunId, status: GradingStatus, uow: UnitOfWork) -> None:
+        doc = await uow.get("run", run)
+        if doc is None:
+            log.info("retention: no run %s of tenant %s here", run, uow.tenant)
+        elif not doc.get("tiered"):
+            await self._grading_ended(run, status, doc, uow)
+
+    async def _grading_ended(
+        self, run: RunId, status: GradingStatus, doc: dict[str, Any], uow: UnitOfWork
+    ) -> None:
+        key = BranchKey.for_run(uow.tenant, run, BranchId(doc.get("branch", 0)))
         pending = False
         if "grading" not in doc:
-            uow.record(key, GradingEnded(status=msg.status))
+            uow.record(key, GradingEnded(status=status))
             pending = True
         episode = doc.get("episode")
         reduced = bool(doc.get("reduced"))

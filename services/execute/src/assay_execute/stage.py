@@ -5,14 +5,15 @@ Each run is driven by the library's durable driver under the run's lease:
 every attempt start and finish is its own fenced commit, so a crash resumes the
 run from its log. When every step is terminal the episode is frozen into a
 content-addressed blob (the snapshot barrier of §10.2) and handed to
-verification. A `CancelRun` stops a run wherever it is driven.
+verification. A `CancelRun` stops a run wherever it is driven; a `RewindRun`
+forks an ended run onto a new branch (`forks`); a `BranchRun` forks children
+with deltas from a stage boundary and records their lineage (`branching`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 from assay.bus.topics import (
@@ -21,6 +22,7 @@ from assay.bus.topics import (
     RUN_COMMANDS,
     RUN_STATUS,
     RUNS,
+    TASKS,
     producer_entry,
 )
 from assay.crash import crash_point
@@ -37,8 +39,6 @@ from assay.engine import (
 )
 from assay.engine.events import (
     CancelRequested,
-    Forked,
-    Intent,
     RunCancelled,
     RunStarted,
     Signalled,
@@ -47,7 +47,6 @@ from assay.engine.events import (
 from assay.kernel import (
     AttemptState,
     BranchId,
-    IntentState,
     Refused,
     RunId,
     RunState,
@@ -56,9 +55,12 @@ from assay.kernel import (
     run_transition,
 )
 from assay.messages import (
+    BranchRun,
     CancelRun,
     Episode,
     RewindRun,
+    RolloutProgress,
+    RolloutResult,
     RunExecuted,
     RunRef,
     RunResult,
@@ -71,6 +73,8 @@ from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
 from assay.store import CommitBatch, EventLog, Lease
 from assay.workflow import LATEST, WorkflowInvalid, from_document, validate
+from assay_execute.branching import Brancher
+from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
 from assay_execute.retention import Retention
 
 TIMER_TICK_S = 1.0
@@ -178,6 +182,25 @@ def create_stage(deps: StageDeps) -> StageSpec:
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
 
+    async def conclude_child(spec: RunSpec, uow: UnitOfWork, lease: Lease) -> None:
+        await conclude(spec, uow, lease, graded=False)  # a branch child is never graded
+
+    def pin(started: RunStarted, branch: BranchId) -> RunSpec:
+        if started.definition is None or started.input is None:
+            raise Refused(
+                f"run {started.run.run_id} was recorded before runs kept their definition"
+            )
+        return pinned(started.run, started.definition, started.input, started.subworkflows, branch)
+
+    brancher = Brancher(
+        worker=deps.worker,
+        ttl_s=ttl,
+        known_tools=known_tools,
+        known_verifiers=deps.verifier_kinds,
+        pin=pin,
+        conclude=conclude_child,
+    )
+
     async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
         spec = pinned(msg.run, msg.definition, msg.input, msg.subworkflows, BranchId(0))
         # One worker at a time drives a run: its lease fences every commit below.
@@ -210,21 +233,16 @@ def create_stage(deps: StageDeps) -> StageSpec:
         """Finish a run whose resumption a crash interrupted (once its lease is free)."""
         lease = await acquire(uow.log, uow.tenant, run, deps.worker, ttl)
         uow.fence = lease
-        if await _ended(uow, run) or await uow.get("await", run) is not None:
+        if await run_ended(uow, run) or await uow.get("await", run) is not None:
             return
         keys = await uow.log.branches(run, uow.tenant)
         spec = await recorded(uow, max(keys, key=lambda k: k.branch))
         await conclude(spec, uow, lease, graded=spec.branch == 0)
 
     async def recorded(uow: UnitOfWork, key: BranchKey) -> RunSpec:
-        """A branch's run, as its first record (`RunStarted` v2) pinned it."""
-        started = (await uow.log.read(key, limit=1))[0].event
-        assert isinstance(started, RunStarted)
-        if started.definition is None or started.input is None:
-            raise Refused(f"run {key.stream} was recorded before runs kept their definition")
-        return pinned(
-            started.run, started.definition, started.input, started.subworkflows, key.branch
-        )
+        """A branch's run, as its first record (`RunStarted` v2) pinned it, with the
+        deltas its `Forked` records carry (a branch command's child, or a fork of one)."""
+        return await brancher.spec(uow, key)
 
     async def on_signal(msg: SignalRun, uow: UnitOfWork) -> None:
         """Resume a run suspended at an await step: approval, a signal, or its deadline."""
@@ -236,7 +254,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             if (
                 not driven_here
                 and await uow.log.branches(msg.run_id, uow.tenant)
-                and not await _ended(uow, msg.run_id)
+                and not await run_ended(uow, msg.run_id)
             ):
                 await redrive(uow, msg.run_id)  # redelivered after its Signalled was recorded
                 return
@@ -309,33 +327,22 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
     async def on_rewind(msg: RewindRun, uow: UnitOfWork) -> None:
         """Fork the run at `at` onto a new branch and drive the new branch (§8.5)."""
-        fork = await _existing_fork(uow, msg)
-        if fork is not None:  # redelivered after a crash: finish what this command began
-            lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
-        else:
-            # §8.5: a fork departs from a run that ended. Checked before the lease is
-            # claimed: a claim by the worker driving the run would take it over from itself.
-            if await uow.log.branches(msg.run_id, uow.tenant) and not await _ended(uow, msg.run_id):
-                raise Refused(
-                    f"run {msg.run_id} is being driven or waits at an await step; "
-                    "cancel it before rewinding it"
-                )
-            # An ended run's last worker may hold its lease a while longer: wait it out.
-            lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
+        mine = await forks_of(uow, msg.run_id)
+        if not mine:
+            await refuse_if_driven(uow, msg.run_id, "rewinding")
+        # An ended run's last worker may hold its lease a while longer: wait it out.
+        lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
         uow.fence = lease
-        if fork is None:
-            fork = await _new_fork(uow, msg)
-        started = fork.started
-        spec = pinned(
-            started.run,
-            started.definition or {},
-            started.input or {},
-            started.subworkflows,
-            fork.branch,
-        )
-        if fork.ended:
+        if mine:  # redelivered after a crash: finish what this command began
+            branch, done = mine[-1].branch, mine[-1].ended
+        else:
+            branch, done = await new_rewind(uow, msg), False
+        if done:
             return  # a redelivered command whose fork already ran to its end
+        spec = await recorded(uow, BranchKey.for_run(uow.tenant, msg.run_id, branch))
         await conclude(spec, uow, lease, graded=False)
+
+    retention = Retention(deps.retention)
 
     return StageSpec(
         name="execute",
@@ -346,85 +353,16 @@ def create_stage(deps: StageDeps) -> StageSpec:
             RUN_COMMANDS: {
                 CancelRun.type: on_cancel,
                 RewindRun.type: on_rewind,
+                BranchRun.type: brancher.on_branch,
                 SignalRun.type: on_signal,
             },
-            RESULTS: {RunResult.type: Retention(deps.retention).on_result},
+            RESULTS: {
+                RunResult.type: retention.on_result,
+                RolloutResult.type: retention.on_rollout_result,
+            },
         },
         background=(timeouts,),
     )
-
-
-@dataclass(frozen=True)
-class _Fork:
-    branch: BranchId
-    started: RunStarted
-    ended: bool
-
-
-async def _existing_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork | None:
-    """The branch this command forked before, when it is delivered again."""
-    for k in reversed(await uow.log.branches(msg.run_id, uow.tenant)):
-        records = await uow.log.read(k)
-        # Its own Forked is its last: a fork of a fork begins with a copy of its parent's.
-        forked = next((r.event for r in reversed(records) if isinstance(r.event, Forked)), None)
-        if forked is not None and forked.command == str(uow.envelope.id):
-            head = records[0].event
-            assert isinstance(head, RunStarted)
-            ended = any(isinstance(r.event, RunFinished | RunCancelled) for r in records)
-            return _Fork(k.branch, head, ended)
-    return None
-
-
-async def _new_fork(uow: UnitOfWork, msg: RewindRun) -> _Fork:
-    """Fork the run in one commit: the parent's records below `at`, then `Forked`.
-
-    Raises:
-        Refused: no such run, branch or LSN; a run recorded before runs kept their
-            definition; LSN 0 (a branch starts with the run's start); or an LSN past the
-            branch's end.
-    """
-    keys = await uow.log.branches(msg.run_id, uow.tenant)
-    if not keys:
-        raise Refused(f"no run {msg.run_id} of this tenant")
-    live = max(k.branch for k in keys)
-    source = live if msg.branch is None else msg.branch
-    if source not in {k.branch for k in keys}:
-        raise Refused(f"run {msg.run_id} has no branch {source}")
-    records = await uow.log.read(BranchKey.for_run(uow.tenant, msg.run_id, BranchId(source)))
-    first = records[0].event if records else None
-    if not isinstance(first, RunStarted) or first.definition is None or first.input is None:
-        raise Refused(f"run {msg.run_id} was recorded before runs kept their definition")
-    if msg.at < 1:  # every branch starts with the run's RunStarted, which its readers need
-        raise Refused(f"run {msg.run_id}: a fork keeps the run's start: rewind at LSN 1 or later")
-    prefix = [r for r in records if r.lsn < msg.at]
-    if len(prefix) < msg.at or any(isinstance(r.event, RunFinished | RunCancelled) for r in prefix):
-        raise Refused(
-            f"run {msg.run_id}: LSN {msg.at} is past the end of branch {source} "
-            "(a rewind departs at or before the run's last step)"
-        )
-    lost = [
-        r.event.request_id
-        for r in records
-        if r.lsn >= msg.at
-        and isinstance(r.event, Intent)
-        and r.event.state is IntentState.COMMITTED
-        and r.event.effect != "idempotent"
-    ]
-    new = BranchKey.for_run(uow.tenant, msg.run_id, BranchId(live + 1))
-    for r in prefix:
-        uow.record(new, r.event)
-    uow.record(
-        new,
-        Forked(
-            from_branch=source,
-            at=msg.at,
-            reason=msg.reason,
-            command=str(uow.envelope.id),
-            discarded_effects=lost,
-        ),
-    )
-    await uow.commit()
-    return _Fork(new.branch, first, False)
 
 
 async def _finished(uow: UnitOfWork, spec: RunSpec, episode: Episode) -> str:
@@ -442,15 +380,6 @@ async def _finished(uow: UnitOfWork, spec: RunSpec, episode: Episode) -> str:
     return ref
 
 
-async def _ended(uow: UnitOfWork, run: RunId) -> bool:
-    """Whether the run's live branch has reached its end."""
-    keys = await uow.log.branches(run, uow.tenant)
-    if not keys:
-        return False
-    records = await uow.log.read(max(keys, key=lambda k: k.branch))
-    return any(isinstance(r.event, RunFinished | RunCancelled) for r in records)
-
-
 def _unknown(episode: Episode) -> bool:
     return any(a.state is AttemptState.INDETERMINATE for a in episode.attempts)
 
@@ -462,6 +391,20 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
     detail = f"{reason}; an intent was dispatched and is unresolved" if unknown else reason
     uow.emit(RUN_STATUS, RunStatusChanged(run=run, state=RunState.CANCELLED, detail=detail))
+    if run.rollout is not None:  # a sibling's end is its group's to report (§13)
+        uow.emit(
+            TASKS,
+            RolloutProgress(
+                tenant=run.tenant,
+                idempotency_key=run.rollout.group,
+                run_id=run.run_id,
+                index=run.rollout.index,
+                ended="cancelled",
+                model_calls=episode.usage.model_calls,
+                tokens=episode.usage.prompt_tokens + episode.usage.completion_tokens,
+            ),
+        )
+        return
     uow.emit(
         RESULTS,
         RunResult(

@@ -34,8 +34,10 @@ from assay.kernel import (
 )
 from assay.messages import (
     AllocationChanged,
+    CancelRollout,
     Purpose,
     Role,
+    RolloutProgress,
     Rung,
     RunRef,
     RunSpawned,
@@ -56,6 +58,7 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.rollouts import ROLLOUT_EVENTS, Rollouts, fold_rollout
 from assay_ingest.routing import held_out, route
 
 
@@ -120,7 +123,7 @@ class TaskAccepted(Event):
     )
 
 
-INGEST_EVENTS = EventRegistry([WorkflowStored, AllocationApplied, TaskAccepted])
+INGEST_EVENTS = EventRegistry([WorkflowStored, AllocationApplied, TaskAccepted, *ROLLOUT_EVENTS])
 
 
 @INGEST_EVENTS.upcaster("WorkflowStored", 1)
@@ -158,7 +161,7 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [Put(StateKey(t, "allocation", a["workflow_id"]), a)]
         case TaskAccepted() as e:
             return [Put(StateKey(t, "task", e.idempotency_key), e.model_dump(mode="json"))]
-    return []
+    return fold_rollout(record)
 
 
 def task_id_for(task: TaskSubmitted) -> TaskId:
@@ -243,6 +246,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if alloc is None:
             raise Refused(f"unknown workflow {msg.workflow_id!r} for tenant {msg.tenant}")
         task_id = task_id_for(msg)
+        if msg.rollout is not None:
+            await rollouts.admit(uow, msg, task_id, alloc)
+            return
         split, split_draw = held_out(task_id, deps.ladder.held_out_fraction)
         plan = route(alloc, task_id)
         at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
@@ -290,15 +296,22 @@ def create_stage(deps: StageDeps) -> StageSpec:
             ),
         )
 
+    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}))
+
     return StageSpec(
         name="ingest",
         events=INGEST_EVENTS,
         fold=fold_ingest,
         handlers={
-            TASKS: {TaskSubmitted.type: on_task},
+            TASKS: {
+                TaskSubmitted.type: on_task,
+                RolloutProgress.type: rollouts.on_progress,
+                CancelRollout.type: rollouts.on_cancel,
+            },
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             DECISIONS: {AllocationChanged.type: on_allocation},
         },
+        background=(rollouts.deadlines,),
     )
 
 

@@ -4,7 +4,9 @@ State kinds (per tenant): `reference` per (task, version); `parked` challengers
 waiting for their reference run; `scored` runs; `comparisons` counter per
 version (order alternation); `group` per (task, outcome class) — the open
 tournament group's epoch and clock; `member` per (task, outcome, run) — its
-members; `meter` — judge calls today, by purpose, and the judge's health.
+members; `meter` — judge calls today, by purpose, and the judge's health;
+`sibling` per (rollout group, run) — a verified sibling waiting for its group;
+`rollout` per group — its selection, once.
 """
 
 from __future__ import annotations
@@ -97,8 +99,47 @@ class GradingMetered(Event):
     meter: dict[str, Any] = Field(description="Judge calls today and by purpose; judge health.")
 
 
+class SiblingWaiting(Event):
+    """A rollout sibling's episode was verified; it waits for its group to close."""
+
+    type: ClassVar[str] = "SiblingWaiting"
+    version: ClassVar[int] = 1
+    group: str = Field(description="The group (its task's idempotency key).")
+    verified: dict[str, Any] = Field(description="The sibling's RunVerified payload.")
+
+
+class RolloutSelected(Event):
+    """A group's selection, once: the result it published."""
+
+    type: ClassVar[str] = "RolloutSelected"
+    version: ClassVar[int] = 1
+    group: str = Field(description="The group.")
+    result: dict[str, Any] = Field(description="The RolloutResult payload.")
+
+
+class JudgeAnswered(Event):
+    """One judge answer given during a rollout selection, kept so a redelivered selection
+    asks it again of no one: a verdict (`compare`) or violations (`screen`)."""
+
+    type: ClassVar[str] = "JudgeAnswered"
+    version: ClassVar[int] = 1
+    key: str = Field(description="`group/a/b` for a comparison, `group/run` for a screen.")
+    verdict: str | None = Field(None, description="The verdict as given (a, b or draw).")
+    violations: list[dict[str, Any]] | None = Field(None, description="The screen's answer.")
+
+
 TOURNAMENT_EVENTS = EventRegistry(
-    [ReferenceSet, ChallengerParked, RunScored, GroupJoined, GroupClosed, GradingMetered]
+    [
+        ReferenceSet,
+        ChallengerParked,
+        RunScored,
+        GroupJoined,
+        GroupClosed,
+        GradingMetered,
+        SiblingWaiting,
+        RolloutSelected,
+        JudgeAnswered,
+    ]
 )
 
 
@@ -153,4 +194,16 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
             ]
         case GradingMetered(meter=m):
             return [Put(StateKey(t, "meter", "grading"), m)]
+        case SiblingWaiting() as e:
+            run = e.verified["run"]["run_id"]
+            return [Put(StateKey(t, "sibling", f"{e.group}/{run}"), e.verified)]
+        case RolloutSelected() as e:
+            return [Put(StateKey(t, "rollout", e.group), e.result)]
+        case JudgeAnswered() as e:
+            return [
+                Put(
+                    StateKey(t, "verdict", e.key),
+                    {"verdict": e.verdict, "violations": e.violations or []},
+                )
+            ]
     return []

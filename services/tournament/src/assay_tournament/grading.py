@@ -58,6 +58,8 @@ class Meter:
     day: str
     doc: dict[str, Any]
     pending: list[tuple[RunId, JudgeUsage]] = field(default_factory=list)
+    billed: Counter[RunId] = field(default_factory=Counter)
+    """Every call this handler saw, by run (emitted or not)."""
     dirty: bool = False
 
     @classmethod
@@ -88,6 +90,7 @@ class Meter:
 
         def record(usage: JudgeUsage) -> None:
             self.pending.append((run, usage))
+            self.billed[run] += 1
             by = Counter(self.doc["by_purpose"])
             by[purpose] += 1
             self.doc.update(
@@ -209,6 +212,36 @@ class Grading:
                 BranchKey.main(uow.tenant, "grading-meter"), GradingMetered(meter=dict(meter.doc))
             )
             meter.dirty = False
+
+    def finish_sibling(
+        self, uow: UnitOfWork, msg: RunVerified, score: Score, *, meter: Meter
+    ) -> None:
+        """End a rollout sibling's grading with its score within the group: its group's
+        `RolloutResult` is the task's one result, so the sibling gets none of its own."""
+        r = msg.run
+        calls = meter.billed[r.run_id]
+        meter.scored(score)
+        self.flush(uow, meter)
+        uow.record(
+            BranchKey.main(uow.tenant, f"task:{r.task_id}"),
+            RunScored(
+                run_id=r.run_id,
+                task_id=r.task_id,
+                workflow_version=r.workflow_version,
+                score=score,
+                judge_calls=calls,
+            ),
+        )
+        uow.emit(GRADED, RunGraded(run=r, passed=msg.passed, score=score, judge_calls=calls))
+        graded = not isinstance(score, Ungraded)
+        uow.emit(
+            RUN_STATUS,
+            RunStatusChanged(
+                run=r,
+                state=RunState.GRADED if graded else RunState.UNGRADED,
+                detail=score.reason.value if isinstance(score, Ungraded) else score.kind,
+            ),
+        )
 
     def finish(
         self,

@@ -35,7 +35,7 @@ from assay.kernel import RunId, WorkflowVersion
 from assay.kernel.canonical import digest
 from assay.kernel.errors import Refused
 from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
-from assay.messages import Episode, GroupDue, Role, RunVerified
+from assay.messages import Episode, GroupDue, Role, RolloutClosed, RunVerified
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.workflow import GradingSpec, RubricItem, WorkflowDef
@@ -50,6 +50,7 @@ from assay_tournament.events import (
 )
 from assay_tournament.grading import Grading, Meter, load_episode
 from assay_tournament.groups import Groups
+from assay_tournament.rollouts import RolloutSelection
 
 __all__ = [
     "TOURNAMENT_EVENTS",
@@ -79,6 +80,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     check_fits(profile(GradingSpec(), judge, order_check=policy.order_check), policy.capacity)
     grading = Grading(deps)
     groups = Groups(grading)
+    rollouts = RolloutSelection(grading)
 
     async def next_index(uow: UnitOfWork, version: WorkflowVersion) -> int:
         counter = await uow.get("comparisons", version)
@@ -286,6 +288,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         r = msg.run
         if await uow.get("scored", r.run_id) is not None:
             return
+        if r.rollout is not None:  # a sibling waits for its group's selection (§13)
+            await rollouts.on_sibling(msg, uow)
+            return
         episode = await load_episode(uow, msg.episode)
         meter = await grading.meter(uow)
         if episode is None:
@@ -342,7 +347,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
         events=TOURNAMENT_EVENTS,
         fold=fold_tournament,
         handlers={
-            VERIFIED: {RunVerified.type: on_verified, GroupDue.type: groups.on_due},
+            VERIFIED: {
+                RunVerified.type: on_verified,
+                GroupDue.type: groups.on_due,
+                RolloutClosed.type: rollouts.on_closed,
+            },
         },
         background=(groups.timeouts,),
     )

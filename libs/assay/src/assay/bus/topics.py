@@ -12,12 +12,17 @@ from assay.kernel.schema import Versioned
 from assay.messages import (
     AllocationChanged,
     AttemptIndeterminate,
+    BranchRun,
+    CancelRollout,
     CancelRun,
     ChallengerRejected,
     GroupDue,
     Promoted,
     RewindRun,
     RolledBack,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutResult,
     RunExecuted,
     RunGraded,
     RunResult,
@@ -86,16 +91,28 @@ def _workflow_key(msg: Versioned) -> str:
 
 def _task_key(msg: Versioned) -> str:
     """Episodes of a task and its groups' timers share a partition (§11.4)."""
-    if isinstance(msg, GroupDue):
+    if isinstance(msg, GroupDue | RolloutClosed):
         return f"{msg.tenant}:{msg.task_id}"
     assert isinstance(msg, RunVerified)
     return f"{msg.run.tenant}:{msg.run.task_id}"
 
 
+def _result_key(msg: Versioned) -> str:
+    if isinstance(msg, RolloutResult):
+        return f"{msg.tenant}:{msg.idempotency_key}"
+    assert isinstance(msg, RunResult)
+    return f"{msg.tenant}:{msg.run_id}"
+
+
 TOPICS: dict[str, Topic] = {
     t.name: t
     for t in [
-        Topic(TASKS, (TaskSubmitted,), _k("tenant", "idempotency_key"), "tenant:idempotency_key"),
+        Topic(
+            TASKS,
+            (TaskSubmitted, RolloutProgress, CancelRollout),
+            _k("tenant", "idempotency_key"),
+            "tenant:idempotency_key",
+        ),
         Topic(WORKFLOWS, (WorkflowRegistered,), _workflow_key, "tenant:workflow_id"),
         Topic(RUNS, (RunSpawned,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
         Topic(
@@ -105,17 +122,22 @@ TOPICS: dict[str, Topic] = {
             "tenant:run_id",
         ),
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
-        Topic(VERIFIED, (RunVerified, GroupDue), _task_key, "tenant:task_id"),
+        Topic(VERIFIED, (RunVerified, GroupDue, RolloutClosed), _task_key, "tenant:task_id"),
         Topic(
             GRADED,
             (RunGraded,),
             _k("run.tenant", "run.workflow_version"),
             "tenant:workflow_version",
         ),
-        Topic(RESULTS, (RunResult,), _k("tenant", "run_id"), "tenant:run_id"),
+        Topic(
+            RESULTS,
+            (RunResult, RolloutResult),
+            _result_key,
+            "tenant:run_id (a rollout's: tenant:idempotency_key)",
+        ),
         Topic(
             RUN_COMMANDS,
-            (CancelRun, RewindRun, SignalRun),
+            (CancelRun, RewindRun, BranchRun, SignalRun),
             _k("tenant", "run_id"),
             "tenant:run_id",
         ),

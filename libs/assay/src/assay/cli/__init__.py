@@ -110,8 +110,16 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("file", type=Path, help="one TaskSubmitted JSON object per line")
     submit.add_argument("--tenant", default=None, help="tenant for lines without one")
     submit.add_argument("--workflow", default=None, help="workflow for lines without one")
-    cancel = sub.add_parser("cancel", help="stop a run: a CancelRun onto assay.run-commands")
-    cancel.add_argument("run", help="the run id")
+    cancel = sub.add_parser(
+        "cancel",
+        help="stop a run (CancelRun onto assay.run-commands) or, with --rollout, a rollout group",
+    )
+    cancel.add_argument("run", help="the run id; with --rollout, the group's task key")
+    cancel.add_argument(
+        "--rollout",
+        action="store_true",
+        help="RUN names a rollout group by its task's idempotency key: CancelRollout",
+    )
     cancel.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
     cancel.add_argument("--reason", default="", help="why, recorded with the run")
     approve = sub.add_parser("approve", help="approve a run waiting at an await step")
@@ -129,6 +137,31 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--branch", type=int, default=None, help="branch to fork (default: live)")
     rewind.add_argument("--tenant", default=None, help="the run's tenant (default: ASSAY_TENANT)")
     rewind.add_argument("--reason", default="", help="why, recorded with the fork")
+    branch = sub.add_parser(
+        "branch",
+        help="fork children of a run after a step, each with deltas; print the lineage tree",
+        description=(
+            "Fork children of a finished run from the checkpoint after step --at, one per"
+            " --delta (prompt:STEP=TEMPLATE, model_params:STEP=max_tokens=N[,timeout_s=S]"
+            "[,max_attempts=N], tool_unavailable:TOOL, inject_plan:TEXT) or per item of"
+            " --deltas FILE.json; drive each to its end and print which step each child"
+            " first differs from its parent at. A contradicted delta refuses the whole command."
+        ),
+    )
+    branch.add_argument("run", help="the run id")
+    branch.add_argument("--at", required=True, metavar="STEP", help="the step the children follow")
+    branch.add_argument(
+        "--delta", action="append", default=[], metavar="SPEC", help="one child's delta (repeat)"
+    )
+    branch.add_argument("--deltas", type=Path, default=None, metavar="FILE.json", help="children")
+    branch.add_argument("--children", type=int, default=None, metavar="K", help="check: K children")
+    branch.add_argument("--branch", type=int, default=None, help="branch to fork (default: live)")
+    branch.add_argument("--tenant", default=None, help="the run's tenant (default: its own)")
+    branch.add_argument("--reason", default="", help="why, recorded with the tree")
+    branch.add_argument("--json", action="store_true", help="print the tree as JSON")
+    branch.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the tree (300)"
+    )
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -136,6 +169,63 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     down = sub.add_parser("down", help="stop what `assay up` started")
     down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
+    grade = sub.add_parser(
+        "grade", help="grading: Bradley-Terry fits, SPRT costs, judge health and calibration"
+    )
+    grade_sub = grade.add_subparsers(dest="grade_command", required=True)
+    bt = grade_sub.add_parser(
+        "bt",
+        help="fit Bradley-Terry-Davidson strengths to pairwise comparisons",
+        description=(
+            "Read comparisons (rows a,b,winner with winner a, b or draw) or counts (rows"
+            " a,b,a_wins,b_wins,draws) from a CSV file, a header row optional, and print"
+            " {name: {strength, se, interval}} as JSON, each strength a delta from the"
+            " anchor. The tie parameter and the comparison count go to stderr."
+        ),
+    )
+    bt.add_argument("--input", required=True, help="CSV file, or - for stdin")
+    bt.add_argument(
+        "--anchor",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="pin this player at 0; repeat to pin the mean of several (default: first player)",
+    )
+    bt.add_argument(
+        "--prior-precision",
+        type=float,
+        default=1.0,
+        help="precision of the N(0, 1/x) prior on each strength; 0: maximum likelihood",
+    )
+    bt.add_argument("--ties", choices=["davidson", "none"], default="davidson", help="draw model")
+    bt.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+    sprt = grade_sub.add_parser(
+        "sprt",
+        help="the sequential test's cost at a true win rate, beside the fixed-n test",
+        description=(
+            "Simulate the pairwise sequential test at a true win rate and print, as JSON,"
+            " the comparisons to a decision (mean and quantiles), the accept and reject"
+            " rates, the boundaries, the size of the exact fixed-n binomial test with the"
+            " same alpha and beta, and the ratio of the two."
+        ),
+    )
+    sprt.add_argument("--p0", type=float, default=0.5, help="win rate under H0 (default 0.5)")
+    sprt.add_argument("--p1", type=float, default=0.7, help="win rate under H1 (default 0.7)")
+    sprt.add_argument("--alpha", type=float, default=0.05, help="false-accept rate (0.05)")
+    sprt.add_argument("--beta", type=float, default=0.05, help="false-reject rate (0.05)")
+    sprt.add_argument(
+        "--draw-ceiling", type=float, default=0.5, help="reject above this draw rate (0.5)"
+    )
+    sprt.add_argument(
+        "--min-for-draws", type=int, default=20, help="comparisons before the ceiling applies"
+    )
+    sprt.add_argument(
+        "--simulate-p", type=float, required=True, help="true win rate among decisive verdicts"
+    )
+    sprt.add_argument("--p-draw", type=float, default=0.0, help="true draw rate (default 0)")
+    sprt.add_argument("--reps", type=int, default=10_000, help="simulated tests (10000)")
+    sprt.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    sprt.add_argument("--wald", action="store_true", help="Wald's boundaries, not calibrated")
     schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
     schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
     ladder = sub.add_parser(
@@ -143,9 +233,7 @@ def _parser() -> argparse.ArgumentParser:
         help="each workflow's versions on the promotion ladder and the held-out gap (JSON)",
     )
     ladder.add_argument("--tenant", default=None, help="one tenant's UUID (default: all)")
-    # `assay grade calibrate`: judge-versus-verifier agreement (cli/calibrate.py).
-    grade = sub.add_parser("grade", help="grading tools")
-    grade_sub = grade.add_subparsers(dest="grade_command", required=True)
+    # `assay grade health` (cli/health.py), `assay grade calibrate` (cli/calibrate.py).
     health = grade_sub.add_parser(
         "health",
         help="judge calls, order consistency, failures and scores per tenant (cli/health.py)",
@@ -233,6 +321,20 @@ async def _dispatch(args: argparse.Namespace) -> int:
             all_branches=args.all_branches,
             as_json=args.json,
         )
+    if args.command == "branch":
+        from assay.cli.branch import branch_command, children_of
+
+        return await branch_command(
+            data_dir,
+            args.run,
+            at=args.at,
+            children=children_of(args.delta, args.deltas, args.children),
+            branch=args.branch,
+            tenant=args.tenant,
+            reason=args.reason,
+            as_json=args.json,
+            timeout_s=args.timeout,
+        )
     if args.command in (
         "serve",
         "db",
@@ -268,6 +370,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await d.rewind_command(
                 args.run, args.tenant or d.default_tenant(), args.at, args.branch, args.reason
             )
+        if args.command == "cancel" and args.rollout:
+            return await d.cancel_rollout_command(
+                args.run, args.tenant or d.default_tenant(), args.reason
+            )
         if args.command == "cancel":
             return await d.cancel_command(args.run, args.tenant or d.default_tenant(), args.reason)
         return await d.results_command(args.follow, args.tenant)
@@ -277,6 +383,32 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "up":
             return await stack.up(args.dir)
         return await stack.down(args.dir)
+    if args.command == "grade" and args.grade_command in ("bt", "sprt"):
+        from assay.cli import grade
+
+        if args.grade_command == "bt":
+            return grade.bt_command(
+                args.input,
+                anchors=args.anchor,
+                prior_precision=args.prior_precision,
+                ties=args.ties,
+                level=args.level,
+            )
+        return grade.sprt_command(
+            policy_fields={
+                "p0": args.p0,
+                "p1": args.p1,
+                "alpha": args.alpha,
+                "beta": args.beta,
+                "draw_ceiling": args.draw_ceiling,
+                "min_for_draws": args.min_for_draws,
+                "calibrated": not args.wald,
+            },
+            win_rate=args.simulate_p,
+            reps=args.reps,
+            seed=args.seed,
+            draw_rate=args.p_draw,
+        )
     if args.command == "schemas":
         from assay.cli.schemas import write
 

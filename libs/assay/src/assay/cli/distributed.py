@@ -20,6 +20,7 @@ from assay.kernel.ids import RunId, WorkflowId, is_run_id
 from assay.kernel.schema import one_line
 from assay.messages import (
     MESSAGES,
+    CancelRollout,
     CancelRun,
     RewindRun,
     SignalRun,
@@ -70,7 +71,8 @@ async def topics_command() -> int:
     return 0
 
 
-async def _produce(entries: list[OutboxEntry]) -> None:
+async def produce(entries: list[OutboxEntry]) -> None:
+    """Produce `entries` to the Kafka cluster `ASSAY_KAFKA_BOOTSTRAP` names."""
     settings = Settings.from_env()
     settings.require("kafka_bootstrap")
     assert settings.kafka_bootstrap is not None
@@ -102,7 +104,7 @@ async def register_command(
         )
     except ValidationError as exc:
         raise AssayError(f"--parent: {one_line(exc)}") from exc
-    await _produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
+    await produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
     print(f"registered {wf.id} version {wf.version}")
     return 0
 
@@ -119,7 +121,7 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
             path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
         )
     ]
-    await _produce(entries)
+    await produce(entries)
     print(f"submitted {len(entries)} task(s)")
     return 0
 
@@ -130,8 +132,17 @@ async def cancel_command(run: str, tenant: str, reason: str) -> int:
         raise AssayError(f"not a run id: {run!r}")
     t = tenant_arg(tenant)
     msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
-    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
+    await produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
     print(f"asked to cancel run {run}")
+    return 0
+
+
+async def cancel_rollout_command(group: str, tenant: str, reason: str) -> int:
+    """`assay cancel --rollout KEY`: a `CancelRollout` onto `assay.tasks`, keyed like the task."""
+    t = tenant_arg(tenant)
+    msg = CancelRollout(tenant=t, idempotency_key=group, reason=reason or "cancelled")
+    await produce([producer_entry(TASKS, msg, t, f"cancel-rollout:{group}:{reason}")])
+    print(f"asked to cancel rollout group {group}")
     return 0
 
 
@@ -144,7 +155,7 @@ async def signal_command(run: str, tenant: str, name: str, payload: str) -> int:
         msg = SignalRun(tenant=t, run_id=RunId(run), signal=name, payload=payload)
     except ValidationError as exc:
         raise AssayError(f"invalid signal: {one_line(exc)}") from exc
-    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"signal:{run}:{name}:{payload}")])
+    await produce([producer_entry(RUN_COMMANDS, msg, t, f"signal:{run}:{name}:{payload}")])
     print(f"sent {name!r} to run {run}")
     return 0
 
@@ -157,13 +168,14 @@ async def rewind_command(run: str, tenant: str, at: int, branch: int | None, rea
         raise AssayError("--at and --branch are LSNs and branch numbers: 0 or more")
     t = tenant_arg(tenant)
     msg = RewindRun(tenant=t, run_id=RunId(run), at=at, branch=branch, reason=reason)
-    await _produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
+    await produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
     print(f"asked to rewind run {run} at LSN {at}")
     return 0
 
 
 async def results_command(follow: bool, tenant: str | None) -> int:
-    """`assay results [--follow]`: print `RunResult`s as JSON lines, from the beginning."""
+    """`assay results [--follow]`: print each task's `RunResult` or `RolloutResult` as JSON lines,
+    from the beginning."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     settings = Settings.from_env()

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import assert_never
 
+from pydantic import TypeAdapter, ValidationError
+
 from assay.cli.logs import postgres_log, tenant_arg
 from assay.engine.episode_view import (
     AttemptView,
@@ -23,12 +25,14 @@ from assay.engine.episode_view import (
     RunView,
     build_run_view,
 )
-from assay.engine.events import WORK_EVENTS, Tiered, fold_work
+from assay.engine.events import WORK_EVENTS, Tiered, commands_stream, fold_work
+from assay.engine.lineage import BranchingView
 from assay.engine.retention import tiered_stream
 from assay.kernel.attempts import AttemptState
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.intents import IntentState
+from assay.messages.branching import BranchDelta
 from assay.messages.models import Usage
 from assay.record.events import BranchKey, LogRecord
 from assay.runtime.settings import Settings
@@ -42,6 +46,7 @@ LOCAL_RUNS_LOG = "local-runs.sqlite"
 PG_SCHEMA = "execute"
 """The execute stage's schema in distributed mode."""
 _PAGE = 10_000
+_DELTAS: TypeAdapter[list[BranchDelta]] = TypeAdapter(list[BranchDelta])
 
 
 class RunNotFound(AssayError):
@@ -175,7 +180,8 @@ async def find_run(log: EventLog, run: str, tenant: TenantId | None) -> RunView 
                 raise RunTiered(key.tenant, record.event, record.at_ms)
     if not keys:
         return None
-    return build_run_view({k.branch: await read_branch(log, k) for k in keys})
+    commands = await read_branch(log, BranchKey.main(keys[0].tenant, commands_stream(run)))
+    return build_run_view({k.branch: await read_branch(log, k) for k in keys}, commands)
 
 
 async def read_branch(log: EventLog, key: BranchKey) -> list[LogRecord]:
@@ -210,9 +216,35 @@ def render_text(view: RunView) -> str:
     lines.append(
         f"  branches {', '.join(str(b) for b in view.branch_ids)}  live {view.live_branch}"
     )
+    for branching in view.branchings:
+        lines.extend(_branching(branching))
     for branch in view.branches:
         lines.extend(_branch(branch))
     return "\n".join(lines) + "\n"
+
+
+def _branching(b: BranchingView) -> Iterable[str]:
+    """A branch command: where its children departed, how each ended and differed."""
+    yield (
+        f"  branched after step {b.after_step} (branch {b.from_branch}, lsn {b.at_lsn})"
+        f"  parent {b.parent_status}  tree {b.tree}"
+    )
+    for c in b.children:
+        label = f'  "{c.label}"' if c.label else ""
+        diverged = f"diverged at {c.diverged_at}: {c.why}" if c.diverged_at else "diverged nowhere"
+        yield (
+            f"    child {c.child}  branch {c.branch}  {' + '.join(c.deltas)}{label}"
+            f"  {_status(c.status, c.failed_step, False)}  {diverged}"
+        )
+
+
+def _deltas(fields: dict[str, object]) -> str:
+    """A fork record's deltas as short labels (a branch command's child), or ''."""
+    try:
+        deltas = _DELTAS.validate_python(fields.get("deltas") or [])
+    except ValidationError:
+        return ""
+    return " + ".join(d.describe() for d in deltas)
 
 
 def _branch(b: BranchView) -> Iterable[str]:
@@ -221,6 +253,10 @@ def _branch(b: BranchView) -> Iterable[str]:
         f = b.fork
         if f.from_branch is not None and f.at_lsn is not None:
             head += f"  forked from branch {f.from_branch} at lsn {f.at_lsn}"
+            delta = _deltas(f.fields) if f.type == "Forked" else ""
+            if delta:
+                head += f"  child {f.fields.get('child')} after {f.fields.get('after_step')}"
+                head += f"  delta {delta}"
         else:
             head += f"  forked: {f.type} {json.dumps(f.fields, sort_keys=True)}"
     head += f"  {_status(b.status.value, b.failed_step, b.indeterminate)}"

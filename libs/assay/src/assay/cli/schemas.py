@@ -15,7 +15,14 @@ import yaml
 
 from assay.bus.topics import TOPICS, dlq
 from assay.kernel.errors import AssayError
-from assay.messages import MESSAGES, Envelope, Episode, ReducedEpisode
+from assay.messages import (
+    MESSAGES,
+    BranchChildResult,
+    BranchTree,
+    Envelope,
+    Episode,
+    ReducedEpisode,
+)
 from assay.runtime.embedded import STAGES
 
 
@@ -32,6 +39,8 @@ def render() -> dict[str, str]:
         f"ReducedEpisode.v{ReducedEpisode.version}.schema.json",
         ReducedEpisode.model_json_schema(),
     )
+    for artifact in (BranchTree, BranchChildResult):  # branch lineage blobs (DESIGN §13)
+        put(f"{artifact.type}.v{artifact.version}.schema.json", artifact.model_json_schema())
     for name, model in sorted(MESSAGES.types().items()):
         put(f"{name}.v{model.version}.schema.json", model.model_json_schema())
     channels: dict[str, Any] = {}

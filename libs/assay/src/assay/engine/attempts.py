@@ -85,7 +85,7 @@ class AttemptRunner:
             if (
                 counted >= step.retry.max_attempts
                 or interrupted >= MAX_INTERRUPTED
-                or run.totals.model_calls >= run.spec.definition.budget.max_model_calls
+                or run.totals.model_calls >= run.spec.max_model_calls
             ):
                 return False
             if step.retry.backoff_s:
@@ -169,7 +169,7 @@ class AttemptRunner:
         error: str | None = None
         try:
             if isinstance(step, ModelStep):
-                prompt = render(step.prompt, context)
+                prompt = with_plan(render(step.prompt, context), run.spec.plan)
             else:
                 args = {k: render(v, context) for k, v in step.args.items()}
         except TemplateError as exc:
@@ -199,14 +199,26 @@ class AttemptRunner:
         t0: float,
     ) -> AttemptFinished:
         tool = self.tools.get(step.tool)
-        if tool is None:
+        if tool is None or step.tool in run.spec.unavailable_tools:
+            why = (
+                f"tool {step.tool!r} is unavailable on this branch (a branch delta)"
+                if tool is not None
+                else f"no tool {step.tool!r} is registered"
+            )
+            return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=why)
+        confined = tool.needs_sandbox and not tool.needs_network  # touches its workspace only
+        if isinstance(tool.effects, Unsafe) and run.spec.speculative and not confined:
             return await self._finish(
                 run,
                 step.id,
                 n,
                 AttemptState.FAILED,
                 t0,
-                error=f"no tool {step.tool!r} is registered",
+                error=(
+                    f"tool {step.tool!r} has unsafe effects outside the sandbox, which a rollout "
+                    "sibling or a shadow run never publishes: they would repeat effects the "
+                    "task already had (DESIGN §12, §13)"
+                ),
             )
         ref = run.spec.ref
         try:
@@ -334,7 +346,7 @@ class AttemptRunner:
     async def _model_attempt(
         self, run: RunContext, step: ModelStep, n: AttemptNo, prompt: str, t0: float
     ) -> AttemptFinished:
-        if run.totals.model_calls >= run.spec.definition.budget.max_model_calls:
+        if run.totals.model_calls >= run.spec.max_model_calls:
             return await self._finish(
                 run,
                 step.id,
@@ -342,6 +354,22 @@ class AttemptRunner:
                 AttemptState.FAILED,
                 t0,
                 error="the run's model-call budget is spent",
+            )
+        cap = run.spec.max_tokens
+        used = run.totals.prompt_tokens + run.totals.completion_tokens
+        # A bound, not an estimate: a byte-level tokenizer gives at most one prompt token
+        # per UTF-8 byte, and the endpoint gives at most max_tokens of completion.
+        if cap is not None and used + len(prompt.encode()) + step.max_tokens > cap:
+            return await self._finish(
+                run,
+                step.id,
+                n,
+                AttemptState.FAILED,
+                t0,
+                error=(
+                    f"the run's token budget ({cap}) cannot cover this call: {used} used, up to "
+                    f"{len(prompt.encode())} prompt and {step.max_tokens} completion tokens"
+                ),
             )
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
         try:
@@ -470,6 +498,18 @@ class AttemptRunner:
             idempotency_key=intent.idempotency_key,
             workspace=workspace,
         )
+
+
+PLAN_HEADING = "Plan:"
+"""The line a branch's injected plan follows, above the prompt (`with_plan`)."""
+
+
+def with_plan(prompt: str, plan: str | None) -> str:
+    """The prompt a model step sends: the branch's plan (if any) above the rendered prompt.
+
+    The plan is not a template: it is added after rendering, verbatim.
+    """
+    return prompt if plan is None else f"{PLAN_HEADING}\n{plan}\n\n{prompt}"
 
 
 def _why(run: RunContext) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from assay.kernel.ids import BranchId, Lsn, StepId
 from assay.kernel.schema import Versioned
 from assay.messages.episode import AttemptView
-from assay.messages.models import RunRef, Usage
+from assay.messages.models import Purpose, RunRef, Usage
 from assay.record.events import BranchKey, Event, LogRecord
 from assay.sandbox.port import Workspace
 from assay.store.ports import Checkpoint
@@ -77,11 +77,36 @@ class RunSpec:
     """The sub-workflows the run calls, pinned when it was spawned (`child_key`)."""
     stream: str | None = None
     """The stream driven; None: the run's own (a sub-workflow has one inside the run)."""
+    unavailable_tools: frozenset[str] = frozenset()
+    """Tools this branch may not call (a branch delta): an attempt calling one fails."""
+    plan: str | None = None
+    """Text prepended to every model prompt this branch renders (a branch delta)."""
 
     @property
     def key(self) -> BranchKey:
         """The log key of this run's branch."""
         return BranchKey(self.ref.tenant, self.stream or self.ref.run_id, self.branch)
+
+    @property
+    def max_model_calls(self) -> int:
+        """The run's model-call ceiling: the workflow's, or a rollout sibling's lower cap."""
+        ceiling = self.definition.budget.max_model_calls
+        rollout = self.ref.rollout
+        if rollout is not None and rollout.max_model_calls is not None:
+            return min(ceiling, rollout.max_model_calls)
+        return ceiling
+
+    @property
+    def max_tokens(self) -> int | None:
+        """A rollout sibling's token ceiling (None: the run has none)."""
+        return self.ref.rollout.max_tokens if self.ref.rollout is not None else None
+
+    @property
+    def speculative(self) -> bool:
+        """A rollout sibling or a shadow run: it calls no unsafe tool that reaches outside its
+        own sandbox workspace — N siblings would repeat the effect N times (§13), and a
+        shadow run re-executes a task the current version already served (§12.4)."""
+        return self.ref.rollout is not None or self.ref.purpose is Purpose.SHADOW
 
 
 class Cancelled(Exception):

@@ -29,11 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from assay.engine.events import (
     AttemptFinished,
     AttemptStarted,
+    BranchTreeRecorded,
     Forked,
     Intent,
     RunFinished,
     RunStarted,
 )
+from assay.engine.lineage import BranchingView, branching_view
 from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import TenantId
 from assay.kernel.intents import IntentState
@@ -164,6 +166,9 @@ class RunView(_View):
     usage: Usage = Field(description="The live branch's usage.")
     episode: str | None = Field(description="The live branch's episode ref.")
     branches: tuple[BranchView, ...] = Field(description="The branches shown, ascending.")
+    branchings: tuple[BranchingView, ...] = Field(
+        (), description="The run's branch commands whose trees are recorded, in order."
+    )
 
     def only(self, branches: Iterable[int]) -> RunView:
         """The same run with only `branches` shown (run-level fields unchanged)."""
@@ -190,8 +195,11 @@ def live_branch(branches: Iterable[int]) -> int:
     return max(branches)
 
 
-def build_run_view(branches: Mapping[int, Sequence[LogRecord]]) -> RunView:
-    """The view of one run from the records of each of its branches (in LSN order).
+def build_run_view(
+    branches: Mapping[int, Sequence[LogRecord]], commands: Sequence[LogRecord] = ()
+) -> RunView:
+    """The view of one run from the records of each of its branches (in LSN order),
+    and of its commands stream (where branch commands record their trees).
 
     Raises:
         ValueError: no records, or records of more than one run.
@@ -225,6 +233,9 @@ def build_run_view(branches: Mapping[int, Sequence[LogRecord]]) -> RunView:
         usage=shown.usage,
         episode=shown.episode,
         branches=views,
+        branchings=tuple(
+            branching_view(r, r.event) for r in commands if isinstance(r.event, BranchTreeRecorded)
+        ),
     )
 
 

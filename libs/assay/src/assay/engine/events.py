@@ -10,6 +10,7 @@ from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import AttemptNo, RunId, StepId
 from assay.kernel.intents import IntentState
 from assay.kernel.schema import Versioned
+from assay.messages.branching import BranchDelta, BranchTree
 from assay.messages.models import RunRef, Usage
 from assay.record.events import Event, EventRegistry, LogRecord
 from assay.record.state import Delete, Patch, Put, StateDelta, StateKey
@@ -36,12 +37,20 @@ class RunStarted(Event):
 
 
 class Forked(Event):
-    """This branch is a rewind of `from_branch` at `at` (§8.5): its records below
+    """This branch is a fork of `from_branch` at `at` (§8.5): its records below
     `at` are copies of the parent's, this record sits at LSN `at`, and new work
-    follows. The parent branch is kept and stays readable."""
+    follows. The parent branch is kept and stays readable.
+
+    A rewind forks one branch; a branch command (`BranchRun`) forks one per child.
+    Version 2 adds what a branch command's child carries: its `deltas` (applied to
+    everything that runs after this record, and by every fork of this branch that
+    copies it), its position `child`, its `label`, and the step it departed after
+    (`after_step` — a field named `step` would file it with that step's records on
+    replay).
+    """
 
     type: ClassVar[str] = "Forked"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     from_branch: int = Field(ge=0, description="The branch rewound.")
     at: int = Field(ge=0, description="The LSN of the parent at which this branch departs.")
     reason: str = Field("", description="Why, for people.")
@@ -53,6 +62,16 @@ class Forked(Event):
             "at or after `at`: the log cannot un-happen them (a compensation problem)."
         ),
     )
+    deltas: list[BranchDelta] = Field(
+        default_factory=list, description="v2: the child's deltas (none for a rewind)."
+    )
+    child: int | None = Field(
+        None, ge=1, description="v2: its position in its branch command; None for a rewind."
+    )
+    after_step: StepId | None = Field(
+        None, description="v2: the step it departed after (a branch command's boundary)."
+    )
+    label: str = Field("", description="v2: the child's label, as given.")
 
 
 class AttemptStarted(Event):
@@ -173,6 +192,17 @@ class CancelRequested(Event):
     reason: str = Field(description="Who asked, and why.")
 
 
+class BranchTreeRecorded(Event):
+    """A branch command's children all ended: its lineage (`tree`, also the blob
+    `tree_ref` in the tenant's blobs). Recorded on the run's commands stream, once
+    per command."""
+
+    type: ClassVar[str] = "BranchTreeRecorded"
+    version: ClassVar[int] = 1
+    tree_ref: str = Field(description="BlobRef of the tree (a `BranchTree` JSON document).")
+    tree: BranchTree = Field(description="The tree itself.")
+
+
 def commands_stream(run: str) -> str:
     """The stream that holds a run's operator commands."""
     return f"{run}/commands"
@@ -268,6 +298,7 @@ WORK_EVENTS = EventRegistry(
         Suspended,
         Signalled,
         CancelRequested,
+        BranchTreeRecorded,
         RunCancelled,
         RunFinished,
         GradingEnded,
@@ -281,6 +312,12 @@ WORK_EVENTS = EventRegistry(
 def _run_started_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 did not keep the definition and input: such a run cannot be rewound."""
     return {**payload, "definition": None, "input": None, "subworkflows": {}}
+
+
+@WORK_EVENTS.upcaster("Forked", 1)
+def _forked_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 forks were rewinds: no deltas, no child, no boundary step."""
+    return {**payload, "deltas": [], "child": None, "after_step": None, "label": ""}
 
 
 @WORK_EVENTS.upcaster("AttemptFinished", 1)
@@ -367,6 +404,16 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                 Patch(run_doc, {"status": "running", "last_lsn": record.lsn}),
                 Delete(StateKey(t, "await", run)),
             ]
+        case BranchTreeRecorded(tree_ref=ref, tree=tree):
+            target = run.removesuffix("/commands")
+            summary = {
+                "tree": ref,
+                "step": tree.boundary.step,
+                "from_branch": tree.boundary.branch,
+                "at": tree.boundary.at,
+                "branches": [c.branch for c in tree.children],
+            }
+            return [Put(StateKey(t, "branching", f"{target}/{tree.command}"), summary)]
         case CancelRequested(reason=reason):
             target = run.removesuffix("/commands")
             return [Put(StateKey(t, "cancel", target), {"reason": reason, "at_ms": record.at_ms})]

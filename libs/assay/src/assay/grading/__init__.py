@@ -1,5 +1,11 @@
 """Grading (§11): the judge port, the stub and chat judges, pairwise comparison, the
-SPRT, and judge calibration."""
+SPRT, and judge calibration.
+
+The tournament's statistics live in their own modules: `assay.grading.bt`
+(Bradley–Terry–Davidson with a prior) and `assay.grading.swiss` (pairing); one
+group's tournament is `assay.grading.tournament`, resource profiles are
+`assay.grading.strategies`.
+"""
 
 from assay.grading.calibration import (
     CalibrationFailure,
@@ -13,7 +19,17 @@ from assay.grading.judge_answers import parse_verdict, parse_violations
 from assay.grading.judge_prompts import JudgePrompt, JudgePrompts, render_episode
 from assay.grading.judges import Judge, JudgeFailed, JudgeUsage, StubJudge, UsageCallback
 from assay.grading.pairwise import challenger_position, compare_with_reference
-from assay.grading.sprt import SprtDecision, SprtPolicy, SprtState, evaluate, llr
+from assay.grading.sprt import (
+    Oc,
+    SprtDecision,
+    SprtPolicy,
+    SprtState,
+    evaluate,
+    fixed_n,
+    llr,
+    operating_characteristics,
+    simulate,
+)
 
 __all__ = [
     "CalibrationFailure",
@@ -27,6 +43,7 @@ __all__ = [
     "JudgePrompt",
     "JudgePrompts",
     "JudgeUsage",
+    "Oc",
     "PairCalibration",
     "SprtDecision",
     "SprtPolicy",
@@ -37,8 +54,11 @@ __all__ = [
     "challenger_position",
     "compare_with_reference",
     "evaluate",
+    "fixed_n",
     "llr",
+    "operating_characteristics",
     "parse_verdict",
     "parse_violations",
     "render_episode",
+    "simulate",
 ]

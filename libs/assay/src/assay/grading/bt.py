@@ -1,29 +1,31 @@
-"""Bradley-Terry with the Davidson tie term and a Gaussian prior, fitted by MAP (§11.4).
+"""Bradley–Terry strengths with the Davidson tie term and a Gaussian prior, fitted by MAP (§11.4).
 
-Three details are decisions, not implementation freedom (seed §11.4):
+§11.4 makes three decisions that textbook Bradley–Terry does not, and each is
+here:
 
-- **Draws need a draw model.** Davidson: with π = exp(θ),
-  P(i beats j) = π_i / D, P(draw) = ν√(π_iπ_j) / D, D = π_i + π_j + ν√(π_iπ_j).
-  ν is fitted alongside the strengths. Plain Bradley-Terry (`Ties.NONE`) has no
-  place for a draw, so draws in its data are an error — splitting them half and
-  half would invent comparisons, dropping them would discard the judge's most
-  confident statements.
-- **Small groups separate.** Every strength has the prior θ ~ N(0, 1/τ), τ =
-  `prior_precision`: a player who won everything gets a finite strength and a
-  wide interval instead of an infinite one. With τ = 0 the fit is plain maximum
-  likelihood and data that separate (a player never lost, or the comparison
-  graph falls apart) are refused with the players named.
-- **A strength alone means nothing.** The mean strength of the anchor player(s)
-  is pinned to zero and every strength is a delta from it, with a standard error
-  from the Laplace approximation (the inverse Hessian of the negative log
-  posterior, by the delta method for the contrast). The prior is on the raw
-  strengths, so which players anchor changes the report, never the fit.
+- **Draws need a draw model.** With ties=DAVIDSON, P(i beats j) =
+  π_i / (π_i + π_j + ν√(π_i π_j)) and P(draw) = ν√(π_i π_j) / (same), π = exp(θ);
+  the tie parameter ν ≥ 0 is fitted alongside the strengths (as log ν). Draws
+  are never dropped or split into half wins: with ties=NONE, data holding draws
+  is refused.
+- **Small groups separate.** A prior θ_i ~ N(0, 1/prior_precision), independent
+  for every player, turns "won every comparison" into a finite strength with a
+  wide interval. It sits on the raw strengths of all players, the anchor
+  included, so the estimates do not depend on which player is the anchor (the
+  anchor only moves the origin), and the prior on a delta between two players
+  is N(0, 2/prior_precision). With prior_precision = 0 the fit is the plain
+  maximum-likelihood one, and data that leaves a strength unbounded (a player
+  or group that won, or lost, every comparison with the rest, or players never
+  compared with the rest) is refused, naming who, instead of reporting an
+  infinity.
+- **A strength alone means nothing.** Every strength is reported as a delta
+  from the anchor: the mean strength of the anchor player(s) is pinned to 0.
+  Standard errors come from the Laplace approximation (the inverse Hessian of
+  the negative log posterior, ν included) by the delta method for each
+  contrast; a single anchor has strength 0, standard error 0, interval [0, 0].
 
-The model is an exponential family in (θ, log ν), so the negative log posterior
-is convex; it is minimised by damped Newton steps on aggregated pair counts with
-an analytic gradient and Hessian. When the data hold no draw, the maximum of ν
-is at zero and ν is fixed there. A weak N(0, 10²) prior on log ν keeps an
-all-draw data set finite.
+The fit works on aggregated counts per pair, by damped Newton on a convex
+objective with an analytic gradient and Hessian (`bt_posterior`).
 """
 
 from __future__ import annotations
@@ -32,37 +34,33 @@ import enum
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
+from typing import assert_never
 
 import numpy as np
-import numpy.typing as npt
-from scipy import linalg
+from numpy.typing import NDArray
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
-from scipy.stats import norm
 
+from assay.grading.bt_posterior import FloatArray, PairArrays, Posterior
 from assay.kernel.errors import AssayError
-
-Array = npt.NDArray[np.float64]
-
-_TIE_PRIOR_PRECISION = 0.01
-_MAX_ITERATIONS = 200
-_TOLERANCE = 1e-10
 
 
 class Ties(enum.Enum):
-    """How draws are modelled."""
+    """How draws enter the model."""
 
     DAVIDSON = "davidson"
+    """Davidson's tie term: a draw is an outcome of its own, with parameter ν."""
     NONE = "none"
-
-
-class BtFitError(AssayError):
-    """The data cannot be fitted as asked (the message says why and names the players)."""
+    """Plain Bradley–Terry: no draws allowed in the data."""
 
 
 @dataclass(frozen=True)
 class PairCount:
-    """Aggregated outcomes of one pair: `a` won `a_wins`, `b` won `b_wins`, `draws` drawn."""
+    """The aggregated outcomes of one unordered pair of players.
+
+    Several counts of the same pair, in either order, add up in `fit`.
+    """
 
     a: str
     b: str
@@ -73,7 +71,13 @@ class PairCount:
 
 @dataclass(frozen=True)
 class Strength:
-    """One player's strength as a delta from the anchor, its standard error and interval."""
+    """One player's strength as a delta from the anchor, with its uncertainty.
+
+    Attributes:
+        strength: the MAP strength minus the anchor's mean strength.
+        se: its standard error (Laplace approximation, delta method).
+        interval: strength ± z·se at the fit's level.
+    """
 
     strength: float
     se: float
@@ -82,7 +86,16 @@ class Strength:
 
 @dataclass(frozen=True)
 class BtFit:
-    """Every player's strength, the anchor, the tie parameter and what was fitted."""
+    """A fitted Bradley–Terry model.
+
+    Attributes:
+        strengths: every player, the anchor(s) included, in the order of the roster.
+        anchor: the players whose mean strength is pinned to 0.
+        tie: Davidson's ν (0.0 when the data has no draw, inf when it has nothing
+            but draws); None when fitted with ties=NONE.
+        comparisons: total comparisons, draws included.
+        level: the level of every interval, e.g. 0.95.
+    """
 
     strengths: dict[str, Strength]
     anchor: tuple[str, ...]
@@ -91,72 +104,37 @@ class BtFit:
     level: float
 
 
-def count_rows(rows: Iterable[tuple[str, str, str]]) -> list[PairCount]:
-    """Aggregate `(a, b, winner)` rows; `winner` is `a`, `b` or `draw` (positions, not names).
+class BtFitError(AssayError):
+    """The data or the arguments do not admit a fit; the message says why."""
 
-    `(a, b)` and `(b, a)` rows are one pair; pairs come out in order of first appearance.
+
+def count_rows(rows: Iterable[tuple[str, str, str]]) -> list[PairCount]:
+    """Aggregate comparison rows `(a, b, winner)` into one count per unordered pair.
+
+    The winner is named by position — "a", "b" or "draw" — never by player name,
+    so a player may be called "a" or "draw" without ambiguity. Rows of (a, b) and
+    of (b, a) merge into one count, oriented as the pair first appeared; pairs
+    come out in order of first appearance.
 
     Raises:
-        BtFitError: a winner other than `a`, `b` or `draw`.
+        BtFitError: a row compares a player with itself or names another winner
+            (the message gives the row's 1-based position).
     """
-    totals: dict[tuple[str, str], list[float]] = {}
-    for a, b, winner in rows:
-        key, flipped = ((a, b), False) if (b, a) not in totals else ((b, a), True)
-        counts = totals.setdefault(key, [0.0, 0.0, 0.0])
-        match winner.strip().lower():
-            case "a":
-                counts[1 if flipped else 0] += 1
-            case "b":
-                counts[0 if flipped else 1] += 1
-            case "draw":
-                counts[2] += 1
-            case other:
-                raise BtFitError(f"winner {other!r} is not a, b or draw")
-    return [PairCount(a, b, *outcomes) for (a, b), outcomes in totals.items()]
-
-
-def _players(counts: Sequence[PairCount], given: Sequence[str] | None) -> list[str]:
-    names: list[str] = list(given) if given is not None else []
-    if len(set(names)) != len(names):
-        raise BtFitError("a player is listed twice")
-    seen = set(names)
-    for c in counts:
-        for name in (c.a, c.b):
-            if name not in seen:
-                if given is not None:
-                    raise BtFitError(f"{name!r} is compared but not among the players")
-                seen.add(name)
-                names.append(name)
-    return names
-
-
-def _check_identified(
-    n: int,
-    index_i: npt.NDArray[np.intp],
-    index_j: npt.NDArray[np.intp],
-    won: Array,
-    lost: Array,
-    drawn: Array,
-    names: list[str],
-) -> None:
-    """Zermelo's condition for the maximum-likelihood fit: every player can be reached from
-    every other by a chain of 'beat or drew' — else some strength runs off to infinity."""
-    beats_i = (won + drawn) > 0
-    beats_j = (lost + drawn) > 0
-    rows = np.concatenate([index_i[beats_i], index_j[beats_j]]).astype(int)
-    cols = np.concatenate([index_j[beats_i], index_i[beats_j]]).astype(int)
-    graph = coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, n))
-    parts, labels = connected_components(graph, directed=True, connection="strong")
-    if parts > 1:
-        groups: dict[int, list[str]] = {}
-        for name, label in zip(names, labels, strict=True):
-            groups.setdefault(int(label), []).append(name)
-        smallest = min(groups.values(), key=len)
-        raise BtFitError(
-            "the data separate without a prior (prior_precision 0): "
-            f"{', '.join(sorted(smallest)[:5])} never lost to, or never beat, the rest; "
-            "use a prior precision > 0"
-        )
+    found: dict[frozenset[str], list[float]] = {}
+    order: dict[frozenset[str], tuple[str, str]] = {}
+    for number, (a, b, winner) in enumerate(rows, start=1):
+        if a == b:
+            raise BtFitError(f"row {number}: {a!r} is compared with itself")
+        if winner not in ("a", "b", "draw"):
+            raise BtFitError(f"row {number}: winner must be 'a', 'b' or 'draw', not {winner!r}")
+        key = frozenset((a, b))
+        first_a, _ = order.setdefault(key, (a, b))
+        tally = found.setdefault(key, [0.0, 0.0, 0.0])
+        if winner == "draw":
+            tally[2] += 1
+        else:
+            tally[0 if (a if winner == "a" else b) == first_a else 1] += 1
+    return [PairCount(*order[key], *tally) for key, tally in found.items()]
 
 
 def fit(
@@ -168,161 +146,193 @@ def fit(
     level: float = 0.95,
     players: Sequence[str] | None = None,
 ) -> BtFit:
-    """Fit strengths to aggregated pair counts; see the module docstring for the model.
+    """Fit strengths (and ν) to pair counts; report each as a delta from the anchor.
 
-    `players` lists everyone (players with no comparison get the prior alone);
-    by default the players are those compared, in order of first appearance.
-    `anchor` defaults to the first player.
+    Args:
+        counts: aggregated outcomes per pair (see `count_rows`).
+        anchor: the player, or players, whose mean strength is 0. Default: the
+            first player of the roster.
+        prior_precision: precision of the N(0, 1/prior_precision) prior on every
+            raw strength; 0 for the maximum-likelihood fit.
+        ties: whether draws are modelled (Davidson) or refused (none).
+        level: the level of the intervals, in (0, 1).
+        players: the roster, in order; it may hold players without comparisons.
+            Default: players in order of first appearance in `counts`.
 
     Raises:
-        BtFitError: draws with `Ties.NONE`; a negative or non-finite count; a pair of a
-            player with itself; an unknown anchor; a prior precision that is negative
-            or not finite; no players; or separated data with a prior precision of 0.
+        BtFitError: a count pairs a player with itself, is negative or not finite,
+            or names a player outside `players`; `players` repeats a name; an
+            anchor is not a player; prior_precision is negative or not finite;
+            level is outside (0, 1); ties=NONE with draws in the data; or, with
+            prior_precision = 0, a strength the data leaves unbounded.
     """
-    if not math.isfinite(prior_precision) or prior_precision < 0:
-        raise BtFitError(f"prior precision must be finite and >= 0, not {prior_precision}")
+    if not (math.isfinite(prior_precision) and prior_precision >= 0):
+        raise BtFitError(f"prior_precision must be finite and >= 0, not {prior_precision}")
     if not 0 < level < 1:
-        raise BtFitError(f"interval level must be in (0, 1), not {level}")
-    for c in counts:
-        if c.a == c.b:
-            raise BtFitError(f"{c.a!r} is paired with itself")
-        values = (c.a_wins, c.b_wins, c.draws)
-        if not all(math.isfinite(v) and v >= 0 for v in values):
-            raise BtFitError(f"counts of {c.a!r} vs {c.b!r} must be finite and >= 0: {values}")
-    names = _players(counts, players)
-    if not names:
-        raise BtFitError("no players to fit")
-    anchors = (
-        (names[0],) if anchor is None else (anchor,) if isinstance(anchor, str) else tuple(anchor)
-    )
-    unknown = [a for a in anchors if a not in names]
-    if not anchors or unknown:
-        raise BtFitError(f"anchor {', '.join(map(repr, unknown)) or '(none)'} is not a player")
-    position = {name: k for k, name in enumerate(names)}
-    n = len(names)
-    index_i = np.array([position[c.a] for c in counts], dtype=np.intp)
-    index_j = np.array([position[c.b] for c in counts], dtype=np.intp)
-    won = np.array([c.a_wins for c in counts], dtype=np.float64)
-    lost = np.array([c.b_wins for c in counts], dtype=np.float64)
-    drawn = np.array([c.draws for c in counts], dtype=np.float64)
-    if ties is Ties.NONE and drawn.sum() > 0:
+        raise BtFitError(f"level must lie in (0, 1), not {level}")
+    roster = _roster(counts, players)
+    anchors = _anchors(anchor, roster)
+    index = {name: i for i, name in enumerate(roster)}
+    pairs = _pair_arrays(counts, index)
+    draws, decisive = float(pairs.draws.sum()), float((pairs.a_wins + pairs.b_wins).sum())
+    if ties is Ties.NONE and draws > 0:
         raise BtFitError(
-            "the data hold draws, which plain Bradley-Terry cannot represent; "
-            "use the Davidson tie model"
+            f"the data holds {draws:g} draws and ties=none has no draw term; fit with "
+            "ties=davidson (dropping draws or splitting them into half wins misstates "
+            "the evidence, §11.4)"
         )
+    only_draws = draws > 0 and decisive == 0
+    if only_draws:
+        # (ties=DAVIDSON: NONE refused the draws above.) ν's estimate is infinite, and
+        # the likelihood is then flat in the strengths: they are the prior's alone.
+        if prior_precision == 0:
+            raise BtFitError(
+                "every comparison is a draw: with prior_precision=0 the strengths are "
+                "not identified; set prior_precision > 0"
+            )
+        pairs = pairs.without_outcomes()
     if prior_precision == 0:
-        _check_identified(n, index_i, index_j, won, lost, drawn, names)
-    free_tie = ties is Ties.DAVIDSON and drawn.sum() > 0
-    theta, log_nu, hessian = _newton(
-        n, index_i, index_j, won, lost, drawn, prior_precision, free_tie
-    )
-    pinned = 0 if prior_precision == 0 else None  # without a prior, θ_0 = 0 identifies the fit
-    covariance = _covariance(hessian, n, pinned)
-    contrast = np.zeros((n, n))
-    contrast[np.arange(n), np.arange(n)] = 1.0
-    anchor_index = [position[a] for a in anchors]
-    contrast[:, anchor_index] -= 1.0 / len(anchor_index)
-    deltas = contrast @ theta
-    variances = np.einsum("ij,jk,ik->i", contrast, covariance, contrast)
-    z = float(norm.ppf(0.5 + level / 2))
-    strengths = {}
-    for k, name in enumerate(names):
-        delta = float(deltas[k])
-        se = math.sqrt(max(float(variances[k]), 0.0))
-        if len(anchors) == 1 and name == anchors[0]:
-            delta, se = 0.0, 0.0
-        strengths[name] = Strength(delta, se, (delta - z * se, delta + z * se))
+        _check_bounded(pairs, roster)
+    fit_tie = ties is Ties.DAVIDSON and draws > 0 and not only_draws
+    try:
+        solution = Posterior(pairs, len(roster), prior_precision, fit_tie).solve()
+    except (ArithmeticError, np.linalg.LinAlgError) as exc:
+        raise BtFitError(f"the fit failed: {exc}") from exc
+    tie: float | None
+    match ties:
+        case Ties.NONE:
+            tie = None
+        case Ties.DAVIDSON if solution.log_nu is not None:
+            tie = math.exp(solution.log_nu)
+        case Ties.DAVIDSON:  # no draw at all, or nothing but draws
+            tie = math.inf if only_draws else 0.0
+        case _:
+            assert_never(ties)
     return BtFit(
-        strengths=strengths,
+        strengths=_contrasts(solution.theta, solution.covariance, roster, anchors, level),
         anchor=anchors,
-        tie=(math.exp(log_nu) if free_tie else 0.0) if ties is Ties.DAVIDSON else None,
-        comparisons=float(won.sum() + lost.sum() + drawn.sum()),
+        tie=tie,
+        comparisons=draws + decisive,
         level=level,
     )
 
 
-def _newton(
-    n: int,
-    index_i: npt.NDArray[np.intp],
-    index_j: npt.NDArray[np.intp],
-    won: Array,
-    lost: Array,
-    drawn: Array,
-    tau: float,
-    free_tie: bool,
-) -> tuple[Array, float, Array]:
-    """Minimise the negative log posterior; return θ, log ν and the Hessian at the optimum.
+def _roster(counts: Sequence[PairCount], players: Sequence[str] | None) -> list[str]:
+    """Players in order: `players` as given, else by first appearance in the counts."""
+    if players is None:
+        roster = list(dict.fromkeys(name for c in counts for name in (c.a, c.b)))
+    else:
+        roster = _listed(counts, players)
+    if not roster:
+        raise BtFitError("there are no players to fit")
+    return roster
 
-    The parameters are θ (n), then log ν when it is free. Without a prior, θ_0 is held
-    at zero (its row and column are dropped from the step).
+
+def _listed(counts: Sequence[PairCount], players: Sequence[str]) -> list[str]:
+    """`players`, once checked: no repeats, and every player of the counts among them."""
+    roster = list(players)
+    if len(set(roster)) != len(roster):
+        repeated = sorted({p for p in roster if roster.count(p) > 1})
+        raise BtFitError(f"players lists {', '.join(map(repr, repeated))} more than once")
+    known = set(roster)
+    for c in counts:
+        for name in (c.a, c.b):
+            if name not in known:
+                raise BtFitError(f"the counts name {name!r}, who is not among players")
+    return roster
+
+
+def _anchors(anchor: str | Sequence[str] | None, roster: list[str]) -> tuple[str, ...]:
+    chosen = (roster[0],) if anchor is None else (anchor,) if isinstance(anchor, str) else anchor
+    anchors = tuple(dict.fromkeys(chosen))
+    if not anchors:
+        raise BtFitError("the anchor names no player")
+    known = set(roster)
+    for name in anchors:
+        if name not in known:
+            raise BtFitError(f"unknown anchor {name!r}: not among the players")
+    return anchors
+
+
+def _pair_arrays(counts: Sequence[PairCount], index: dict[str, int]) -> PairArrays:
+    """The counts as arrays, once each is checked."""
+    for c in counts:
+        if c.a == c.b:
+            raise BtFitError(f"a count pairs {c.a!r} with itself")
+        for what, value in (("a_wins", c.a_wins), ("b_wins", c.b_wins), ("draws", c.draws)):
+            if not (math.isfinite(value) and value >= 0):
+                raise BtFitError(
+                    f"the count of {c.a!r} against {c.b!r} has {what} = {value}; "
+                    "counts must be finite and >= 0"
+                )
+    return PairArrays(
+        i=np.array([index[c.a] for c in counts], dtype=np.int64),
+        j=np.array([index[c.b] for c in counts], dtype=np.int64),
+        a_wins=np.array([c.a_wins for c in counts], dtype=np.float64),
+        b_wins=np.array([c.b_wins for c in counts], dtype=np.float64),
+        draws=np.array([c.draws for c in counts], dtype=np.float64),
+    )
+
+
+def _check_bounded(pairs: PairArrays, roster: list[str]) -> None:
+    """Refuse data whose maximum-likelihood strengths are not all finite.
+
+    The estimate exists exactly when the "beat or drew with" graph is strongly
+    connected: otherwise some group beat, or drew with, nobody outside it (its
+    strength runs to minus infinity, the rest's to plus infinity), or was never
+    compared with the rest at all.
     """
-    total = won + lost + drawn
-    size = n + int(free_tie)
-    keep = np.ones(size, dtype=bool)
-    if tau == 0:
-        keep[0] = False
-    params = np.zeros(size)
-
-    def evaluate(p: Array) -> tuple[float, Array, Array]:
-        theta = p[:n]
-        log_nu = p[n] if free_tie else -np.inf
-        half = (theta[index_i] - theta[index_j]) / 2
-        log_d = np.logaddexp(np.logaddexp(half, -half), log_nu)
-        p_i, p_j = np.exp(half - log_d), np.exp(-half - log_d)
-        value = -float(((won - lost) * half).sum() - (total * log_d).sum())
-        # Score and information of d = θ_i - θ_j, whose statistic is ±1/2 (0 for a draw).
-        g_d = (won - lost) / 2 - total * (p_i - p_j) / 2
-        h_dd = total * ((p_i + p_j) / 4 - (p_i - p_j) ** 2 / 4)
-        grad = np.zeros(size)
-        grad[:n] -= np.bincount(index_i, g_d, n) - np.bincount(index_j, g_d, n)
-        hess = np.zeros((size, size))
-        diag = np.bincount(index_i, h_dd, n) + np.bincount(index_j, h_dd, n)
-        off = np.bincount(index_i * n + index_j, h_dd, n * n).reshape(n, n)
-        hess[:n, :n] = np.diag(diag) - off - off.T
-        if free_tie:
-            p_t = np.exp(log_nu - log_d)
-            value -= float(drawn.sum() * log_nu)
-            value += _TIE_PRIOR_PRECISION * log_nu**2 / 2
-            g_l = drawn - total * p_t
-            grad[n] = -float(g_l.sum()) + _TIE_PRIOR_PRECISION * log_nu
-            h_dl = total * p_t * (p_i - p_j) / 2  # -Cov(statistic of d, draw indicator)
-            cross = np.bincount(index_i, h_dl, n) - np.bincount(index_j, h_dl, n)
-            hess[:n, n] = hess[n, :n] = -cross
-            hess[n, n] = float((total * p_t * (1 - p_t)).sum()) + _TIE_PRIOR_PRECISION
-        value += tau * float(theta @ theta) / 2
-        grad[:n] += tau * theta
-        hess[:n, :n] += tau * np.eye(n)
-        return value, grad, hess
-
-    value, grad, hess = evaluate(params)
-    for _ in range(_MAX_ITERATIONS):
-        sub = hess[np.ix_(keep, keep)]
-        try:
-            step_sub = linalg.solve(sub, -grad[keep], assume_a="pos")
-        except (linalg.LinAlgError, ValueError):
-            step_sub = linalg.lstsq(sub, -grad[keep])[0]
-        step = np.zeros(size)
-        step[keep] = step_sub
-        decrement = float(-grad @ step)
-        if decrement / 2 < _TOLERANCE:
-            break
-        scale = 1.0
-        while True:
-            candidate = params + scale * step
-            new_value, new_grad, new_hess = evaluate(candidate)
-            if new_value <= value - 0.25 * scale * decrement or scale < 1e-8:
-                break
-            scale /= 2
-        params, value, grad, hess = candidate, new_value, new_grad, new_hess
-    return params[:n], float(params[n]) if free_tie else -math.inf, hess
+    k = len(roster)
+    forward = (pairs.a_wins > 0) | (pairs.draws > 0)  # a beat or drew with b
+    backward = (pairs.b_wins > 0) | (pairs.draws > 0)
+    src = np.concatenate([pairs.i[forward], pairs.j[backward]])
+    dst = np.concatenate([pairs.j[forward], pairs.i[backward]])
+    graph = coo_matrix((np.ones(len(src)), (src, dst)), shape=(k, k)).tocsr()
+    groups, weak = connected_components(graph, directed=True, connection="weak")
+    if groups > 1:
+        parts = "; ".join(_names(roster, weak == g) for g in range(groups))
+        raise BtFitError(
+            f"with prior_precision=0 the strengths are not comparable: the players fall "
+            f"into {groups} groups never compared with each other ({parts}); set "
+            "prior_precision > 0 or compare across the groups"
+        )
+    groups, strong = connected_components(graph, directed=True, connection="strong")
+    if groups > 1:
+        # A group nobody outside it beat or drew with won all its outside comparisons.
+        beaten = set(strong[dst[strong[src] != strong[dst]]].tolist())
+        top = next(g for g in range(groups) if g not in beaten)
+        who = _names(roster, strong == top)
+        raise BtFitError(
+            f"with prior_precision=0 the maximum-likelihood strengths are infinite: "
+            f"{who} won every comparison against the other players; set prior_precision > 0"
+        )
 
 
-def _covariance(hessian: Array, n: int, pinned: int | None) -> Array:
-    """The covariance of θ: the θ block of the inverse Hessian (pinned row and column 0)."""
-    keep = np.ones(len(hessian), dtype=bool)
-    if pinned is not None:
-        keep[pinned] = False
-    inverse = np.zeros_like(hessian)
-    sub = hessian[np.ix_(keep, keep)]
-    inverse[np.ix_(keep, keep)] = linalg.pinvh(sub)
-    return inverse[:n, :n]
+def _names(roster: list[str], members: NDArray[np.bool_]) -> str:
+    names = [roster[i] for i in np.flatnonzero(members)]
+    shown = ", ".join(map(repr, names[:5]))
+    return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"
+
+
+def _contrasts(
+    theta: FloatArray,
+    covariance: FloatArray,
+    roster: list[str],
+    anchors: tuple[str, ...],
+    level: float,
+) -> dict[str, Strength]:
+    """Each strength minus the anchors' mean, with its delta-method standard error."""
+    index = {name: i for i, name in enumerate(roster)}
+    weights = np.zeros(len(roster))
+    weights[[index[a] for a in anchors]] = 1 / len(anchors)
+    contrast = np.eye(len(roster)) - weights  # row i: e_i - anchor weights
+    if len(anchors) == 1:
+        contrast[index[anchors[0]]] = 0.0  # exactly: the anchor minus itself
+    values = contrast @ theta
+    variances = np.einsum("ij,jk,ik->i", contrast, covariance, contrast)
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    out = {}
+    for name, value, variance in zip(roster, values.tolist(), variances.tolist(), strict=True):
+        se = math.sqrt(max(variance, 0.0))
+        out[name] = Strength(strength=value, se=se, interval=(value - z * se, value + z * se))
+    return out

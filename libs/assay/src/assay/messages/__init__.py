@@ -1,6 +1,17 @@
 """Wire contracts: the envelope and every message payload (DESIGN §4–§5)."""
 
 from assay.kernel.schema import SchemaRegistry, UnknownSchema, Versioned
+from assay.messages.branching import (
+    BranchChild,
+    BranchChildResult,
+    BranchDelta,
+    BranchRun,
+    BranchTree,
+    InjectPlanDelta,
+    ModelParamsDelta,
+    PromptDelta,
+    ToolUnavailableDelta,
+)
 from assay.messages.envelope import (
     MAX_MESSAGE_BYTES,
     Envelope,
@@ -45,11 +56,27 @@ from assay.messages.models import (
     VerifierResult,
     WorkflowRegistered,
     run_graded_v1_to_v2,
+    run_ref_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_spawned_v1_to_v2,
+    task_submitted_v1_to_v2,
     usage_recorded_v1_to_v2,
     workflow_registered_v1_to_v2,
+)
+from assay.messages.rollout_spec import (
+    RolloutBudget,
+    RolloutRef,
+    RolloutSpec,
+    SelectionPolicy,
+)
+from assay.messages.rollouts import (
+    CancelRollout,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutResult,
+    SelectionRecord,
+    SiblingResult,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -64,8 +91,13 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         GroupDue,
         RunGraded,
         RunResult,
+        RolloutProgress,
+        CancelRollout,
+        RolloutClosed,
+        RolloutResult,
         CancelRun,
         RewindRun,
+        BranchRun,
         SignalRun,
         VariantAggregate,
         AllocationChanged,
@@ -78,6 +110,13 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
 """Every message type that travels on a topic, at its current version."""
 
 MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
+MESSAGES.upcaster("TaskSubmitted", 1)(task_submitted_v1_to_v2)
+MESSAGES.upcaster("RunSpawned", 2)(run_ref_unchanged)
+MESSAGES.upcaster("RunStatusChanged", 1)(run_ref_unchanged)
+MESSAGES.upcaster("AttemptIndeterminate", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunExecuted", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunVerified", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunGraded", 2)(run_ref_unchanged)
 MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
 MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
@@ -93,6 +132,12 @@ __all__ = [
     "AllocationChanged",
     "AttemptIndeterminate",
     "AttemptView",
+    "BranchChild",
+    "BranchChildResult",
+    "BranchDelta",
+    "BranchRun",
+    "BranchTree",
+    "CancelRollout",
     "CancelRun",
     "ChallengerRejected",
     "Elision",
@@ -100,13 +145,22 @@ __all__ = [
     "Episode",
     "GroupDue",
     "HeldOutTally",
+    "InjectPlanDelta",
     "Ladder",
+    "ModelParamsDelta",
     "Promoted",
+    "PromptDelta",
     "Purpose",
     "ReducedEpisode",
     "RewindRun",
     "Role",
     "RolledBack",
+    "RolloutBudget",
+    "RolloutClosed",
+    "RolloutProgress",
+    "RolloutRef",
+    "RolloutResult",
+    "RolloutSpec",
     "RunExecuted",
     "RunGraded",
     "RunRef",
@@ -116,9 +170,13 @@ __all__ = [
     "RunVerified",
     "Rung",
     "SchemaRegistry",
+    "SelectionPolicy",
+    "SelectionRecord",
+    "SiblingResult",
     "SignalRun",
     "StrengthSummary",
     "TaskSubmitted",
+    "ToolUnavailableDelta",
     "UnknownSchema",
     "Usage",
     "UsageRecorded",

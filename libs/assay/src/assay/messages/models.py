@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from assay.kernel.ids import (
     RunId,
@@ -18,6 +18,7 @@ from assay.kernel.ids import (
 from assay.kernel.lifecycle import RunState
 from assay.kernel.schema import Versioned
 from assay.kernel.scores import AttemptRank, Score, StepCredit
+from assay.messages.rollout_spec import RolloutRef, RolloutSpec
 from assay.workflow.ir import PinnedVersion
 
 
@@ -39,10 +40,13 @@ class Purpose(enum.Enum):
 
 
 class TaskSubmitted(Versioned):
-    """A producer asks for a task to be run by a workflow."""
+    """A producer asks for a task to be run by a workflow.
+
+    Version 2 adds `rollout`: run the task as a group of sibling runs and select one.
+    """
 
     type: ClassVar[str] = "TaskSubmitted"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant submitting the task.")
     workflow_id: WorkflowId = Field(description="Workflow to run it with.")
     idempotency_key: str = Field(
@@ -51,6 +55,9 @@ class TaskSubmitted(Versioned):
     input: dict[str, Any] = Field(description="Task input; hashed into the TaskId.")
     task_key: str | None = Field(
         None, max_length=512, description="Producer-supplied task identity instead of the hash."
+    )
+    rollout: RolloutSpec | None = Field(
+        None, description="v2: run the task as a rollout group of sibling runs (DESIGN §13)."
     )
 
 
@@ -106,6 +113,20 @@ class RunRef(Versioned):
             "gate. False (a selection task) for every reference written before the split."
         ),
     )
+    rollout: RolloutRef | None = Field(
+        None, description="For a sibling of a rollout group: its group and index."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out unless set: a selection-set run outside any rollout group serialises as
+        # it always did, so its episode's bytes (and content address) are unchanged.
+        data: dict[str, Any] = handler(self)
+        if data.get("rollout") is None:
+            data.pop("rollout", None)
+        if data.get("held_out") is False:
+            data.pop("held_out", None)
+        return data
 
 
 class Usage(Versioned):
@@ -122,7 +143,7 @@ class RunSpawned(Versioned):
     """Ingest spawned a run: pinned version, role, purpose, and the task snapshot."""
 
     type: ClassVar[str] = "RunSpawned"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     run: RunRef = Field(description="The run.")
     definition: dict[str, Any] = Field(description="The pinned workflow IR.")
     input: dict[str, Any] = Field(description="The immutable task input.")
@@ -139,7 +160,7 @@ class RunStatusChanged(Versioned):
     """A lifecycle transition of a run (§5.2), reported by the stage that drove it."""
 
     type: ClassVar[str] = "RunStatusChanged"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
     state: RunState = Field(description="The state entered.")
     detail: str = Field("", description="Why, for people.")
@@ -153,7 +174,7 @@ class AttemptIndeterminate(Versioned):
     """
 
     type: ClassVar[str] = "AttemptIndeterminate"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
     step: StepId = Field(description="Step of the attempt.")
     attempt: int = Field(ge=1, description="Attempt number.")
@@ -166,7 +187,7 @@ class RunExecuted(Versioned):
     """Execute finished a run; the frozen episode is a blob."""
 
     type: ClassVar[str] = "RunExecuted"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
     succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
@@ -190,7 +211,7 @@ class RunVerified(Versioned):
     """Verify's outcome for a run, keyed by task for the grading join."""
 
     type: ClassVar[str] = "RunVerified"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
     passed: bool = Field(description="Outcome class: every verifier passed.")
@@ -224,7 +245,7 @@ class RunGraded(Versioned):
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
@@ -352,6 +373,17 @@ def run_result_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
 def run_graded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """RunGraded v1 -> v2: v1 ran no attempt tournaments."""
     return {**payload, "attempt_ranks": [], "step_credit": []}
+
+
+def run_ref_unchanged(payload: dict[str, Any]) -> dict[str, Any]:
+    """A message about a run, one version before `RunRef.rollout` and `RunRef.held_out`: no
+    rollout's sibling and a selection task, which the new version reads as it is."""
+    return dict(payload)
+
+
+def task_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """TaskSubmitted v1 -> v2: v1 tasks asked for one run."""
+    return {**payload, "rollout": None}
 
 
 def run_spawned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 from pathlib import Path
 
 from assay.kernel.canonical import digest
@@ -45,7 +46,9 @@ class FsBlobStore:
         if path.exists():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # Unique per write, not per process: two handlers of one process may put the same
+        # content at once (siblings of a rollout group writing one workspace snapshot).
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
         with open(tmp, "wb") as f:
             f.write(content)
             f.flush()

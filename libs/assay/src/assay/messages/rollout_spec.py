@@ -1,0 +1,131 @@
+"""What a rollout group asks for, and what each of its runs carries (DESIGN §13).
+
+A `TaskSubmitted` may carry a `RolloutSpec`: run the task N times, as sibling
+runs from the same immutable snapshot, within a hierarchical budget, then
+select a winner by an explicit, versioned policy. Each sibling's `RunRef`
+carries a `RolloutRef` naming its group and index — a retried attempt is an
+attempt of the same sibling, never another rollout.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from assay.kernel.schema import Versioned
+
+MAX_ROLLOUT = 64
+"""The most sibling runs one rollout group may request."""
+
+RolloutMode = Literal["best_of_n", "evaluation", "trajectory_collection", "shadow"]
+
+
+class RolloutBudget(Versioned):
+    """The group's hierarchical budget: total, per run, concurrency and a deadline."""
+
+    type: ClassVar[str] = "RolloutBudget"
+    version: ClassVar[int] = 1
+    max_concurrency: int | None = Field(
+        None, ge=1, le=MAX_ROLLOUT, description="Siblings running at once (default: all)."
+    )
+    run_max_model_calls: int | None = Field(
+        None, ge=1, description="Model calls one sibling may make (at most the workflow's)."
+    )
+    group_max_model_calls: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Model calls the whole group may make; a sibling starts only when the calls spent "
+            "plus every running sibling's maximum plus its own fit."
+        ),
+    )
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        le=7 * 86400,
+        description="Seconds after submission when the group stops: running siblings cancelled.",
+    )
+    run_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens one sibling may use: a model call is made only if the tokens used plus "
+            "the prompt's UTF-8 bytes plus the step's max_tokens fit (a bound, not a guess)."
+        ),
+    )
+    group_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens the whole group may use (needs run_max_tokens): a sibling starts only when "
+            "the tokens used plus every running sibling's maximum plus its own fit."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _group_tokens_need_a_run_cap(self) -> RolloutBudget:
+        if self.group_max_tokens is not None and self.run_max_tokens is None:
+            raise ValueError("group_max_tokens needs run_max_tokens, the bound of each sibling")
+        return self
+
+
+class SelectionPolicy(Versioned):
+    """How a winner is chosen; recorded with the result (name and version)."""
+
+    type: ClassVar[str] = "SelectionPolicy"
+    version: ClassVar[int] = 1
+    name: Literal["verifier_then_judge"] = Field(
+        "verifier_then_judge",
+        description=(
+            "Verifier outcome first (a pass beats a fail; a capped sibling never wins), then "
+            "a Bradley-Terry tournament among the best outcome class, then the lowest index."
+        ),
+    )
+    policy_version: int = Field(1, ge=1, description="Version of the named policy.")
+
+
+class RolloutSpec(Versioned):
+    """Run one task as N sibling runs and select among them."""
+
+    type: ClassVar[str] = "RolloutSpec"
+    version: ClassVar[int] = 1
+    n: int = Field(ge=1, le=MAX_ROLLOUT, description="Sibling runs requested.")
+    mode: RolloutMode = Field(
+        "best_of_n",
+        description=(
+            "best_of_n: publish the winner; evaluation: pass@k over the siblings; "
+            "trajectory_collection: keep every sibling, select none; shadow: like "
+            "evaluation, for comparison only. Siblings never publish an unsafe effect."
+        ),
+    )
+    admit: int | None = Field(
+        None, ge=1, le=MAX_ROLLOUT, description="Admit at most this many of the n (policy)."
+    )
+    budget: RolloutBudget = Field(default_factory=RolloutBudget, description="The budget.")
+    selection: SelectionPolicy = Field(
+        default_factory=SelectionPolicy, description="The selection policy."
+    )
+
+    @model_validator(mode="after")
+    def _admit_within_n(self) -> RolloutSpec:
+        if self.admit is not None and self.admit > self.n:
+            raise ValueError(f"admit ({self.admit}) exceeds n ({self.n})")
+        return self
+
+
+class RolloutRef(Versioned):
+    """A sibling run's place in its rollout group."""
+
+    type: ClassVar[str] = "RolloutRef"
+    version: ClassVar[int] = 1
+    group: str = Field(description="The group: its task's idempotency key.")
+    index: int = Field(ge=0, description="Stable index among the siblings (0-based).")
+    size: int = Field(ge=1, description="Siblings admitted.")
+    mode: RolloutMode = Field(description="The group's mode.")
+    max_model_calls: int | None = Field(
+        None, ge=1, description="This sibling's model-call maximum (the group's per-run cap)."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="This sibling's token maximum (the group's per-run cap)."
+    )

@@ -1,0 +1,135 @@
+"""The messages of a rollout group's life (DESIGN §13).
+
+Ingest owns the group: it admits, spawns siblings within the budget, learns
+each sibling's end from a `RolloutProgress` (on `assay.tasks`, keyed like the
+task, so one ingest consumer is the group's single writer), and closes the
+group with a `RolloutClosed` (on `assay.verified`, keyed by task, so it reaches
+the tournament partition holding the siblings' episodes). The tournament stage
+selects and publishes one `RolloutResult` on `assay.results`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from assay.kernel.ids import RunId, TaskId, TenantId, WorkflowId, WorkflowVersion
+from assay.kernel.schema import Versioned
+from assay.kernel.scores import Ranked
+from assay.messages.models import Usage, VerifierResult
+from assay.messages.rollout_spec import RolloutMode, RolloutSpec
+
+
+class RolloutProgress(Versioned):
+    """A sibling of a rollout group ended: graded (its episode verified) or cancelled."""
+
+    type: ClassVar[str] = "RolloutProgress"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    idempotency_key: str = Field(description="The group's task key (the group id).")
+    run_id: RunId = Field(description="The sibling.")
+    index: int = Field(ge=0, description="Its index in the group.")
+    ended: Literal["verified", "cancelled"] = Field(description="How it ended.")
+    model_calls: int = Field(ge=0, description="Model calls it made.")
+    tokens: int = Field(0, ge=0, description="Prompt and completion tokens it used.")
+
+
+class CancelRollout(Versioned):
+    """Stop a rollout group: no sibling starts, running ones are cancelled (`assay cancel
+    --rollout`, or the group's deadline)."""
+
+    type: ClassVar[str] = "CancelRollout"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    idempotency_key: str = Field(description="The group's task key.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
+
+
+class RolloutClosed(Versioned):
+    """No sibling of the group will run any more: select among those that did."""
+
+    type: ClassVar[str] = "RolloutClosed"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    task_id: TaskId = Field(description="The task (the tournament partition's key).")
+    idempotency_key: str = Field(description="The group's task key.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="The version every sibling ran.")
+    spec: RolloutSpec = Field(description="What was asked.")
+    admitted: int = Field(ge=0, description="Siblings admitted.")
+    runs: list[RunId] = Field(description="Siblings that started, by index.")
+    cancelled: list[RunId] = Field(description="Of which cancelled before verification.")
+    reason: Literal["completed", "cancelled", "deadline"] = Field(description="Why it closed.")
+    detail: str = Field("", description="For people: who cancelled, or the budget that stopped it.")
+    model_calls: int = Field(ge=0, description="Model calls the siblings made.")
+    tokens: int = Field(0, ge=0, description="Tokens the siblings used.")
+    peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
+
+
+class SiblingResult(Versioned):
+    """One sibling in a rollout result."""
+
+    type: ClassVar[str] = "SiblingResult"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="The sibling.")
+    index: int = Field(ge=0, description="Its index.")
+    ended: Literal["verified", "cancelled"] = Field(description="How it ended.")
+    passed: bool = Field(description="Every verifier passed (False when cancelled).")
+    capped: bool = Field(False, description="A `Core` rubric violation: never the winner.")
+    verification: list[VerifierResult] = Field(description="Each verifier's result.")
+    usage: Usage = Field(description="Model usage.")
+    rank: Ranked | None = Field(
+        None, description="Strength within its outcome class (relative to the class's mean)."
+    )
+
+
+class SelectionRecord(Versioned):
+    """How the winner was chosen, with the evidence."""
+
+    type: ClassVar[str] = "SelectionRecord"
+    version: ClassVar[int] = 1
+    policy: str = Field(description="Selection policy name.")
+    policy_version: int = Field(ge=1, description="Its version.")
+    decided_by: Literal["verifier", "judge", "index", "none"] = Field(
+        description=(
+            "verifier: one sibling alone had the best outcome; judge: a tournament among "
+            "the best outcome class; index: a tie broken by the lowest index; none: no winner."
+        )
+    )
+    evidence: str = Field(description="What decided it, for people.")
+    judge_calls: int = Field(ge=0, description="Judge calls the selection spent.")
+
+
+class RolloutResult(Versioned):
+    """What a consumer reads for a task submitted with a rollout spec: one per task."""
+
+    type: ClassVar[str] = "RolloutResult"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    idempotency_key: str = Field(description="The submitting task's key.")
+    task_id: TaskId = Field(description="The task's comparison key.")
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    workflow_version: WorkflowVersion = Field(description="Version every sibling ran.")
+    mode: RolloutMode = Field(description="The group's mode.")
+    requested: int = Field(ge=1, description="Siblings requested (n).")
+    admitted: int = Field(ge=0, description="Siblings admitted.")
+    siblings: list[SiblingResult] = Field(description="Every sibling that started, by index.")
+    passes: int = Field(ge=0, description="Siblings every verifier passed.")
+    pass_at_k: list[float] = Field(
+        description=(
+            "Unbiased pass@k for k = 1..(siblings verified): 1 - C(n-c, k) / C(n, k), "
+            "n siblings verified, c passes; pass@N is the last."
+        )
+    )
+    best_of_n_passed: bool = Field(description="The best sibling passed verification.")
+    winner: RunId | None = Field(description="The selected sibling (None: no selection).")
+    output: str | None = Field(None, description="The winner's output, when small.")
+    selection: SelectionRecord = Field(description="How the winner was chosen.")
+    closed: Literal["completed", "cancelled", "deadline"] = Field(
+        description="How the group ended."
+    )
+    detail: str = Field("", description="For people.")
+    model_calls: int = Field(ge=0, description="Model calls of every sibling.")
+    tokens: int = Field(0, ge=0, description="Tokens of every sibling.")
+    peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
