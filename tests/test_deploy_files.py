@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -476,3 +477,17 @@ def test_dockerignore() -> None:
     # What the build needs must stay in the context.
     for needed in ("uv.lock", "pyproject.toml", "libs", "services", "deploy"):
         assert not any(p in (needed, f"{needed}/", f"/{needed}") for p in patterns), needed
+
+
+def test_no_stage_loads_scipy_until_it_fits_or_tests() -> None:
+    """scipy's submodules cost a process 30-80 MB resident each; a stage pays for them only
+    when it fits Bradley-Terry or sums Ranked deltas, never at start (§14: stage memory)."""
+    code = (
+        "import sys, assay.runtime.distributed, assay_ingest.stage, assay_execute.stage, "
+        "assay_verify.stage, assay_tournament.stage, assay_aggregate.stage, "
+        "assay_decide.stage; print(sorted(m for m in sys.modules if m.startswith('scipy')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

@@ -22,7 +22,6 @@ import math
 from typing import Any, ClassVar
 
 from pydantic import Field
-from scipy.stats import t as student_t
 
 from assay.bus.topics import AGGREGATES, GRADED
 from assay.kernel import RunId, WorkflowId, WorkflowVersion
@@ -122,7 +121,11 @@ def summarise(ranked: dict[str, float]) -> StrengthSummary:
         interval = (mean, mean)
     else:
         var = max(sumsq - n * mean * mean, 0.0) / (n - 1)
-        half = float(student_t.ppf(0.975, n - 1)) * math.sqrt(var / n)
+        # Imported here: scipy.special costs a stage ~30 MB resident, and only tournament or
+        # deterministic grading (Ranked deltas) ever needs the t quantile.
+        from scipy.special import stdtrit
+
+        half = float(stdtrit(n - 1, 0.975)) * math.sqrt(var / n)
         interval = (mean - half, mean + half)
     return StrengthSummary(
         episodes=n, mean=mean, interval=interval, unanchored=int(ranked["unanchored"])

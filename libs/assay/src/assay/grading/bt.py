@@ -39,8 +39,6 @@ from typing import assert_never
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from assay.grading.bt_posterior import FloatArray, PairArrays, Posterior
 from assay.kernel.errors import AssayError
@@ -282,6 +280,11 @@ def _check_bounded(pairs: PairArrays, roster: list[str]) -> None:
     strength runs to minus infinity, the rest's to plus infinity), or was never
     compared with the rest at all.
     """
+    # Imported here, not at the top: a stage that never fits Bradley-Terry (pairwise
+    # grading) should not carry scipy.sparse's resident memory.
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     k = len(roster)
     forward = (pairs.a_wins > 0) | (pairs.draws > 0)  # a beat or drew with b
     backward = (pairs.b_wins > 0) | (pairs.draws > 0)

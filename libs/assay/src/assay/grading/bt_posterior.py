@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
@@ -92,6 +91,8 @@ class Posterior:
             np.linalg.LinAlgError: the Hessian is numerically not positive definite.
             ArithmeticError: Newton stalled or did not converge.
         """
+        import scipy.linalg  # here, not at the top: only a stage that fits pays its memory
+
         x = self._start()
         for _ in range(MAX_NEWTON_STEPS):
             grad, hess = self.derivatives(x)
