@@ -12,8 +12,6 @@ with deltas from a stage boundary and records their lineage (`branching`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
 from assay.bus.topics import (
@@ -23,7 +21,6 @@ from assay.bus.topics import (
     RUN_STATUS,
     RUNS,
     TASKS,
-    producer_entry,
 )
 from assay.crash import crash_point
 from assay.engine import (
@@ -71,13 +68,13 @@ from assay.messages import (
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.leases import acquire, under_lease
-from assay.store import CommitBatch, EventLog, Lease
+from assay.runtime.timers import Fired, timer
+from assay.store import Lease
 from assay.workflow import LATEST, WorkflowInvalid, from_document, validate
 from assay_execute.branching import Brancher
 from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
 from assay_execute.retention import Retention
 
-TIMER_TICK_S = 1.0
 """How often the execute stage looks for waits whose deadline passed."""
 
 
@@ -302,28 +299,19 @@ def create_stage(deps: StageDeps) -> StageSpec:
             spec, lease = found
             await conclude(spec, uow, lease, graded=spec.branch == 0)
 
-    async def timeouts(log: EventLog, stop: asyncio.Event) -> None:
-        """Send each wait whose deadline passed its timeout signal (once per process;
-        the inbox drops repeats)."""
-        sent: set[tuple[TenantId, str, str]] = set()
-        while not stop.is_set():
-            now = driver.clock() * 1000
-            for tenant, run, waiting in await log.scan_kind("await"):
-                mark = (
-                    tenant,
-                    run,
-                    f"{waiting['branch']}/{waiting['step']}/{waiting['iteration']}",
-                )
-                if waiting["deadline_ms"] > now or mark in sent:
-                    continue
-                signal = SignalRun(
-                    tenant=tenant, run_id=RunId(run), signal=str(waiting["signal"]), timed_out=True
-                )
-                entry = producer_entry(RUN_COMMANDS, signal, tenant, f"timeout:{run}:{mark[2]}")
-                await log.commit(CommitBatch(outbox=[entry]))
-                sent.add(mark)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), TIMER_TICK_S)
+    def wait_due(
+        tenant: TenantId, run: str, waiting: dict[str, Any], now_ms: float
+    ) -> Fired | None:
+        """A wait whose deadline passed sends its timeout signal."""
+        if waiting["deadline_ms"] > now_ms:
+            return None
+        signal = SignalRun(
+            tenant=tenant, run_id=RunId(run), signal=str(waiting["signal"]), timed_out=True
+        )
+        where = f"{waiting['branch']}/{waiting['step']}/{waiting['iteration']}"
+        return RUN_COMMANDS, signal, f"timeout:{run}:{where}"
+
+    timeouts = timer("await", wait_due, driver.clock)
 
     async def on_rewind(msg: RewindRun, uow: UnitOfWork) -> None:
         """Fork the run at `at` onto a new branch and drive the new branch (§8.5)."""

@@ -21,15 +21,13 @@ message that changes it — the task, each sibling's `RolloutProgress`, a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from assay.bus.topics import RUN_COMMANDS, RUN_STATUS, RUNS, TASKS, VERIFIED, producer_entry
+from assay.bus.topics import RUN_COMMANDS, RUN_STATUS, RUNS, TASKS, VERIFIED
 from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowVersion, run_id_from
 from assay.messages import (
     CancelRollout,
@@ -47,10 +45,9 @@ from assay.messages import (
 )
 from assay.record import BranchKey, Event, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import UnitOfWork
-from assay.store import CommitBatch, EventLog
+from assay.runtime.timers import Fired
 from assay.workflow import WorkflowDef
 
-TIMER_TICK_S = 1.0
 DEADLINE = "deadline"
 """The reason of the `CancelRollout` the deadline timer sends."""
 
@@ -292,21 +289,11 @@ class Rollouts:
             peak_concurrency=doc["peak"],
         )
 
-    async def deadlines(self, log: EventLog, stop: asyncio.Event) -> None:
-        """Send each open group whose deadline passed its `CancelRollout` (once per process;
-        the inbox drops repeats across processes)."""
-        sent: set[tuple[TenantId, str]] = set()
-        while not stop.is_set():
-            now = time.time() * 1000
-            for tenant, group, doc in await log.scan_kind("rollout"):
-                due = doc.get("deadline_ms")
-                if due is None or due > now or doc["closed"] or doc["cancelled"]:
-                    continue
-                if (tenant, group) in sent:
-                    continue
-                cancel = CancelRollout(tenant=tenant, idempotency_key=group, reason=DEADLINE)
-                entry = producer_entry(TASKS, cancel, tenant, f"rollout-deadline:{group}")
-                await log.commit(CommitBatch(outbox=[entry]))
-                sent.add((tenant, group))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), TIMER_TICK_S)
+    @staticmethod
+    def deadline(tenant: TenantId, group: str, doc: dict[str, Any], now_ms: float) -> Fired | None:
+        """An open group whose deadline passed sends itself its `CancelRollout`."""
+        due = doc.get("deadline_ms")
+        if due is None or due > now_ms or doc["closed"] or doc["cancelled"]:
+            return None
+        cancel = CancelRollout(tenant=tenant, idempotency_key=group, reason=DEADLINE)
+        return TASKS, cancel, f"rollout-deadline:{group}"

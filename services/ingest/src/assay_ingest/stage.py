@@ -14,6 +14,7 @@ from) and never edited (a re-registration of a stored version changes nothing).
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,6 +48,7 @@ from assay.messages import (
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime.timers import timer
 from assay.workflow import (
     LATEST,
     MAX_SUBWORKFLOW_DEPTH,
@@ -311,7 +313,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             DECISIONS: {AllocationChanged.type: on_allocation},
         },
-        background=(rollouts.deadlines,),
+        background=(timer("rollout", Rollouts.deadline, time.time),),
     )
 
 

@@ -13,11 +13,10 @@ member reports `Ungraded{InsufficientGroup}`, a stated reason, not a silence.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
+from typing import Any
 
-from assay.bus.topics import VERIFIED, producer_entry
+from assay.bus.topics import VERIFIED
 from assay.grading.attempts import AttemptGrades
 from assay.grading.tournament import Entrant, run_tournament
 from assay.kernel import RunId, TaskId, TenantId
@@ -25,12 +24,10 @@ from assay.kernel.scores import Ungraded, UngradedReason
 from assay.messages import Episode, GroupDue, Role, RunVerified
 from assay.record import BranchKey
 from assay.runtime import UnitOfWork
-from assay.store import CommitBatch, EventLog
+from assay.runtime.timers import Fired
 from assay.workflow import GradingSpec, WorkflowDef
 from assay_tournament.events import GroupClosed, GroupJoined, outcome_class
 from assay_tournament.grading import Grading, Meter, load_episode
-
-TIMER_TICK_S = 1.0
 
 
 def clock_ms() -> int:
@@ -203,25 +200,14 @@ class Groups:
             ),
         )
 
-    async def timeouts(self, log: EventLog, stop: asyncio.Event) -> None:
-        """Send each open group whose timeout passed its `GroupDue` (once per process;
-        the inbox drops repeats across processes)."""
-        sent: set[tuple[TenantId, str, int]] = set()
-        while not stop.is_set():
-            now = clock_ms()
-            for tenant, key, doc in await log.scan_kind("group"):
-                if int(doc.get("members", 0)) == 0:
-                    continue
-                epoch = int(doc["epoch"])
-                due = int(doc["opened_ms"]) + float(doc["timeout_s"]) * 1000
-                if due > now or (tenant, key, epoch) in sent:
-                    continue
-                task, outcome = key.rsplit("/", 1)
-                due_msg = GroupDue(
-                    tenant=tenant, task_id=TaskId(task), passed=outcome == "pass", epoch=epoch
-                )
-                entry = producer_entry(VERIFIED, due_msg, tenant, f"group-due:{key}:{epoch}")
-                await log.commit(CommitBatch(outbox=[entry]))
-                sent.add((tenant, key, epoch))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), TIMER_TICK_S)
+    @staticmethod
+    def due(tenant: TenantId, key: str, doc: dict[str, Any], now_ms: float) -> Fired | None:
+        """An open group whose timeout passed sends itself its `GroupDue`."""
+        if int(doc.get("members", 0)) == 0:
+            return None
+        epoch = int(doc["epoch"])
+        if int(doc["opened_ms"]) + float(doc["timeout_s"]) * 1000 > now_ms:
+            return None
+        task, outcome = key.rsplit("/", 1)
+        msg = GroupDue(tenant=tenant, task_id=TaskId(task), passed=outcome == "pass", epoch=epoch)
+        return VERIFIED, msg, f"group-due:{key}:{epoch}"

@@ -38,6 +38,7 @@ from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
 from assay.messages import Episode, GroupDue, Role, RolloutClosed, RunVerified
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime.timers import timer
 from assay.workflow import GradingSpec, RubricItem, WorkflowDef
 from assay_tournament.events import (
     TOURNAMENT_EVENTS,
@@ -49,7 +50,7 @@ from assay_tournament.events import (
     fold_tournament,
 )
 from assay_tournament.grading import Grading, Meter, load_episode
-from assay_tournament.groups import Groups
+from assay_tournament.groups import Groups, clock_ms
 from assay_tournament.rollouts import RolloutSelection
 
 __all__ = [
@@ -353,5 +354,5 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 RolloutClosed.type: rollouts.on_closed,
             },
         },
-        background=(groups.timeouts,),
+        background=(timer("group", Groups.due, lambda: clock_ms() / 1000),),
     )

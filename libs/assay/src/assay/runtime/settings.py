@@ -399,6 +399,29 @@ def tenant_map(value: object, unit: str) -> object:
     return out
 
 
+_S = TypeVar("_S", bound=BaseModel)
+
+
+def _from_env(model: type[_S], prefix: str, environ: Mapping[str, str] | None) -> _S:
+    """`model` from the `<prefix><FIELD>` variables set and non-empty; an invalid one is
+    named with its value in the `SettingsInvalid` it raises."""
+    env = os.environ if environ is None else environ
+    values = {
+        name: env[f"{prefix}{name.upper()}"]
+        for name in model.model_fields
+        if env.get(f"{prefix}{name.upper()}") not in (None, "")
+    }
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        reason = str(first["ctx"]["error"]) if "error" in first.get("ctx", {}) else first["msg"]
+        raise SettingsInvalid(
+            f"invalid setting {prefix}{name.upper()}={values.get(name)!r}: {reason}"
+        ) from exc
+
+
 _DEFAULT_RETENTION = RetentionPolicy()
 
 
@@ -446,21 +469,7 @@ class RetentionSettings(BaseModel):
             SettingsInvalid: a value does not parse or is out of range (the message
                 names the variable and the value).
         """
-        env = os.environ if environ is None else environ
-        values = {
-            name: env[f"ASSAY_RETENTION_{name.upper()}"]
-            for name in cls.model_fields
-            if env.get(f"ASSAY_RETENTION_{name.upper()}") not in (None, "")
-        }
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            name = str(first["loc"][0]) if first["loc"] else ""
-            reason = str(first["ctx"]["error"]) if "error" in first.get("ctx", {}) else first["msg"]
-            raise SettingsInvalid(
-                f"invalid setting ASSAY_RETENTION_{name.upper()}={values.get(name)!r}: {reason}"
-            ) from exc
+        return _from_env(cls, "ASSAY_RETENTION_", environ)
 
     def policy(self) -> RetentionPolicy:
         """The retention policy these settings describe."""
@@ -471,27 +480,6 @@ class RetentionSettings(BaseModel):
             tier_after_s=self.tier_after_s,
             sweep_interval_s=self.sweep_interval_s,
         )
-
-
-_S = TypeVar("_S", bound=BaseModel)
-
-
-def _from_env(model: type[_S], prefix: str, environ: Mapping[str, str] | None) -> _S:
-    env = os.environ if environ is None else environ
-    values = {
-        name: env[f"{prefix}{name.upper()}"]
-        for name in model.model_fields
-        if env.get(f"{prefix}{name.upper()}") not in (None, "")
-    }
-    try:
-        return model.model_validate(values)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = str(first["loc"][0]) if first["loc"] else ""
-        reason = str(first["ctx"]["error"]) if "error" in first.get("ctx", {}) else first["msg"]
-        raise SettingsInvalid(
-            f"invalid setting {prefix}{name.upper()}={values.get(name)!r}: {reason}"
-        ) from exc
 
 
 _DEFAULT_GRADING = GradingPolicy()
