@@ -97,7 +97,7 @@ from assay.messages import (
     seal,
 )
 from assay.record import EventRegistry
-from assay.store import CommitBatch, OutboxEntry, SqliteEventLog
+from assay.store import CommitBatch, OutboxEntry, PendingOutbox, SqliteEventLog
 
 PARTITIONS = 4
 
@@ -333,6 +333,41 @@ async def test_relay_ships_committed_rows_in_commit_order_and_empties_the_outbox
     other = FileLock(lock_path)  # the leader let go of the lock when it stopped
     assert other.try_acquire()
     other.release()
+
+
+class CommitDuringEmptyDrain(SqliteEventLog):
+    """A stage log whose first empty outbox read sees a commit land (and wake the relay)
+    while the read is in flight, as a commit on another task can."""
+
+    relay: OutboxRelay | None = None
+    late: tuple[OutboxEntry, ...] = ()
+
+    async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
+        rows = await super().drain_outbox(limit)
+        if not rows and self.late and self.relay is not None:
+            late, self.late = self.late, ()
+            await self.commit(CommitBatch(outbox=list(late)))
+            self.relay.wake.set()
+        return rows
+
+
+async def test_a_wake_during_an_empty_outbox_read_is_not_lost(
+    tmp_path: Path, bus: EmbeddedBus, topic: str
+) -> None:
+    log_ = CommitDuringEmptyDrain(tmp_path / "late.sqlite", EventRegistry(), lambda _r: [])
+    await log_.open()
+    relay = OutboxRelay("stage", log_, bus, FileLock(tmp_path / "late.lock"), poll_s=30.0)
+    log_.relay, log_.late = relay, tuple(rows(topic, ["t:run-a"], 0, 3))
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        # The poll is 30 s: only the wake set during the empty read can ship these now.
+        await eventually(has_published(bus, topic, 3), timeout_s=5.0)
+    finally:
+        stop.set()
+        relay.wake.set()
+        await asyncio.wait_for(running, 5.0)
+        await log_.close()
 
 
 async def test_relay_keeps_rows_while_the_transport_is_down_and_loses_nothing(

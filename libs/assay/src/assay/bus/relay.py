@@ -150,6 +150,10 @@ class OutboxRelay:
             if not await self._leading():
                 log.warning("relay %s: leadership lost; shipping stops", self.stage)
                 return False
+            # Cleared before the outbox is read, never after: a commit that wakes the
+            # relay while an empty read is in flight (its rows not yet visible to it)
+            # must not wait for the poll.
+            self.wake.clear()
             try:
                 if await self.ship_once():
                     backoff = self._poll_s
@@ -159,7 +163,6 @@ class OutboxRelay:
                 await _sleep_or(stop, backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            self.wake.clear()
             await _sleep_or(self.wake, self._poll_s)
         try:
             while await self.ship_once():
