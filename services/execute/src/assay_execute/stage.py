@@ -87,6 +87,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     """Runs this process is driving now, so that a cancel reaches them at once."""
     ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
+    retention = Retention(deps.retention)
 
     def pinned(
         ref: RunRef,
@@ -165,6 +166,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 )
             return
         blob = await _finished(uow, spec, episode)
+        retention.froze(uow.tenant, blob, episode)
         if not graded:
             return
         uow.emit(
@@ -329,8 +331,6 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return  # a redelivered command whose fork already ran to its end
         spec = await recorded(uow, BranchKey.for_run(uow.tenant, msg.run_id, branch))
         await conclude(spec, uow, lease, graded=False)
-
-    retention = Retention(deps.retention)
 
     return StageSpec(
         name="execute",
