@@ -370,6 +370,42 @@ async def test_a_wake_during_an_empty_outbox_read_is_not_lost(
         await log_.close()
 
 
+class CountingReads(SqliteEventLog):
+    """A stage log counting the relay's reads of its outbox."""
+
+    reads = 0
+
+    async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
+        self.reads += 1
+        return await super().drain_outbox(limit)
+
+
+async def test_the_relay_reads_again_only_after_a_full_batch_or_a_wake(
+    tmp_path: Path, bus: EmbeddedBus, topic: str
+) -> None:
+    log_ = CountingReads(tmp_path / "count.sqlite", EventRegistry(), lambda _r: [])
+    await log_.open()
+    await log_.commit(CommitBatch(outbox=rows(topic, ["t:run-a"], 0, 5)))
+    relay = OutboxRelay("stage", log_, bus, FileLock(tmp_path / "c.lock"), batch=2, poll_s=30.0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        await eventually(has_published(bus, topic, 5))
+        await asyncio.sleep(0.2)
+        assert log_.reads == 3  # 2 + 2 + 1: the short batch emptied what was committed
+        await log_.commit(CommitBatch(outbox=rows(topic, ["t:run-a"], 5, 1)))
+        relay.wake.set()
+        await eventually(has_published(bus, topic, 6))
+        await asyncio.sleep(0.2)
+        assert log_.reads == 4
+    finally:
+        stop.set()
+        relay.wake.set()
+        await asyncio.wait_for(running, 5.0)
+        await log_.close()
+    assert relay.shipped == 6
+
+
 async def test_relay_keeps_rows_while_the_transport_is_down_and_loses_nothing(
     stage_log: SqliteEventLog, bus: EmbeddedBus, topic: str, tmp_path: Path
 ) -> None:
