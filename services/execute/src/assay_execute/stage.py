@@ -117,8 +117,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 raise Refused(f"run {ref.run_id}: sub-workflow {key} hashes to {child.version}")
         return RunSpec(ref, wf, input_, branch, children=calls)
 
-    async def drive(spec: RunSpec, uow: UnitOfWork, lease: Lease) -> tuple[Episode, CancelScope]:
-        """Drive the run's branch under its lease, stoppable by a cancel from anywhere."""
+    async def drive(
+        spec: RunSpec, uow: UnitOfWork, lease: Lease, *, fresh: bool = False
+    ) -> tuple[Episode, CancelScope]:
+        """Drive the run's branch under its lease, stoppable by a cancel from anywhere;
+        `fresh`: the branch was read empty under this lease (see `Driver.drive`)."""
         run = spec.ref.run_id
         scope = CancelScope()
         active[(uow.tenant, run)] = scope
@@ -131,19 +134,21 @@ def create_stage(deps: StageDeps) -> StageSpec:
         try:
             await watch()
             episode = await under_lease(
-                uow.log, lease, ttl, driver.drive(spec, uow, scope), watch=watch
+                uow.log, lease, ttl, driver.drive(spec, uow, scope, fresh=fresh), watch=watch
             )
         finally:
             active.pop((uow.tenant, run), None)
         return episode, scope
 
-    async def conclude(spec: RunSpec, uow: UnitOfWork, lease: Lease, *, graded: bool) -> None:
+    async def conclude(
+        spec: RunSpec, uow: UnitOfWork, lease: Lease, *, graded: bool, fresh: bool = False
+    ) -> None:
         """Drive the branch, then record how it stopped: suspended at an await (the
         lease is given up), cancelled, or ended — handed to verification when the
         branch is the one the submission is graded by."""
         ref = spec.ref
         try:
-            episode, scope = await drive(spec, uow, lease)
+            episode, scope = await drive(spec, uow, lease, fresh=fresh)
         except RunSuspended as waiting:
             uow.fence = None  # what remains to commit is the message's own bookkeeping
             await uow.log.release(lease)  # a suspended run holds no lease (§9.4)
@@ -213,7 +218,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return  # suspended: a signal, a cancel or its deadline moves it on
         if not history:
             uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
-        await conclude(spec, uow, lease, graded=True)
+        # A new run: what was just read under the lease is all there is to replay.
+        await conclude(spec, uow, lease, graded=True, fresh=not history)
 
     async def resumed(uow: UnitOfWork, run: RunId) -> tuple[RunSpec, Lease] | None:
         """Take the lease of a suspended run and build its spec from its log; None if
