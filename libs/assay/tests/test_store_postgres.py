@@ -407,6 +407,44 @@ async def test_fenced_commits_of_many_runs_share_a_round_trip_and_a_stale_fence_
     assert (await pg_log.rebuild(keep=False)).identical
 
 
+async def test_a_branch_the_writer_has_not_seen_is_taken_to_be_new_until_refused(
+    admin_dsn: str,
+) -> None:
+    schema = unique("guess")
+    a = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    b = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    try:
+        tenant = new_tenant()
+        for i in range(3):
+            await a.commit(on(main(tenant, "old"), put(f"a{i}")))
+        await b.commit(on(main(tenant, "warm"), put("w")))
+        conn = b.writer.connection
+        assert conn is not None
+        queries: list[str] = []
+
+        def logged(query: LoggedQuery) -> None:
+            queries.append(" ".join(query.query.split()))
+
+        conn.add_query_logger(logged)
+        try:
+            assert await b.commit(on(main(tenant, "new"), put("n"))) == [0]
+            await asyncio.sleep(0)
+            assert len(queries) == 1, queries  # the commit alone: nothing learnt first
+            queries.clear()
+            # A branch another writer wrote: the guess is refused, then learnt once.
+            assert await b.commit(on(main(tenant, "old"), put("b0"), put("b1"))) == [3, 4]
+            assert await b.commit(on(main(tenant, "old"), put("b2"))) == [5]
+            await asyncio.sleep(0)
+            assert sum("max(l.lsn)" in q for q in queries) == 1, queries
+        finally:
+            conn.remove_query_logger(logged)
+        assert [r.lsn for r in await a.read(main(tenant, "old"))] == list(range(6))
+        assert (await a.rebuild(keep=False)).identical
+    finally:
+        await b.close()
+        await a.close()
+
+
 def tally(record: LogRecord) -> list[StateDelta]:
     """Each event patches its own field into one shared document."""
     assert isinstance(record.event, ItemChanged)

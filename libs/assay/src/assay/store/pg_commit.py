@@ -155,8 +155,10 @@ class GroupCommitter:
             try:
                 if batch.expect:
                     await view.check_ends(conn, batch)
-                if unknown := view.unknown_branches([batch]):
-                    await view.learn_lsns(conn, unknown)
+                if (unknown := view.unknown_branches([batch])) and (
+                    learn := view.guess_new(unknown)
+                ):
+                    await view.learn_lsns(conn, learn)
                 try:
                     f = view.fold(batch, {})
                 except Exception as exc:
@@ -259,8 +261,10 @@ class GroupCommitter:
                 return
             conn = await self._connection()
             view = self._view
-            if unknown := view.unknown_branches([p.batch for p in group]):
-                await view.learn_lsns(conn, unknown)
+            if (unknown := view.unknown_branches([p.batch for p in group])) and (
+                learn := view.guess_new(unknown)
+            ):
+                await view.learn_lsns(conn, learn)
             folded, refused = self._fold_all(group)
             if missing := view.unknown_docs([f for f, _ in folded]):
                 await view.learn_docs(conn, missing)
