@@ -68,7 +68,9 @@ from assay.messages import (
     Envelope,
     GroupDue,
     Promoted,
+    ProposalRequested,
     Purpose,
+    ReviewProposal,
     RewindRun,
     Role,
     RolledBack,
@@ -729,6 +731,26 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             f"{t}:{WORKFLOW}",
         ),
         (Promoted(**verdict, previous=VERSION), f"{t}:{WORKFLOW}"),
+        (
+            ProposalRequested(
+                **by_workflow,
+                proposal_id="0123456789abcdef",
+                workflow_version=VERSION,
+                parent=VERSION,
+                after=VERSION,
+                definition={"id": WORKFLOW},
+                rationale="why",
+                proposer="catalog",
+                evidence=[RUN],
+                usage=usage,
+                gated=True,
+            ),
+            f"{t}:{WORKFLOW}",
+        ),
+        (
+            ReviewProposal(**by_workflow, proposal_id="0123456789abcdef", approve=True),
+            f"{t}:{WORKFLOW}",
+        ),
         (ChallengerRejected(**verdict, reason="worse"), f"{t}:{WORKFLOW}"),
         (
             RolledBack(

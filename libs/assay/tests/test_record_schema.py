@@ -65,6 +65,7 @@ from assay.messages import (
     CancelRollout,
     CancelRun,
     ChallengerRejected,
+    FailureEvidence,
     GroupDue,
     HeldOutTally,
     InjectPlanDelta,
@@ -72,7 +73,9 @@ from assay.messages import (
     ModelParamsDelta,
     Promoted,
     PromptDelta,
+    ProposalRequested,
     Purpose,
+    ReviewProposal,
     RewindRun,
     Role,
     RolledBack,
@@ -121,8 +124,9 @@ from assay.record import (
     apply_delta,
 )
 from assay_aggregate import AGGREGATE_EVENTS
-from assay_aggregate.stage import VersionTallied
+from assay_aggregate.stage import FailuresKept, VersionTallied
 from assay_decide import DECIDE_EVENTS
+from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
 from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
@@ -383,6 +387,31 @@ CREDIT = StepCredit(
     failure="wrong answer",
     changed=["prompt (40 -> 52 characters)"],
 )
+FAILED = VerifierResult(
+    verifier="correct", kind="exact", verifier_version="1", passed=False, evidence="5 != 4"
+)
+FAILURE = FailureEvidence(
+    run_id=RUN,
+    task_id=TASK,
+    workflow_version=V1,
+    failed_checks=[FAILED],
+    capped=[CoreViolation(criterion="no-guessing", evidence="guessed 5")],
+    step_credit=[CREDIT],
+)
+PROPOSAL = ProposalRequested(
+    tenant=TENANT,
+    workflow_id=WF,
+    proposal_id="0123456789abcdef",
+    workflow_version=V2,
+    parent=V1,
+    after=V2,
+    definition={"id": "arith", "steps": []},
+    rationale="reason_step_by_step: asks model step(s) solve to reason step by step",
+    proposer="catalog",
+    evidence=[RUN],
+    usage=Usage(model_calls=1, prompt_tokens=900, completion_tokens=300),
+    gated=True,
+)
 ATTEMPT_RANK = AttemptRank(
     step="solve",
     iteration=0,
@@ -570,6 +599,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         attempt_ranks=[ATTEMPT_RANK],
         step_credit=[CREDIT],
     ),
+    RunGraded(run=REF, passed=False, score=SCORES[0], judge_calls=1, failed_checks=[FAILED]),
     RunResult(
         tenant=TENANT,
         run_id=RUN,
@@ -627,6 +657,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
             baseline_runs=8,
             baseline_passes=6,
         ),
+        failures=[FAILURE],
     ),
     ALLOCATION,
     Promoted(
@@ -658,6 +689,14 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         passes=8,
         baseline_runs=40,
         baseline_passes=36,
+    ),
+    PROPOSAL,
+    ReviewProposal(
+        tenant=TENANT,
+        workflow_id=WF,
+        proposal_id="0123456789abcdef",
+        approve=False,
+        reason="keep prompts short",
     ),
     UsageRecorded(
         tenant=TENANT,
@@ -862,6 +901,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 order_inconsistent=1,
                 held_out={"runs": 2, "passes": 2, "record": RECORD.model_dump(), "ranked": None},
             ),
+            FailuresKept(workflow_version=V1, failures=[FAILURE]),
         ],
     ),
     "decide": (
@@ -905,6 +945,21 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             ),
             PromotionHeld(workflow_id=WF, workflow_version=V2, reason="judge inconsistent"),
             PromotionHeld(workflow_id=WF, workflow_version=V2, reason=None),
+            ProposalMade(proposal=PROPOSAL, failures=[FAILURE]),
+            ProposalNotMade(
+                workflow_id=WF,
+                after=V2,
+                proposer="catalog",
+                reason="nothing left to propose from 3 selection-set failure(s)",
+                usage=Usage(),
+            ),
+            ProposalReviewed(
+                workflow_id=WF,
+                proposal_id="0123456789abcdef",
+                approved=False,
+                reason="keep prompts short",
+                by="operator",
+            ),
         ],
     ),
 }

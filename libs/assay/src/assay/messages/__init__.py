@@ -34,6 +34,7 @@ from assay.messages.loop import (
     allocation_changed_v1_to_v2,
     variant_aggregate_v1_to_v2,
     variant_aggregate_v2_to_v3,
+    variant_aggregate_v3_to_v4,
 )
 from assay.messages.models import (
     AttemptIndeterminate,
@@ -56,6 +57,7 @@ from assay.messages.models import (
     VerifierResult,
     WorkflowRegistered,
     run_graded_v1_to_v2,
+    run_graded_v3_to_v4,
     run_ref_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
@@ -63,6 +65,11 @@ from assay.messages.models import (
     task_submitted_v1_to_v2,
     usage_recorded_v1_to_v2,
     workflow_registered_v1_to_v2,
+)
+from assay.messages.proposals import (
+    FailureEvidence,
+    ProposalRequested,
+    ReviewProposal,
 )
 from assay.messages.rollout_spec import (
     RolloutBudget,
@@ -104,6 +111,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         Promoted,
         ChallengerRejected,
         RolledBack,
+        ProposalRequested,
+        ReviewProposal,
         UsageRecorded,
     ]
 )
@@ -120,8 +129,10 @@ MESSAGES.upcaster("RunGraded", 2)(run_ref_unchanged)
 MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
 MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
+MESSAGES.upcaster("RunGraded", 3)(run_graded_v3_to_v4)
 MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)
 MESSAGES.upcaster("VariantAggregate", 2)(variant_aggregate_v2_to_v3)
+MESSAGES.upcaster("VariantAggregate", 3)(variant_aggregate_v3_to_v4)
 MESSAGES.upcaster("AllocationChanged", 1)(allocation_changed_v1_to_v2)
 MESSAGES.upcaster("WorkflowRegistered", 1)(workflow_registered_v1_to_v2)
 MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
@@ -143,6 +154,7 @@ __all__ = [
     "Elision",
     "Envelope",
     "Episode",
+    "FailureEvidence",
     "GroupDue",
     "HeldOutTally",
     "InjectPlanDelta",
@@ -150,8 +162,10 @@ __all__ = [
     "ModelParamsDelta",
     "Promoted",
     "PromptDelta",
+    "ProposalRequested",
     "Purpose",
     "ReducedEpisode",
+    "ReviewProposal",
     "RewindRun",
     "Role",
     "RolledBack",

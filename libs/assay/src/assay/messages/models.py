@@ -242,10 +242,13 @@ class RunGraded(Versioned):
     Version 2 adds the run's attempt tournaments (`attempt_ranks`, `step_credit`),
     the `Ranked` score's `anchored` flag, `Relative.order_consistent`, and the
     `judge_failed` and `no_metric` reasons; a version 1 payload reads as it is.
+    Version 3 carries `RunRef.rollout` and `RunRef.held_out`. Version 4 adds
+    `failed_checks`: the failure evidence the slow loop's proposer reads (through
+    aggregate, for selection-set runs only).
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
@@ -255,6 +258,9 @@ class RunGraded(Versioned):
     )
     step_credit: list[StepCredit] = Field(
         default_factory=list, description="v2: fail-then-pass retries, attributed to their step."
+    )
+    failed_checks: list[VerifierResult] = Field(
+        default_factory=list, description="v4: the verifiers the run failed, with their evidence."
     )
 
 
@@ -379,6 +385,12 @@ def run_ref_unchanged(payload: dict[str, Any]) -> dict[str, Any]:
     """A message about a run, one version before `RunRef.rollout` and `RunRef.held_out`: no
     rollout's sibling and a selection task, which the new version reads as it is."""
     return dict(payload)
+
+
+def run_graded_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunGraded v3 -> v4: v3 carried no verifier results; a v3 failure reads as having
+    no failed check to show (the proposer sees only its score and step credit)."""
+    return {**payload, "failed_checks": []}
 
 
 def task_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
