@@ -19,8 +19,8 @@ from pydantic import (
     field_validator,
 )
 
-from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
-from assay.engine.models import StubModel
+from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
+from assay.engine.models import Prices, StubModel
 from assay.engine.retention import DEFAULT_TOKEN_CEILING, RetentionPolicy
 from assay.grading.chat_judge import ChatJudge
 from assay.grading.chat_proposer import ChatProposer
