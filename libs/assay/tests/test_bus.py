@@ -506,7 +506,7 @@ def test_envelope_round_trips_through_its_wire_body() -> None:
     opened = open_envelope(body)
     assert opened == env
     assert MESSAGES.decode(opened.type, opened.schema_version, opened.payload) == msg
-    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 2, TENANT)
+    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 3, TENANT)
 
 
 def test_headers_mirror_the_envelope_fields() -> None:
@@ -520,7 +520,7 @@ def test_headers_mirror_the_envelope_fields() -> None:
         assert value == str(fields[name]).encode()
     assert headers["id"] == env.id.encode()
     assert headers["tenant"] == str(TENANT).encode()
-    assert headers["schema_version"] == b"2"
+    assert headers["schema_version"] == b"3"
     assert datetime.fromisoformat(headers["occurred_at"].decode()) == env.occurred_at
 
     child = sealed(task("other"), cause=env)
@@ -634,7 +634,10 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             ),
             f"{t}:{RUN}",
         ),
-        (RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage), f"{t}:{RUN}"),
+        (
+            RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage, cost_usd=0.00003),
+            f"{t}:{RUN}",
+        ),
         (
             RunVerified(run=ref, episode=TASK, passed=True, results=[], usage=usage, executed=True),
             f"{t}:{TASK}",
@@ -648,6 +651,8 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
                 index=0,
                 ended="verified",
                 model_calls=1,
+                tokens=12,
+                cost_usd=0.00003,
             ),
             f"{t}:idem-1",
         ),

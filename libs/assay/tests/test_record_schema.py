@@ -346,7 +346,14 @@ SPEC = RolloutSpec(
     mode="best_of_n",
     admit=5,
     budget=RolloutBudget(
-        max_concurrency=2, run_max_model_calls=2, group_max_model_calls=10, deadline_s=600
+        max_concurrency=2,
+        run_max_model_calls=2,
+        group_max_model_calls=10,
+        deadline_s=600,
+        run_max_tokens=4000,
+        group_max_tokens=20000,
+        run_max_cost_usd=0.002,
+        group_max_cost_usd=0.01,
     ),
 )
 SIBLING = REF.model_copy(
@@ -356,7 +363,13 @@ SIBLING = REF.model_copy(
         "baseline_version": None,
         "reference_expected": False,
         "rollout": RolloutRef(
-            group="order-18", index=1, size=5, mode="best_of_n", max_model_calls=2
+            group="order-18",
+            index=1,
+            size=5,
+            mode="best_of_n",
+            max_model_calls=2,
+            max_tokens=4000,
+            max_cost_usd=0.002,
         ),
     }
 )
@@ -493,7 +506,13 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, parents=[V1, V2]),
     RunSpawned(run=SIBLING, definition=DEFINITION, input={"question": "17 * 23"}),
     RunVerified(
-        run=SIBLING, episode="blob:def", passed=True, results=[RESULT], usage=USAGE, executed=True
+        run=SIBLING,
+        episode="blob:def",
+        passed=True,
+        results=[RESULT],
+        usage=USAGE,
+        cost_usd=0.00042,
+        executed=True,
     ),
     RolloutProgress(
         tenant=TENANT,
@@ -502,6 +521,8 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         index=1,
         ended="verified",
         model_calls=2,
+        tokens=96,
+        cost_usd=0.00042,
     ),
     CancelRollout(tenant=TENANT, idempotency_key="order-18", reason="enough"),
     RolloutClosed(
@@ -517,6 +538,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         reason="cancelled",
         detail="enough",
         model_calls=3,
+        cost_usd=0.0006,
         peak_concurrency=2,
     ),
     RolloutResult(
@@ -562,6 +584,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         closed="cancelled",
         detail="enough",
         model_calls=3,
+        cost_usd=0.0006,
         peak_concurrency=2,
     ),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
@@ -588,6 +611,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunExecuted(
         run=REF, episode="blob:abc", succeeded=False, failed_step=StepId("solve"), usage=USAGE
     ),
+    RunExecuted(run=SIBLING, episode="blob:def", succeeded=True, usage=USAGE, cost_usd=0.00042),
     VERIFIED,
     GroupDue(tenant=TENANT, task_id=TASK, passed=False, epoch=3),
     *[RunGraded(run=REF, passed=True, score=score, judge_calls=1) for score in SCORES],
@@ -1002,6 +1026,51 @@ def test_a_usage_recorded_v1_payload_upcasts_to_v2_costing_nothing() -> None:
     assert MESSAGES.versions("UsageRecorded") == [1, 2]
     with pytest.raises(UnknownSchema, match="cost_usd"):
         MESSAGES.decode("UsageRecorded", 2, v1)  # v2 states its cost; nothing guesses it
+
+
+@pytest.mark.parametrize(
+    ("type_", "version"),
+    [
+        ("RunExecuted", 2),
+        ("RunVerified", 2),
+        ("RolloutProgress", 1),
+        ("RolloutClosed", 1),
+        ("RolloutResult", 1),
+    ],
+)
+def test_a_message_from_before_costs_were_carried_upcasts_costing_nothing(
+    type_: str, version: int
+) -> None:
+    current = next(m for m in MESSAGE_EXAMPLES if m.type == type_ and m.cost_usd > 0)  # type: ignore[attr-defined]
+    old = current.model_dump(mode="json")
+    del old["cost_usd"]
+    decoded = MESSAGES.decode(type_, version, old)
+    assert decoded.cost_usd == 0.0  # type: ignore[attr-defined]
+    assert decoded.model_dump(mode="json") == {**old, "cost_usd": 0.0}
+
+
+def test_a_task_submitted_v2_reads_as_v3_without_a_cost_cap() -> None:
+    v2 = {
+        "tenant": str(TENANT),
+        "workflow_id": WF,
+        "idempotency_key": "order-18",
+        "input": {"question": "17 * 23"},
+        "task_key": None,
+        "rollout": {"n": 2, "budget": {"run_max_tokens": 100, "group_max_tokens": 200}},
+    }
+    decoded = MESSAGES.decode("TaskSubmitted", 2, v2)
+    assert isinstance(decoded, TaskSubmitted)
+    assert decoded.rollout is not None
+    assert decoded.rollout.budget.run_max_cost_usd is None
+    assert decoded.rollout.budget.group_max_cost_usd is None
+
+
+def test_a_sibling_without_a_cost_cap_serialises_as_before() -> None:
+    ref = SIBLING.model_copy(
+        update={"rollout": SIBLING.rollout.model_copy(update={"max_cost_usd": None})}  # type: ignore[union-attr]
+    )
+    assert "max_cost_usd" not in ref.model_dump(mode="json")["rollout"]
+    assert SIBLING.model_dump(mode="json")["rollout"]["max_cost_usd"] == 0.002
 
 
 @pytest.mark.parametrize("cost", [-0.01, float("nan"), float("inf")])

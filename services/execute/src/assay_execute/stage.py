@@ -33,6 +33,7 @@ from assay.engine import (
     StepNotExecutable,
     check_executable,
     fold_work,
+    prices_of,
 )
 from assay.engine.events import (
     CancelRequested,
@@ -87,6 +88,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     """Runs this process is driving now, so that a cancel reaches them at once."""
     ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
+    prices = prices_of(deps.model)  # a run's cost is its tokens at the agent model's prices
 
     def pinned(
         ref: RunRef,
@@ -155,7 +157,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return
         if scope.cancelled:
             if graded:
-                _cancelled(ref, uow, spec, episode, scope.reason)
+                cost = prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens)
+                _cancelled(ref, uow, spec, episode, scope.reason, cost)
             else:
                 uow.record(
                     spec.key,
@@ -175,6 +178,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 succeeded=episode.succeeded,
                 failed_step=episode.failed_step,
                 usage=episode.usage,
+                cost_usd=prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens),
             ),
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
@@ -372,8 +376,11 @@ def _unknown(episode: Episode) -> bool:
     return any(a.state is AttemptState.INDETERMINATE for a in episode.attempts)
 
 
-def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str) -> None:
-    """Record a stopped run and give its task its one result (§5.1, §5.2)."""
+def _cancelled(
+    run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str, cost_usd: float
+) -> None:
+    """Record a stopped run and give its task its one result (§5.1, §5.2); `cost_usd` is
+    what its model calls cost."""
     unknown = _unknown(episode)
     run_transition(RunState.RUNNING, RunState.CANCELLED)
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
@@ -390,6 +397,7 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
                 ended="cancelled",
                 model_calls=episode.usage.model_calls,
                 tokens=episode.usage.prompt_tokens + episode.usage.completion_tokens,
+                cost_usd=cost_usd,
             ),
         )
         return

@@ -56,13 +56,16 @@ from assay.messages.models import (
     UsageRecorded,
     VerifierResult,
     WorkflowRegistered,
+    run_cost_unknown,
     run_graded_v1_to_v2,
     run_graded_v3_to_v4,
     run_ref_unchanged,
+    run_ref_v2_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
+    task_submitted_v2_to_v3,
     usage_recorded_v1_to_v2,
     workflow_registered_v1_to_v2,
 )
@@ -84,6 +87,7 @@ from assay.messages.rollouts import (
     RolloutResult,
     SelectionRecord,
     SiblingResult,
+    rollout_cost_unknown,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -136,6 +140,16 @@ MESSAGES.upcaster("VariantAggregate", 3)(variant_aggregate_v3_to_v4)
 MESSAGES.upcaster("AllocationChanged", 1)(allocation_changed_v1_to_v2)
 MESSAGES.upcaster("WorkflowRegistered", 1)(workflow_registered_v1_to_v2)
 MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
+MESSAGES.upcaster("TaskSubmitted", 2)(task_submitted_v2_to_v3)
+MESSAGES.upcaster("RunSpawned", 3)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunStatusChanged", 2)(run_ref_v2_unchanged)
+MESSAGES.upcaster("AttemptIndeterminate", 2)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunGraded", 4)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunExecuted", 2)(run_cost_unknown)
+MESSAGES.upcaster("RunVerified", 2)(run_cost_unknown)
+MESSAGES.upcaster("RolloutProgress", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("RolloutClosed", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("RolloutResult", 1)(rollout_cost_unknown)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
