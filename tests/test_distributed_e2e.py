@@ -433,6 +433,69 @@ async def test_a_rolled_back_challenger_gets_a_proposal_that_an_operator_approve
     assert reviewed["review"] == {"reason": "worth a shadow", "by": "operator"}
 
 
+THINK_SOLVE = """\
+id: think-solve
+steps:
+  - {id: think, kind: model, prompt: "Think about {{ task.question }}."}
+  - {id: solve, kind: model, prompt: "Reply with only the number. What is {{ task.question }}?"}
+  - {id: answer, kind: tool, tool: extract_number, args: {text: "{{ steps.solve.output }}"}}
+verifiers:
+  - {id: correct, kind: exact, step: answer, expected: "{{ task.answer }}"}
+"""
+
+
+async def test_a_run_is_branched_with_deltas_from_the_command_line(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """`assay branch` against the distributed pipeline: the command goes to
+    `assay.run-commands`, the execute stage forks the children from the checkpoint after
+    `think`, and the CLI reads the tree back from the execute schema."""
+    d = deployment
+    workflow = tmp_path / "think-solve.yaml"
+    workflow.write_text(THINK_SOLVE)
+    tenant = await set_up_tenant(d, challenger=False, versions=(workflow, workflow))
+    task = {"idempotency_key": "branch-1", "input": {"question": "(5 + 12) * 9", "answer": "153"}}
+    await produce(d.bootstrap, task_records(tenant, [task], workflow="think-solve"))
+    records = await await_results(d, {(tenant, "branch-1")})
+    (run,) = {
+        json.loads(r.value)["payload"]["run_id"]
+        for r in records
+        if json.loads(r.value)["payload"]["tenant"] == tenant
+    }
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            ASSAY,
+            "branch",
+            run,
+            "--tenant",
+            tenant,
+            "--at",
+            "think",
+            "--json",
+            "--delta",
+            "prompt:solve=What is {{ task.question }}? Answer in a sentence.",
+            "--delta",
+            "tool_unavailable:extract_number",
+            "--delta",
+            "model_params:solve=max_tokens=128",
+        ],
+        env={**d.env, "ASSAY_DATABASE_URL": d.dsns["execute"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    tree = json.loads(done.stdout)["tree"]
+    assert (tree["run_id"], tree["boundary"]["step"]) == (run, "think")
+    children = tree["children"]
+    assert [c["branch"] for c in children] == [1, 2, 3]
+    assert [c["outcome"]["status"] for c in children] == ["succeeded", "failed", "succeeded"]
+    assert children[1]["outcome"]["failed_step"] == "answer"
+    attribution = {a["step"]: a["children"] for a in tree["attribution"]}
+    assert attribution["answer"] == [2]  # the stage the failure is attributed to
+
+
 async def _is(read: Any, value: str) -> bool:
     return bool(await read() == value)
 
