@@ -68,7 +68,9 @@ from assay.messages import (
     Envelope,
     GroupDue,
     Promoted,
+    ProposalRequested,
     Purpose,
+    ReviewProposal,
     RewindRun,
     Role,
     RolledBack,
@@ -575,7 +577,7 @@ def test_envelope_round_trips_through_its_wire_body() -> None:
     opened = open_envelope(body)
     assert opened == env
     assert MESSAGES.decode(opened.type, opened.schema_version, opened.payload) == msg
-    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 2, TENANT)
+    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 3, TENANT)
 
 
 def test_headers_mirror_the_envelope_fields() -> None:
@@ -589,7 +591,7 @@ def test_headers_mirror_the_envelope_fields() -> None:
         assert value == str(fields[name]).encode()
     assert headers["id"] == env.id.encode()
     assert headers["tenant"] == str(TENANT).encode()
-    assert headers["schema_version"] == b"2"
+    assert headers["schema_version"] == b"3"
     assert datetime.fromisoformat(headers["occurred_at"].decode()) == env.occurred_at
 
     child = sealed(task("other"), cause=env)
@@ -703,7 +705,10 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             ),
             f"{t}:{RUN}",
         ),
-        (RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage), f"{t}:{RUN}"),
+        (
+            RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage, cost_usd=0.00003),
+            f"{t}:{RUN}",
+        ),
         (
             RunVerified(run=ref, episode=TASK, passed=True, results=[], usage=usage, executed=True),
             f"{t}:{TASK}",
@@ -717,6 +722,8 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
                 index=0,
                 ended="verified",
                 model_calls=1,
+                tokens=12,
+                cost_usd=0.00003,
             ),
             f"{t}:idem-1",
         ),
@@ -800,6 +807,26 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             f"{t}:{WORKFLOW}",
         ),
         (Promoted(**verdict, previous=VERSION), f"{t}:{WORKFLOW}"),
+        (
+            ProposalRequested(
+                **by_workflow,
+                proposal_id="0123456789abcdef",
+                workflow_version=VERSION,
+                parent=VERSION,
+                after=VERSION,
+                definition={"id": WORKFLOW},
+                rationale="why",
+                proposer="catalog",
+                evidence=[RUN],
+                usage=usage,
+                gated=True,
+            ),
+            f"{t}:{WORKFLOW}",
+        ),
+        (
+            ReviewProposal(**by_workflow, proposal_id="0123456789abcdef", approve=True),
+            f"{t}:{WORKFLOW}",
+        ),
         (ChallengerRejected(**verdict, reason="worse"), f"{t}:{WORKFLOW}"),
         (
             RolledBack(

@@ -25,7 +25,8 @@ from assay.kernel.scores import (
     Verdict,
     WinRecord,
 )
-from assay.messages import Purpose, Role, RunGraded, RunRef, VariantAggregate
+from assay.messages import Purpose, Role, RunGraded, RunRef, VariantAggregate, VerifierResult
+from assay.messages.proposals import EVIDENCE_CHARS, FAILURES_KEPT
 from assay.runtime import StageDeps, StageHarness
 from assay.store import FsBlobStore
 from assay_aggregate import create_stage
@@ -193,3 +194,39 @@ async def test_anchored_deltas_count_in_the_record_by_their_sign(stage: StageHar
     assert last.record == WinRecord(judge_wins=1, judge_losses=1, draws=1)
     assert last.strength is not None
     assert (last.strength.episodes, last.strength.unanchored) == (3, 1)
+
+
+def failing(*, role: Role = Role.CHALLENGER, held_out: bool = False, check: str) -> RunGraded:
+    """A run that failed verification, with the failed check's evidence."""
+    failed = VerifierResult(
+        verifier="correct", kind="exact", verifier_version="1", passed=False, evidence=check
+    )
+    msg = graded(rel(Outcome.LOSS, DecidedBy.VERIFIER), role=role, passed=False, held_out=held_out)
+    return msg.model_copy(update={"failed_checks": [failed]})
+
+
+async def test_selection_failures_reach_the_evidence_and_held_out_ones_never_do(
+    stage: StageHarness,
+) -> None:
+    """§12.5: the proposer reads these; a held-out failure here would leak the held-out set
+    into the generator."""
+    await stage.deliver(GRADED, failing(role=Role.CURRENT, check="baseline: 4 != 5"), TENANT)
+    await stage.deliver(GRADED, failing(held_out=True, check="held-out: 7 != 8"), TENANT)
+    await stage.deliver(GRADED, failing(check="selection: " + "x" * 2000), TENANT)
+    last = (await aggregates(stage))[-1]
+    checks = [c.evidence for f in last.failures for c in f.failed_checks]
+    assert [c[:20] for c in checks] == ["baseline: 4 != 5", "selection: " + "x" * 9]
+    assert all(len(c) <= EVIDENCE_CHARS for c in checks)  # evidence is cut, not carried whole
+    assert [f.workflow_version for f in last.failures] == [V1, V2]
+    assert await stage.state(TENANT, "failures", V2) is not None
+    kept = await stage.state(TENANT, "failures", V2)
+    assert kept is not None
+    assert all("held-out" not in str(f) for f in kept["failures"])
+
+
+async def test_only_the_latest_failures_are_kept(stage: StageHarness) -> None:
+    for i in range(FAILURES_KEPT + 3):
+        await stage.deliver(GRADED, failing(check=f"run {i}"), TENANT)
+    last = (await aggregates(stage))[-1]
+    checks = [c.evidence for f in last.failures for c in f.failed_checks]
+    assert checks == [f"run {i}" for i in range(3, FAILURES_KEPT + 3)]

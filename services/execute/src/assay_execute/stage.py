@@ -33,6 +33,7 @@ from assay.engine import (
     StepNotExecutable,
     check_executable,
     fold_work,
+    prices_of,
 )
 from assay.engine.events import (
     CancelRequested,
@@ -88,6 +89,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
     retention = Retention(deps.retention)
+    prices = prices_of(deps.model)  # a run's cost is its tokens at the agent model's prices
 
     def pinned(
         ref: RunRef,
@@ -161,7 +163,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return
         if scope.cancelled:
             if graded:
-                _cancelled(ref, uow, spec, episode, scope.reason)
+                cost = prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens)
+                _cancelled(ref, uow, spec, episode, scope.reason, cost)
             else:
                 uow.record(
                     spec.key,
@@ -182,6 +185,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 succeeded=episode.succeeded,
                 failed_step=episode.failed_step,
                 usage=episode.usage,
+                cost_usd=prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens),
             ),
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
@@ -378,8 +382,11 @@ def _unknown(episode: Episode) -> bool:
     return any(a.state is AttemptState.INDETERMINATE for a in episode.attempts)
 
 
-def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str) -> None:
-    """Record a stopped run and give its task its one result (§5.1, §5.2)."""
+def _cancelled(
+    run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str, cost_usd: float
+) -> None:
+    """Record a stopped run and give its task its one result (§5.1, §5.2); `cost_usd` is
+    what its model calls cost."""
     unknown = _unknown(episode)
     run_transition(RunState.RUNNING, RunState.CANCELLED)
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
@@ -396,6 +403,7 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
                 ended="cancelled",
                 model_calls=episode.usage.model_calls,
                 tokens=episode.usage.prompt_tokens + episode.usage.completion_tokens,
+                cost_usd=cost_usd,
             ),
         )
         return

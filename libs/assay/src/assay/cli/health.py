@@ -16,14 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from assay.cli.logs import NO_EVENTS, no_fold, postgres_log
-from assay.kernel.errors import AssayError
+from assay.cli.logs import stage_state
 from assay.kernel.ids import TenantId
-from assay.runtime.settings import GradingSettings, Settings
+from assay.runtime.settings import GradingSettings
 from assay.store.ports import EventLog
-from assay.store.sqlite import SqliteEventLog
 
-TOURNAMENT_LOG = "tournament.sqlite"
 PG_SCHEMA = "tournament"
 
 
@@ -63,18 +60,7 @@ async def health_command(data_dir: Path, tenant: TenantId | None) -> int:
     Raises:
         AssayError: no tournament state where this environment points, or it cannot be read.
     """
-    database_url = Settings.from_env().database_url
-    if database_url:
-        async with postgres_log(database_url, PG_SCHEMA) as log:
-            found = await _reports(log, tenant)
-    else:
-        path = data_dir / TOURNAMENT_LOG
-        if not path.is_file():
-            raise AssayError(f"no tournament state in {data_dir}: nothing was graded there")
-        sqlite = await SqliteEventLog(path, NO_EVENTS, no_fold).open()
-        try:
-            found = await _reports(sqlite, tenant)
-        finally:
-            await sqlite.close()
+    async with stage_state(data_dir, PG_SCHEMA, "nothing was graded there") as log:
+        found = await _reports(log, tenant)
     print(json.dumps(found, indent=2))
     return 0

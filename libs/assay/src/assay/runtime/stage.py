@@ -22,6 +22,7 @@ from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
+from assay.grading.proposers import CatalogProposer, ProposalPolicy, Proposer
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy
 from assay.kernel.canonical import content_hash
@@ -92,6 +93,10 @@ class StageDeps:
     """When finished runs are reduced and tiered (§8.6)."""
     grading: GradingPolicy = field(default_factory=GradingPolicy)
     """Grading's capacity, per-tenant judge-call ceilings and order-check sampling."""
+    proposer: Proposer = field(default_factory=CatalogProposer)
+    """The slow loop's generator: drafts a new version when a challenger's time ends."""
+    proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
+    """Which tenants' proposals skip the operator's approval."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
