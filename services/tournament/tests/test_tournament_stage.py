@@ -31,6 +31,7 @@ from assay.bus import (
     dlq,
     topic_for,
 )
+from assay.cli.health import merged
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.grading.judges import JudgeFailed, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
@@ -120,6 +121,8 @@ class ScriptedJudge:
     prefer_longer: bool = False
     fail_with: JudgeFailed | None = None
     crash_after: int | None = None
+    pause_s: float = 0.0
+    """How long each comparison takes (lets handlers on two partitions interleave)."""
 
     async def compare(
         self,
@@ -132,6 +135,7 @@ class ScriptedJudge:
         if self.crash_after is not None and len(self.compared) == self.crash_after:
             self.crash_after = None
             raise RuntimeError("the process died mid-selection")
+        await asyncio.sleep(self.pause_s)
         self.compared.append((a.run.run_id, b.run.run_id))
         if on_usage is not None:
             on_usage(JudgeUsage(self.name, 120, 4, 0.0002))
@@ -218,6 +222,7 @@ class Stage:
         episode: str | None = None,
         envelope_tenant: TenantId = TENANT,
         mid: str | None = None,
+        partition: int = 0,
     ) -> Graded:
         """Deliver a RunVerified for `run` (its episode stored first) and collect the outbox."""
         ref = episode if episode is not None else await self.episode(run, output)
@@ -237,10 +242,17 @@ class Stage:
             usage=Usage(model_calls=1, prompt_tokens=10, completion_tokens=2),
             executed=True,
         )
-        return await self.deliver(msg, envelope_tenant=envelope_tenant, mid=mid or run.run_id)
+        return await self.deliver(
+            msg, envelope_tenant=envelope_tenant, mid=mid or run.run_id, partition=partition
+        )
 
     async def deliver(
-        self, msg: Versioned, *, envelope_tenant: TenantId = TENANT, mid: str | None = None
+        self,
+        msg: Versioned,
+        *,
+        envelope_tenant: TenantId = TENANT,
+        mid: str | None = None,
+        partition: int = 0,
     ) -> Graded:
         """Deliver any message the stage consumes on `assay.verified`; collect the outbox."""
         env = seal(
@@ -250,7 +262,9 @@ class Stage:
             id=message_id("verify", mid or str(self.offset) + type(msg).__name__),
             causation=None,
         )
-        m = BusMessage(VERIFIED, 0, self.offset, env.key, env.encode(), tuple(env.headers()))
+        m = BusMessage(
+            VERIFIED, partition, self.offset, env.key, env.encode(), tuple(env.headers())
+        )
         self.offset += 1
         await self.runner.handle(m)
         rows = await self.log.drain_outbox(10_000)
@@ -861,10 +875,40 @@ async def test_a_tenant_at_its_ceiling_is_ungraded_budget_exhausted(tmp_path: Pa
                 assert isinstance(score, Relative)
             else:
                 assert score == Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED)
-        meter = await stage.log.get(StateKey(TENANT, "meter", "grading"))
+        meter = await stage.log.get(StateKey(TENANT, "meter", "grading@0"))
         assert meter is not None
         assert meter["calls_today"] >= 1
         assert meter["by_purpose"].get("compare") == 1
+
+
+async def test_handlers_on_two_partitions_never_lose_each_others_judge_calls(
+    stage: Stage,
+) -> None:
+    """The meter is one document per partition: two handlers that judge at the same time
+    each add their call (one shared document lost one of them)."""
+    tasks = [task_id(30), task_id(31)]
+    for t in tasks:
+        await stage.verified(current(t))
+    stage.judge.pause_s = 0.05  # both read the meter before either commits
+    await asyncio.gather(
+        *(stage.verified(challenger(t), partition=p) for p, t in enumerate(tasks, start=1))
+    )
+    shards = dict(await stage.log.scan(TENANT, "meter", "grading"))
+    tenant_meter = merged(list(shards.values()))
+    assert tenant_meter["calls_today"] == 2
+    assert tenant_meter["by_purpose"] == {"compare": 2}
+    assert sorted(shards) == ["grading@0", "grading@1", "grading@2"]
+
+
+async def test_the_ceiling_counts_every_partitions_calls(tmp_path: Path) -> None:
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0, calls_per_day=1)) as stage:
+        t1, t2 = task_id(32), task_id(33)
+        for t in (t1, t2):
+            await stage.verified(current(t))
+        first = await stage.verified(challenger(t1), partition=1)
+        assert isinstance(first.graded()[0].score, Relative)
+        second = await stage.verified(challenger(t2), partition=2)  # another partition's call
+        assert second.graded()[0].score == Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED)
 
 
 async def test_a_sampled_order_check_records_consistency(tmp_path: Path) -> None:
@@ -878,7 +922,7 @@ async def test_a_sampled_order_check_records_consistency(tmp_path: Path) -> None
         assert graded.score.order_consistent is False
         assert graded.judge_calls == 2
         assert len(out.usage()) == 2
-        meter = await stage.log.get(StateKey(TENANT, "meter", "grading"))
+        meter = await stage.log.get(StateKey(TENANT, "meter", "grading@0"))
         assert meter is not None
         assert (meter["order_checked"], meter["order_inconsistent"]) == (1, 1)
 
@@ -889,7 +933,7 @@ async def test_a_failed_judge_is_recorded_never_a_guessed_verdict(stage: Stage) 
     stage.judge.fail_with = JudgeFailed("answer is not JSON: 'A, I think'")
     out = await stage.verified(challenger(t))
     assert out.graded()[0].score == Ungraded(reason=UngradedReason.JUDGE_FAILED)
-    meter = await stage.log.get(StateKey(TENANT, "meter", "grading"))
+    meter = await stage.log.get(StateKey(TENANT, "meter", "grading@0"))
     assert meter is not None
     assert meter["judge_failures"] == 1
     assert "not JSON" in meter["last_failure"]

@@ -143,6 +143,13 @@ TOURNAMENT_EVENTS = EventRegistry(
 )
 
 
+METER_STREAM = "grading-meter"
+"""A tenant's grading meter is kept per partition of `assay.verified` (stream
+`grading-meter@<partition>`, document `meter/grading@<partition>`): the partition's one
+consumer is its one writer, so concurrent handlers never overwrite each other's calls.
+Readers sum the documents."""
+
+
 def fold_tournament(record: LogRecord) -> list[StateDelta]:
     """References, parked challengers, scores, counters, open groups and the meter."""
     t = record.key.tenant
@@ -193,7 +200,11 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
                 *(Delete(StateKey(t, "member", f"{group}/{run}")) for run in e.runs),
             ]
         case GradingMetered(meter=m):
-            return [Put(StateKey(t, "meter", "grading"), m)]
+            # one document per stream: `grading-meter@<partition>` -> `grading@<partition>`
+            # (the single `grading-meter` stream of before keeps its `grading` document)
+            stream = record.key.stream
+            shard = stream.removeprefix(METER_STREAM) if stream.startswith(METER_STREAM) else ""
+            return [Put(StateKey(t, "meter", f"grading{shard}"), m)]
         case SiblingWaiting() as e:
             run = e.verified["run"]["run_id"]
             return [Put(StateKey(t, "sibling", f"{e.group}/{run}"), e.verified)]

@@ -34,7 +34,7 @@ from assay.messages import (
 from assay.record import BranchKey
 from assay.runtime import StageDeps, UnitOfWork
 from assay.workflow import GradingSpec, RubricItem
-from assay_tournament.events import GradingMetered, RunScored
+from assay_tournament.events import METER_STREAM, GradingMetered, RunScored
 
 ATTEMPTS_KEY = "attempt_grades"
 """Where a waiting run's attempt grades are kept beside its RunVerified payload."""
@@ -63,13 +63,26 @@ class Meter:
     policy: GradingPolicy
     day: str
     doc: dict[str, Any]
+    """This partition's document."""
+    shard: str = ""
+    """Which partition's document (`@<n>`; empty for the one document of before)."""
+    others_today: int = 0
+    """Today's judge calls of the tenant in the other partitions' documents."""
     pending: list[tuple[RunId, JudgeUsage]] = field(default_factory=list)
     billed: Counter[RunId] = field(default_factory=Counter)
     """Every call this handler saw, by run (emitted or not)."""
     dirty: bool = False
 
     @classmethod
-    def of(cls, policy: GradingPolicy, day: str, doc: dict[str, Any] | None) -> Meter:
+    def of(
+        cls,
+        policy: GradingPolicy,
+        day: str,
+        doc: dict[str, Any] | None,
+        *,
+        shard: str = "",
+        others_today: int = 0,
+    ) -> Meter:
         """The meter for `day`; a new day starts today's count at zero."""
         base: dict[str, Any] = {
             "day": day,
@@ -85,11 +98,12 @@ class Meter:
         current = {**base, **(doc or {})}
         if current["day"] != day:
             current.update(day=day, calls_today=0)
-        return cls(policy, day, current)
+        return cls(policy, day, current, shard=shard, others_today=others_today)
 
     def exhausted(self, tenant: object) -> bool:
-        """The tenant's judge calls today reached its ceiling."""
-        return int(self.doc["calls_today"]) >= self.policy.ceiling_for(str(tenant))
+        """The tenant's judge calls today, in every partition, reached its ceiling."""
+        today = self.others_today + int(self.doc["calls_today"])
+        return today >= self.policy.ceiling_for(str(tenant))
 
     def sink(self, run: RunId, purpose: str) -> UsageCallback:
         """Where the judge reports each call it makes for `run`, for `purpose`."""
@@ -141,9 +155,18 @@ class Grading:
         self.deps = deps
 
     async def meter(self, uow: UnitOfWork) -> Meter:
-        """The tenant's meter, for the day the handled fact occurred."""
+        """The tenant's meter in this message's partition, for the day the handled fact
+        occurred, beside today's calls in the other partitions."""
         day = uow.envelope.occurred_at.date().isoformat()
-        return Meter.of(self.deps.grading, day, await uow.get("meter", "grading"))
+        shard = f"@{uow.partition}"
+        mine: dict[str, Any] | None = None
+        others = 0
+        for key, doc in await uow.scan("meter", "grading"):
+            if key == f"grading{shard}":
+                mine = doc
+            elif doc.get("day") == day:
+                others += int(doc.get("calls_today", 0))
+        return Meter.of(self.deps.grading, day, mine, shard=shard, others_today=others)
 
     async def rank_attempts(
         self, episode: Episode, spec: GradingSpec, rubric: list[RubricItem], meter: Meter
@@ -215,7 +238,8 @@ class Grading:
         meter.pending.clear()
         if meter.dirty:
             uow.record(
-                BranchKey.main(uow.tenant, "grading-meter"), GradingMetered(meter=dict(meter.doc))
+                BranchKey.main(uow.tenant, f"{METER_STREAM}{meter.shard}"),
+                GradingMetered(meter=dict(meter.doc)),
             )
             meter.dirty = False
 

@@ -13,6 +13,7 @@ set, the `tournament` schema in Postgres; otherwise the data directory's
 from __future__ import annotations
 
 import json
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,31 @@ def report(tenant: TenantId, meter: dict[str, Any], ceiling: int) -> dict[str, A
     }
 
 
+def merged(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """A tenant's meter, from its documents (one per partition): counts summed, today's
+    calls over the documents of the latest day, the last failure of that day's."""
+    day = max(str(d.get("day", "")) for d in shards)
+    out: dict[str, Any] = {"day": day, "calls_today": 0, "last_failure": None}
+    for d in sorted(shards, key=lambda d: str(d.get("day", ""))):
+        if d.get("day") == day:
+            out["calls_today"] += int(d.get("calls_today", 0))
+            out["last_failure"] = d.get("last_failure") or out["last_failure"]
+        for k in ("calls_total", "order_checked", "order_inconsistent", "judge_failures"):
+            out[k] = out.get(k, 0) + int(d.get(k, 0))
+        for k in ("by_purpose", "scores"):
+            out[k] = dict(Counter(out.get(k, {})) + Counter(d.get(k, {})))
+    return out
+
+
 async def _reports(log: EventLog, tenant: TenantId | None) -> list[dict[str, Any]]:
     policy = GradingSettings.from_env().policy()
+    shards: dict[TenantId, list[dict[str, Any]]] = defaultdict(list)
+    for who, key, meter in await log.scan_kind("meter"):
+        if key.startswith("grading") and (tenant is None or who == tenant):
+            shards[who].append(meter)
     return [
-        report(who, meter, policy.ceiling_for(str(who)))
-        for who, key, meter in await log.scan_kind("meter")
-        if key == "grading" and (tenant is None or who == tenant)
+        report(who, merged(docs), policy.ceiling_for(str(who)))
+        for who, docs in sorted(shards.items(), key=lambda kv: str(kv[0]))
     ]
 
 

@@ -157,7 +157,13 @@ class StageRunner:
         while attempt < RETRIES:
             attempt += 1
             uow = UnitOfWork(
-                self.spec.name, self.log, self.blobs, env, self.relay.wake.set, self.emitted
+                self.spec.name,
+                self.log,
+                self.blobs,
+                env,
+                self.relay.wake.set,
+                self.emitted,
+                partition=m.partition,
             )
             try:
                 await handler(msg, uow)

@@ -124,8 +124,13 @@ class UnitOfWork:
         envelope: Envelope,
         on_commit: Callable[[], None] | None = None,
         emitted: Counter[str] | None = None,
+        *,
+        partition: int = 0,
     ) -> None:
         self.stage = stage
+        self.partition = partition
+        """The partition of the topic the message came from: one consumer handles it at a
+        time, so state kept per partition has one writer."""
         self._on_commit = on_commit
         self.log = log
         self.blobs = blobs
