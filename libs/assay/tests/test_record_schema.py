@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -585,6 +586,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         termination="succeeded",
         output="4",
         step_credit=[CREDIT],
+        held_out=True,
     ),
     VariantAggregate(
         tenant=TENANT,
@@ -989,3 +991,14 @@ def test_every_registered_type_writes_a_schema_version_of_at_least_one() -> None
             assert isinstance(model.version, int)
             assert model.version >= 1
             assert registry.versions(name)[-1] == model.version
+
+
+def test_a_run_result_v3_upcasts_to_v4_not_saying_whether_its_task_was_held_out() -> None:
+    v3 = json.loads(
+        (Path(__file__).parents[3] / "tests/fixtures/messages/RunResult.v3.json").read_text()
+    )
+    decoded = MESSAGES.decode("RunResult", 3, v3)
+    assert isinstance(decoded, RunResult)
+    assert decoded.held_out is None  # unknown, never guessed as a selection task
+    with pytest.raises(UnknownSchema, match="held_out"):
+        MESSAGES.decode("RunResult", 4, v3)  # v4 says, one way or the other

@@ -568,6 +568,7 @@ async def test_results_are_emitted_only_for_work_runs(stage: Stage) -> None:
     assert result.output == "5"
     assert result.usage.prompt_tokens == 10
     assert [v.verifier for v in result.verification] == ["correct"]
+    assert result.held_out is False
     (entry,) = [e for e in out.entries if e.topic == RESULTS]
     assert entry.key == f"{TENANT}:{cur.run_id}"
 
@@ -585,6 +586,12 @@ async def test_results_are_emitted_only_for_work_runs(stage: Stage) -> None:
     assert result.status == "graded"
     assert result.output == "five"
     assert isinstance(result.score, Relative)
+
+
+async def test_a_result_says_whether_its_task_was_held_out(stage: Stage) -> None:
+    held = current(task_id(2)).model_copy(update={"held_out": True})
+    (result,) = (await stage.verified(held)).results()
+    assert result.held_out is True
 
 
 async def test_shadow_run_of_the_current_version_has_no_result(stage: Stage) -> None:

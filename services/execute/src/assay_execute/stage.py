@@ -408,5 +408,6 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
             score=None,
             usage=episode.usage,
             termination="cancelled",
+            held_out=run.held_out,
         ),
     )

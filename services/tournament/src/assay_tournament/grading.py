@@ -319,5 +319,6 @@ class Grading:
                     termination="succeeded" if msg.executed else "failed",
                     output=episode.output if episode else None,
                     step_credit=credit,
+                    held_out=r.held_out,
                 ),
             )

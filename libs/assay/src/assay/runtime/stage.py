@@ -43,6 +43,21 @@ Background = Callable[[EventLog, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
+class Gauge:
+    """One gauge a stage derives from its state for `/metrics`: name, help, label
+    names, and a value per label tuple."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: tuple[tuple[tuple[str, ...], float], ...]
+
+
+Gauges = Callable[[EventLog], Awaitable[Sequence[Gauge]]]
+"""Reads a stage's committed state (every tenant's) into gauges, when `/metrics` is read."""
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """A stage: its name, its log's event types and fold, and its handlers.
 
@@ -55,6 +70,8 @@ class StageSpec:
     handlers: dict[str, dict[str, Handler]]
     background: tuple[Background, ...] = ()
     """Housekeeping that runs beside the consumers while the stage runs (timers)."""
+    gauges: Gauges | None = None
+    """Gauges derived from the stage's state, exported on `/metrics` (read when scraped)."""
 
     @property
     def topics(self) -> list[str]:
