@@ -126,6 +126,7 @@ from assay_aggregate.stage import VersionTallied
 from assay_decide import DECIDE_EVENTS
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
+from assay_ingest.replay import CutReason, CutRun, ReplayMetered
 from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
 from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
@@ -136,6 +137,7 @@ from assay_tournament.events import (
     GroupJoined,
     JudgeAnswered,
     ReferenceSet,
+    ReplaySpent,
     RolloutSelected,
     RunScored,
     SiblingWaiting,
@@ -777,6 +779,28 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 rung=Rung.SHADOW,
                 held_out=True,
                 held_out_draw=0.07,
+                cut=[
+                    CutRun(
+                        run_id=OTHER_RUN,
+                        workflow_version=V1,
+                        role=Role.CURRENT,
+                        purpose=Purpose.SHADOW,
+                        reason=CutReason.REPLAY_BUDGET_EXHAUSTED,
+                        calls=50,
+                    )
+                ],
+                replay_calls=50,
+            ),
+            ReplayMetered(
+                meter={
+                    "day": "2026-11-29",
+                    "calls_today": 50,
+                    "runs_today": 1,
+                    "cut_today": 1,
+                    "calls_total": 50,
+                    "runs_total": 1,
+                    "cut_total": 1,
+                }
             ),
             RolloutAdmitted(group="order-18", input={"question": "17 * 23", "answer": "391"}),
             RolloutUpdated(
@@ -835,6 +859,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             RolloutSelected(group="order-18", result={"winner": RUN, "passes": 1}),
             JudgeAnswered(key=f"order-18/{RUN}/{OTHER_RUN}", verdict="b"),
             JudgeAnswered(key=f"order-18/{RUN}", violations=[]),
+            ReplaySpent(run_id=OTHER_RUN, day="2026-11-29", model_calls=1, tokens=12),
         ],
     ),
     "aggregate": (

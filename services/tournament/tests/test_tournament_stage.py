@@ -874,6 +874,23 @@ async def test_a_tenant_at_its_ceiling_is_ungraded_budget_exhausted(tmp_path: Pa
         assert meter["by_purpose"].get("compare") == 1
 
 
+async def test_what_shadow_runs_spent_is_recorded_once_and_work_runs_are_not_replay(
+    stage: Stage,
+) -> None:
+    t = task_id(12)
+    work = current(t)
+    await stage.verified(work)  # the work run: not replay
+    stage.judge.verdicts = [Verdict.A]
+    shadow = challenger(t)
+    await stage.verified(shadow)
+    await stage.verified(shadow)  # redelivered: its grading ended once, its spend counts once
+    reference = current(task_id(13), purpose=Purpose.SHADOW)  # a reference run is replay too
+    await stage.verified(reference)
+    spent = dict(await stage.log.scan(TENANT, "replay"))
+    assert set(spent) == {shadow.run_id, reference.run_id}
+    assert [(d["model_calls"], d["tokens"]) for d in spent.values()] == [(1, 12), (1, 12)]
+
+
 async def test_a_sampled_order_check_records_consistency(tmp_path: Path) -> None:
     async with open_stage(tmp_path, GradingPolicy(order_check=1.0)) as stage:
         t = task_id(10)

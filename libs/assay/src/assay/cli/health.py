@@ -5,26 +5,35 @@ Per tenant: judge calls today against the tenant's ceiling and by purpose
 order-inconsistency rate on sampled order checks and both-order tournament
 pairs, judge failures and the last one — and how grading ended, by score kind
 and `Ungraded` by reason (§11.6: a tenant whose loop never engages must see a
-stated reason, not a silence). Where the state is: with `ASSAY_DATABASE_URL`
-set, the `tournament` schema in Postgres; otherwise the data directory's
-`tournament.sqlite`.
+stated reason, not a silence). Beside it, replay's spend (§12.4): the tenant's
+replay ceiling, the model calls its shadow runs reserved today and the shadow
+runs admitted and cut (the ingest stage's meter), and what the shadow runs whose
+grading ended spent (runs, model calls, tokens). Where the state is: with
+`ASSAY_DATABASE_URL` set, the `tournament` and `ingest` schemas in Postgres;
+otherwise the data directory's `tournament.sqlite` and `ingest.sqlite`.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from assay.cli.logs import NO_EVENTS, no_fold, postgres_log
+from assay.grading.replay import meter_of
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
-from assay.runtime.settings import GradingSettings, Settings
+from assay.runtime.settings import GradingSettings, ReplaySettings, Settings
 from assay.store.ports import EventLog
 from assay.store.sqlite import SqliteEventLog
 
 TOURNAMENT_LOG = "tournament.sqlite"
 PG_SCHEMA = "tournament"
+INGEST_LOG = "ingest.sqlite"
+INGEST_SCHEMA = "ingest"
 
 
 def report(tenant: TenantId, meter: dict[str, Any], ceiling: int) -> dict[str, Any]:
@@ -48,10 +57,57 @@ def report(tenant: TenantId, meter: dict[str, Any], ceiling: int) -> dict[str, A
     }
 
 
-async def _reports(log: EventLog, tenant: TenantId | None) -> list[dict[str, Any]]:
+def replay_report(
+    reserved: dict[str, Any] | None,
+    spent: list[dict[str, Any]],
+    ceiling: int | None,
+    today: str,
+) -> dict[str, Any]:
+    """One tenant's replay spend: reserved at admission (ingest's meter, for `today`;
+    None where that state is not there) and spent by its shadow runs whose grading
+    ended (`spent`: one document per run)."""
+    admitted = None if reserved is None else meter_of(today, reserved)
+
+    def of(key: str) -> int | None:
+        return None if admitted is None else int(admitted[key])
+
+    done_today = [d for d in spent if d["day"] == today]
+    return {
+        "calls_ceiling": ceiling,
+        "calls_reserved_today": of("calls_today"),
+        "runs_admitted_today": of("runs_today"),
+        "runs_cut_today": of("cut_today"),
+        "runs_cut_total": of("cut_total"),
+        "runs_graded_today": len(done_today),
+        "model_calls_today": sum(int(d["model_calls"]) for d in done_today),
+        "tokens_today": sum(int(d["tokens"]) for d in done_today),
+        "model_calls_total": sum(int(d["model_calls"]) for d in spent),
+        "tokens_total": sum(int(d["tokens"]) for d in spent),
+    }
+
+
+async def _reports(
+    log: EventLog, ingest: EventLog | None, tenant: TenantId | None
+) -> list[dict[str, Any]]:
     policy = GradingSettings.from_env().policy()
+    replay = ReplaySettings.from_env().policy()
+    reserved: dict[TenantId, dict[str, Any]] = {}
+    if ingest is not None:
+        reserved = {who: m for who, k, m in await ingest.scan_kind("meter") if k == "replay"}
+    spent: dict[TenantId, list[dict[str, Any]]] = defaultdict(list)
+    for who, _, doc in await log.scan_kind("replay"):
+        spent[who].append(doc)
+    today = datetime.now(UTC).date().isoformat()
     return [
-        report(who, meter, policy.ceiling_for(str(who)))
+        {
+            **report(who, meter, policy.ceiling_for(str(who))),
+            "replay": replay_report(
+                reserved.get(who, {}) if ingest is not None else None,
+                spent[who],
+                replay.ceiling_for(str(who)),
+                today,
+            ),
+        }
         for who, key, meter in await log.scan_kind("meter")
         if key == "grading" and (tenant is None or who == tenant)
     ]
@@ -65,16 +121,22 @@ async def health_command(data_dir: Path, tenant: TenantId | None) -> int:
     """
     database_url = Settings.from_env().database_url
     if database_url:
-        async with postgres_log(database_url, PG_SCHEMA) as log:
-            found = await _reports(log, tenant)
+        async with (
+            postgres_log(database_url, PG_SCHEMA) as log,
+            postgres_log(database_url, INGEST_SCHEMA) as admission,
+        ):
+            found = await _reports(log, admission, tenant)
     else:
         path = data_dir / TOURNAMENT_LOG
         if not path.is_file():
             raise AssayError(f"no tournament state in {data_dir}: nothing was graded there")
-        sqlite = await SqliteEventLog(path, NO_EVENTS, no_fold).open()
-        try:
-            found = await _reports(sqlite, tenant)
-        finally:
-            await sqlite.close()
+        async with AsyncExitStack() as stack:
+            sqlite = await SqliteEventLog(path, NO_EVENTS, no_fold).open()
+            stack.push_async_callback(sqlite.close)
+            ingest: EventLog | None = None
+            if (data_dir / INGEST_LOG).is_file():
+                ingest = await SqliteEventLog(data_dir / INGEST_LOG, NO_EVENTS, no_fold).open()
+                stack.push_async_callback(ingest.close)
+            found = await _reports(sqlite, ingest, tenant)
     print(json.dumps(found, indent=2))
     return 0

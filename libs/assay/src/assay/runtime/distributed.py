@@ -34,6 +34,7 @@ from assay.runtime.settings import (
     GradingSettings,
     JudgeSettings,
     ModelSettings,
+    ReplaySettings,
     RetentionSettings,
     SandboxSettings,
     Settings,
@@ -104,6 +105,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             verifiers=load_verifiers(),
             retention=retention,
             grading=GradingSettings.from_env().policy(),
+            replay=ReplaySettings.from_env().policy(),
         )
         spec = factories[stage](deps)
         event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)

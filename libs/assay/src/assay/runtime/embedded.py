@@ -36,6 +36,7 @@ from assay.runtime.settings import (
     GradingSettings,
     JudgeSettings,
     ModelSettings,
+    ReplaySettings,
     RetentionSettings,
     SandboxSettings,
     Settings,
@@ -196,6 +197,7 @@ class Embedded:
             verifiers=load_verifiers(),
             retention=RetentionSettings.from_env().policy(),
             grading=GradingSettings.from_env().policy(),
+            replay=ReplaySettings.from_env().policy(),
         )
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")

@@ -22,6 +22,7 @@ from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
+from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy
 from assay.kernel.canonical import content_hash
@@ -109,6 +110,8 @@ class StageDeps:
     """When finished runs are reduced and tiered (§8.6)."""
     grading: GradingPolicy = field(default_factory=GradingPolicy)
     """Grading's capacity, per-tenant judge-call ceilings and order-check sampling."""
+    replay: ReplayPolicy = field(default_factory=ReplayPolicy)
+    """Per-tenant ceilings on the model calls shadow runs reserve (§12.4, §14.1)."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
