@@ -338,26 +338,41 @@ def bt_figures() -> dict[str, float]:
     }
 
 
-def main() -> None:
+SECTIONS = ("eventlog", "demo", "postgres", "relay", "pipeline", "grading")
+
+
+def measure(sections: set[str]) -> dict[str, float]:
+    """The figures of the named sections, in the order of `SECTIONS`."""
+    figures: dict[str, float] = {}
     tmp = Path(tempfile.mkdtemp(prefix="assay-bench-", dir=ROOT / "bench"))
     try:
-        ours, raw = asyncio.run(eventlog_vs_raw(tmp))
-        runs_per_s, rss = demo_figures(tmp / "demo")
-        pg = postgres_figures(tmp / "postgres")
-        relay = relay_figures(tmp / "kafka")
-        pipeline = pipeline_figures(tmp / "pipeline")
-        grading = {**sprt_figures(), **bt_figures()}
+        if "eventlog" in sections:
+            ours, raw = asyncio.run(eventlog_vs_raw(tmp))
+            figures.update(paired("eventlog.sqlite", "events_per_s", ours, raw))
+        if "demo" in sections:
+            runs_per_s, rss = demo_figures(tmp / "demo")
+            figures["demo.runs_per_s"] = round(runs_per_s, 1)
+            figures["demo.peak_rss_mb"] = round(rss, 1)
+        if "postgres" in sections:
+            figures.update(postgres_figures(tmp / "postgres"))
+        if "relay" in sections:
+            figures.update(relay_figures(tmp / "kafka"))
+        if "pipeline" in sections:
+            figures.update(pipeline_figures(tmp / "pipeline"))
+        if "grading" in sections:
+            figures.update({**sprt_figures(), **bt_figures()})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    figures = {
-        **paired("eventlog.sqlite", "events_per_s", ours, raw),
-        "demo.runs_per_s": round(runs_per_s, 1),
-        "demo.peak_rss_mb": round(rss, 1),
-        **pg,
-        **relay,
-        **pipeline,
-        **grading,
-    }
+    return figures
+
+
+def main() -> None:
+    """`run.py` measures every section and writes `latest.json`; `run.py pipeline relay`
+    measures only those sections and only prints them."""
+    chosen = set(sys.argv[1:]) or set(SECTIONS)
+    if unknown := chosen - set(SECTIONS):
+        sys.exit(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    figures = measure(chosen)
     targets = {
         "eventlog.sqlite.ratio": ">= 0.8",
         "demo.peak_rss_mb": "<= 300",
@@ -376,6 +391,8 @@ def main() -> None:
     print(f"{'figure':<{width}}  {'value':>10}  target")
     for k, v in figures.items():
         print(f"{k:<{width}}  {v:>10}  {targets.get(k, '')}")
+    if chosen != set(SECTIONS):
+        return
     out = ROOT / "bench" / "results" / "latest.json"
     out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")

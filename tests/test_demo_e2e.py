@@ -29,6 +29,7 @@ async def test_demo_climbs_the_ladder_rolls_back_v3_and_rebuilds_identically(
     assert "PROMOTED v2" in out
     assert "shadow -> trial -> current" in out
     assert "v3: ROLLED BACK from shadow: 1 Core violation" in out
+    assert "slow loop: no proposal after v3: nothing left to propose" in out
     assert "held out)" in out
     v1, v2, v3 = (load_workflow(EXAMPLES / "workflows" / f"arith-v{n}.yaml") for n in (1, 2, 3))
     async with Embedded(data) as rt:

@@ -260,7 +260,7 @@ async def decide_state(d: Deployment, tenant: str, kind: str, key: str) -> dict[
         kind,
         key,
     )
-    return json.loads(rows[0]["value"]) if rows else None
+    return json.loads(rows[0]["value"]) if rows and rows[0]["value"] is not None else None
 
 
 async def test_a_challenger_climbs_the_ladder_on_evidence_and_a_core_violator_rolls_back(
@@ -339,6 +339,161 @@ async def test_a_challenger_climbs_the_ladder_on_evidence_and_a_core_violator_ro
         v3,
     )
     assert json.loads(stored[0]["value"])["parents"] == [v2]  # still in the DAG
+
+
+async def test_a_rolled_back_challenger_gets_a_proposal_that_an_operator_approves(
+    deployment: Deployment,
+) -> None:
+    """The slow loop in distributed mode: v3 (a Core violator) is rolled back against v1;
+    decide drafts the next version of v1 from selection-set failures and announces it on
+    `assay.decisions`; `assay proposals approve` over Kafka registers it, parented on v1,
+    and it becomes the challenger."""
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    v1, v3 = str(load_workflow(V1).version), str(load_workflow(V3).version)
+    first = TASKS[:20]  # v1 alone: its wrong answers become the evidence
+    await produce(d.bootstrap, task_records(tenant, first))
+    await await_results(d, {(tenant, t["idempotency_key"]) for t in first})
+    register(d, tenant, V3)
+
+    async def v3_challenges() -> bool:
+        a = await allocation(d, tenant)
+        return a is not None and a.get("challenger") == v3
+
+    await wait_for("v3 to become the challenger", v3_challenges)
+    for start in range(20, 60, 10):
+        tasks = TASKS[start : start + 10]
+        await produce(d.bootstrap, task_records(tenant, tasks))
+        await await_results(d, {(tenant, t["idempotency_key"]) for t in tasks})
+        if await decide_state(d, tenant, "decision", v3) is not None:
+            break
+    await wait_for("v3's rollback", lambda: _exists(decide_state(d, tenant, "decision", v3)), 60)
+
+    async def asked() -> bool:
+        return any(
+            [
+                await decide_state(d, tenant, "open_proposal", "arith"),
+                await decide_state(d, tenant, "unproposed", "arith"),
+            ]
+        )
+
+    await wait_for("the slow loop", asked, 60)
+    waiting = await decide_state(d, tenant, "open_proposal", "arith")
+    assert waiting is not None, await decide_state(d, tenant, "unproposed", "arith")
+    proposal = await decide_state(d, tenant, "proposal", waiting["proposal_id"])
+    assert proposal is not None
+    assert (proposal["status"], proposal["gated"], proposal["parent"]) == ("pending", True, v1)
+    assert proposal["rationale"].startswith("reason_step_by_step:")
+    assert proposal["failures"]  # drafted from evidence
+
+    def announced(records: list[Any]) -> bool:
+        return any(json.loads(r.value)["type"] == "ProposalRequested" for r in records)
+
+    decisions = await read_topic(d.bootstrap, "assay.decisions", announced, 30)
+    assert any(
+        json.loads(r.value)["payload"].get("proposal_id") == waiting["proposal_id"]
+        for r in decisions
+    )
+    cli_env = {**d.env, "ASSAY_DATABASE_URL": d.dsns["decide"]}
+    listed = await asyncio.to_thread(
+        subprocess.run,
+        [ASSAY, "proposals", "--tenant", tenant],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)["proposals"]
+    assert row["proposal_id"] == waiting["proposal_id"]
+    approved = await asyncio.to_thread(
+        subprocess.run,
+        [ASSAY, "proposals", "approve", waiting["proposal_id"], "--reason", "worth a shadow"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert approved.returncode == 0, approved.stderr
+    drafted = proposal["workflow_version"]
+
+    async def challenges() -> bool:
+        a = await allocation(d, tenant)
+        return a is not None and a.get("challenger") == drafted
+
+    await wait_for("the approved proposal to become the challenger", challenges, 60)
+    stored = await d.query(
+        "SELECT value FROM ingest.state WHERE tenant = $1 AND kind = 'definition' AND key = $2",
+        uuid.UUID(tenant),
+        drafted,
+    )
+    assert json.loads(stored[0]["value"])["parents"] == [v1]  # in the DAG, under its base
+    reviewed = await decide_state(d, tenant, "proposal", waiting["proposal_id"])
+    assert reviewed is not None
+    assert reviewed["review"] == {"reason": "worth a shadow", "by": "operator"}
+
+
+THINK_SOLVE = """\
+id: think-solve
+steps:
+  - {id: think, kind: model, prompt: "Think about {{ task.question }}."}
+  - {id: solve, kind: model, prompt: "Reply with only the number. What is {{ task.question }}?"}
+  - {id: answer, kind: tool, tool: extract_number, args: {text: "{{ steps.solve.output }}"}}
+verifiers:
+  - {id: correct, kind: exact, step: answer, expected: "{{ task.answer }}"}
+"""
+
+
+async def test_a_run_is_branched_with_deltas_from_the_command_line(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """`assay branch` against the distributed pipeline: the command goes to
+    `assay.run-commands`, the execute stage forks the children from the checkpoint after
+    `think`, and the CLI reads the tree back from the execute schema."""
+    d = deployment
+    workflow = tmp_path / "think-solve.yaml"
+    workflow.write_text(THINK_SOLVE)
+    tenant = await set_up_tenant(d, challenger=False, versions=(workflow, workflow))
+    task = {"idempotency_key": "branch-1", "input": {"question": "(5 + 12) * 9", "answer": "153"}}
+    await produce(d.bootstrap, task_records(tenant, [task], workflow="think-solve"))
+    records = await await_results(d, {(tenant, "branch-1")})
+    (run,) = {
+        json.loads(r.value)["payload"]["run_id"]
+        for r in records
+        if json.loads(r.value)["payload"]["tenant"] == tenant
+    }
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            ASSAY,
+            "branch",
+            run,
+            "--tenant",
+            tenant,
+            "--at",
+            "think",
+            "--json",
+            "--delta",
+            "prompt:solve=What is {{ task.question }}? Answer in a sentence.",
+            "--delta",
+            "tool_unavailable:extract_number",
+            "--delta",
+            "model_params:solve=max_tokens=128",
+        ],
+        env={**d.env, "ASSAY_DATABASE_URL": d.dsns["execute"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    tree = json.loads(done.stdout)["tree"]
+    assert (tree["run_id"], tree["boundary"]["step"]) == (run, "think")
+    children = tree["children"]
+    assert [c["branch"] for c in children] == [1, 2, 3]
+    assert [c["outcome"]["status"] for c in children] == ["succeeded", "failed", "succeeded"]
+    assert children[1]["outcome"]["failed_step"] == "answer"
+    attribution = {a["step"]: a["children"] for a in tree["attribution"]}
+    assert attribution["answer"] == [2]  # the stage the failure is attributed to
 
 
 async def _is(read: Any, value: str) -> bool:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from assay.bus import RESULTS, TASKS, WORKFLOWS
+from assay.bus import RESULTS, TASKS, USAGE, WORKFLOWS
+from assay.engine import ChatCompletionsModel, Prices, RetryPolicy
 from assay.kernel import TenantId, tenant_id
 from assay.messages import (
     MESSAGES,
@@ -28,12 +29,14 @@ from assay.messages import (
     RolloutResult,
     RolloutSpec,
     TaskSubmitted,
+    UsageRecorded,
     WorkflowRegistered,
     open_envelope,
 )
 from assay.record import StateKey
 from assay.runtime import Embedded
 from assay.workflow import WorkflowDef, from_document
+from libs.assay.tests.chat_endpoint import ChatServer, completion, json_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -286,6 +289,85 @@ async def test_a_token_budget_is_never_exceeded(tmp_path: Path) -> None:
     assert 0 < result.tokens <= 200
 
 
+@pytest.fixture
+def endpoint() -> Iterator[ChatServer]:
+    chat = ChatServer()
+    chat.start()
+    try:
+        yield chat
+    finally:
+        chat.stop()
+
+
+async def usage_costs(rt: Embedded) -> dict[str, list[float]]:
+    """Each run's recorded call prices, from every `UsageRecorded` on the usage topic."""
+    costs: dict[str, list[float]] = {}
+    for partition in range(rt.partitions):
+        for m in await rt.bus.fetch(USAGE, partition, 0, 10_000, 0.0):
+            env = open_envelope(m.value)
+            msg = MESSAGES.decode(env.type, env.schema_version, env.payload)
+            if isinstance(msg, UsageRecorded) and msg.purpose.value == "work":
+                costs.setdefault(str(msg.run_id), []).append(msg.cost_usd)
+    return costs
+
+
+async def test_a_cost_budget_is_never_exceeded(tmp_path: Path, endpoint: ChatServer) -> None:
+    """A priced model ($1000 / $2000 per million prompt / completion tokens) behind a loopback
+    chat-completions endpoint. A call's worst case is its 16 prompt bytes and 32 completion
+    tokens, $0.08, which a sibling's $0.10 covers once; each call really costs $0.022."""
+    endpoint.answer(json_reply(completion("391", prompt_tokens=12, completion_tokens=5)))
+    spec = RolloutSpec(
+        n=6,
+        budget=RolloutBudget(max_concurrency=2, run_max_cost_usd=0.1, group_max_cost_usd=0.25),
+    )
+    async with (
+        ChatCompletionsModel(
+            endpoint.base_url,
+            "local-model",
+            prices=Prices(1000.0, 2000.0),
+            retry=RetryPolicy(max_retries=0),
+            timeout_s=10.0,
+        ) as model,
+        Embedded(tmp_path / "data", clock=fixed_clock, model=model) as rt,
+    ):
+        await register(rt)
+        await submit(rt, "group-6", spec)
+        result = await wait_for(lambda: rollout_result(rt, "group-6"), 120, "the result")
+        recorded = await usage_costs(rt)
+    assert result.admitted == 2  # $0.25 at $0.10 a sibling
+    assert len(result.siblings) == 2
+    assert result.passes == 2
+    assert result.best_of_n_passed
+    per_run = {str(s.run_id): sum(recorded.get(str(s.run_id), [])) for s in result.siblings}
+    assert all(0 < cost <= 0.1 for cost in per_run.values())
+    assert result.cost_usd == pytest.approx(sum(per_run.values())) == pytest.approx(0.044)
+    assert result.cost_usd <= 0.25
+
+
+async def test_a_sibling_whose_cost_cap_cannot_cover_a_call_makes_none(
+    tmp_path: Path, endpoint: ChatServer
+) -> None:
+    """$0.07 per sibling is below the call's $0.08 worst case: no call is sent, none is paid."""
+    endpoint.answer(json_reply(completion("391", prompt_tokens=12, completion_tokens=5)))
+    spec = RolloutSpec(n=2, budget=RolloutBudget(run_max_cost_usd=0.07, group_max_cost_usd=0.2))
+    async with (
+        ChatCompletionsModel(
+            endpoint.base_url, "local-model", prices=Prices(1000.0, 2000.0)
+        ) as model,
+        Embedded(tmp_path / "data", clock=fixed_clock, model=model) as rt,
+    ):
+        await register(rt)
+        await submit(rt, "group-7", spec)
+        result = await wait_for(lambda: rollout_result(rt, "group-7"), 120, "the result")
+    assert endpoint.seen == []
+    assert result.admitted == 2
+    assert result.passes == 0
+    assert result.winner is not None
+    assert not result.best_of_n_passed
+    assert result.cost_usd == 0.0
+    assert result.model_calls == 0
+
+
 def test_a_group_token_cap_needs_a_per_run_cap() -> None:
     with pytest.raises(ValueError, match="needs run_max_tokens"):
         RolloutBudget(group_max_tokens=100)
@@ -294,3 +376,20 @@ def test_a_group_token_cap_needs_a_per_run_cap() -> None:
 def test_a_spec_admitting_more_than_it_requests_is_refused() -> None:
     with pytest.raises(ValueError, match="admit"):
         RolloutSpec(n=2, admit=3)
+
+
+def test_a_group_cost_cap_needs_a_per_run_cap() -> None:
+    with pytest.raises(ValueError, match="needs run_max_cost_usd"):
+        RolloutBudget(group_max_cost_usd=1.0)
+
+
+def test_a_per_run_cost_cap_above_the_groups_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"run_max_cost_usd \(2.0\) exceeds group_max_cost_usd"):
+        RolloutBudget(run_max_cost_usd=2.0, group_max_cost_usd=1.0)
+
+
+@pytest.mark.parametrize("cap", [0.0, -0.5, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["run_max_cost_usd", "group_max_cost_usd"])
+def test_a_cost_cap_is_a_finite_positive_amount(field: str, cap: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        RolloutBudget.model_validate({field: cap})

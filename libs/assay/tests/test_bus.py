@@ -68,7 +68,9 @@ from assay.messages import (
     Envelope,
     GroupDue,
     Promoted,
+    ProposalRequested,
     Purpose,
+    ReviewProposal,
     RewindRun,
     Role,
     RolledBack,
@@ -97,7 +99,7 @@ from assay.messages import (
     seal,
 )
 from assay.record import EventRegistry
-from assay.store import CommitBatch, OutboxEntry, SqliteEventLog
+from assay.store import CommitBatch, OutboxEntry, PendingOutbox, SqliteEventLog
 
 PARTITIONS = 4
 
@@ -335,6 +337,77 @@ async def test_relay_ships_committed_rows_in_commit_order_and_empties_the_outbox
     other.release()
 
 
+class CommitDuringEmptyDrain(SqliteEventLog):
+    """A stage log whose first empty outbox read sees a commit land (and wake the relay)
+    while the read is in flight, as a commit on another task can."""
+
+    relay: OutboxRelay | None = None
+    late: tuple[OutboxEntry, ...] = ()
+
+    async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
+        rows = await super().drain_outbox(limit)
+        if not rows and self.late and self.relay is not None:
+            late, self.late = self.late, ()
+            await self.commit(CommitBatch(outbox=list(late)))
+            self.relay.wake.set()
+        return rows
+
+
+async def test_a_wake_during_an_empty_outbox_read_is_not_lost(
+    tmp_path: Path, bus: EmbeddedBus, topic: str
+) -> None:
+    log_ = CommitDuringEmptyDrain(tmp_path / "late.sqlite", EventRegistry(), lambda _r: [])
+    await log_.open()
+    relay = OutboxRelay("stage", log_, bus, FileLock(tmp_path / "late.lock"), poll_s=30.0)
+    log_.relay, log_.late = relay, tuple(rows(topic, ["t:run-a"], 0, 3))
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        # The poll is 30 s: only the wake set during the empty read can ship these now.
+        await eventually(has_published(bus, topic, 3), timeout_s=5.0)
+    finally:
+        stop.set()
+        relay.wake.set()
+        await asyncio.wait_for(running, 5.0)
+        await log_.close()
+
+
+class CountingReads(SqliteEventLog):
+    """A stage log counting the relay's reads of its outbox."""
+
+    reads = 0
+
+    async def drain_outbox(self, limit: int) -> list[PendingOutbox]:
+        self.reads += 1
+        return await super().drain_outbox(limit)
+
+
+async def test_the_relay_reads_again_only_after_a_full_batch_or_a_wake(
+    tmp_path: Path, bus: EmbeddedBus, topic: str
+) -> None:
+    log_ = CountingReads(tmp_path / "count.sqlite", EventRegistry(), lambda _r: [])
+    await log_.open()
+    await log_.commit(CommitBatch(outbox=rows(topic, ["t:run-a"], 0, 5)))
+    relay = OutboxRelay("stage", log_, bus, FileLock(tmp_path / "c.lock"), batch=2, poll_s=30.0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        await eventually(has_published(bus, topic, 5))
+        await asyncio.sleep(0.2)
+        assert log_.reads == 3  # 2 + 2 + 1: the short batch emptied what was committed
+        await log_.commit(CommitBatch(outbox=rows(topic, ["t:run-a"], 5, 1)))
+        relay.wake.set()
+        await eventually(has_published(bus, topic, 6))
+        await asyncio.sleep(0.2)
+        assert log_.reads == 4
+    finally:
+        stop.set()
+        relay.wake.set()
+        await asyncio.wait_for(running, 5.0)
+        await log_.close()
+    assert relay.shipped == 6
+
+
 async def test_relay_keeps_rows_while_the_transport_is_down_and_loses_nothing(
     stage_log: SqliteEventLog, bus: EmbeddedBus, topic: str, tmp_path: Path
 ) -> None:
@@ -504,7 +577,7 @@ def test_envelope_round_trips_through_its_wire_body() -> None:
     opened = open_envelope(body)
     assert opened == env
     assert MESSAGES.decode(opened.type, opened.schema_version, opened.payload) == msg
-    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 2, TENANT)
+    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 3, TENANT)
 
 
 def test_headers_mirror_the_envelope_fields() -> None:
@@ -518,7 +591,7 @@ def test_headers_mirror_the_envelope_fields() -> None:
         assert value == str(fields[name]).encode()
     assert headers["id"] == env.id.encode()
     assert headers["tenant"] == str(TENANT).encode()
-    assert headers["schema_version"] == b"2"
+    assert headers["schema_version"] == b"3"
     assert datetime.fromisoformat(headers["occurred_at"].decode()) == env.occurred_at
 
     child = sealed(task("other"), cause=env)
@@ -632,7 +705,10 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             ),
             f"{t}:{RUN}",
         ),
-        (RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage), f"{t}:{RUN}"),
+        (
+            RunExecuted(run=ref, episode=TASK, succeeded=True, usage=usage, cost_usd=0.00003),
+            f"{t}:{RUN}",
+        ),
         (
             RunVerified(run=ref, episode=TASK, passed=True, results=[], usage=usage, executed=True),
             f"{t}:{TASK}",
@@ -646,6 +722,8 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
                 index=0,
                 ended="verified",
                 model_calls=1,
+                tokens=12,
+                cost_usd=0.00003,
             ),
             f"{t}:idem-1",
         ),
@@ -730,6 +808,26 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             f"{t}:{WORKFLOW}",
         ),
         (Promoted(**verdict, previous=VERSION), f"{t}:{WORKFLOW}"),
+        (
+            ProposalRequested(
+                **by_workflow,
+                proposal_id="0123456789abcdef",
+                workflow_version=VERSION,
+                parent=VERSION,
+                after=VERSION,
+                definition={"id": WORKFLOW},
+                rationale="why",
+                proposer="catalog",
+                evidence=[RUN],
+                usage=usage,
+                gated=True,
+            ),
+            f"{t}:{WORKFLOW}",
+        ),
+        (
+            ReviewProposal(**by_workflow, proposal_id="0123456789abcdef", approve=True),
+            f"{t}:{WORKFLOW}",
+        ),
         (ChallengerRejected(**verdict, reason="worse"), f"{t}:{WORKFLOW}"),
         (
             RolledBack(

@@ -27,11 +27,13 @@ from assay.engine import (
     ModelRequestRefused,
     ModelResponseInvalid,
     ModelUnavailable,
+    Priced,
     Prices,
     RetryPolicy,
     RunSpec,
     StubModel,
     fold_work,
+    prices_of,
     request_seed,
 )
 from assay.kernel import (
@@ -43,7 +45,7 @@ from assay.kernel import (
     new_run_id,
     tenant_id,
 )
-from assay.messages import Purpose, Role, RunRef, UsageRecorded
+from assay.messages import Purpose, Role, RolloutRef, RunRef, UsageRecorded
 from assay.runtime.settings import ModelSettings, SettingsInvalid
 from assay.store import SqliteEventLog
 from assay.workflow import WorkflowDef, validate
@@ -476,3 +478,82 @@ async def test_a_refused_model_call_fails_the_attempt_and_meters_nothing(
     assert all("HTTP 404" in (a.error or "") for a in episode.attempts)
     assert len(server.seen) == 2  # one request per attempt: the adapter did not retry a 404
     assert journal.emitted == []
+
+
+def capped_sibling(cap_usd: float, steps: int) -> RunSpec:
+    """A rollout sibling with a cost cap, whose workflow asks the model `steps` times."""
+    wf = validate(
+        WorkflowDef.model_validate(
+            {
+                "id": "wf-cost",
+                "steps": [
+                    {
+                        "id": f"ask{i}",
+                        "kind": "model",
+                        "prompt": "What is {{ task.question }}?",
+                        "max_tokens": 64,
+                        "timeout_s": 10,
+                    }
+                    for i in range(steps)
+                ],
+            }
+        ),
+        frozenset(BUILTIN_TOOLS),
+    )
+    run_id = new_run_id()
+    ref = RunRef(
+        tenant=TENANT,
+        run_id=run_id,
+        task_id=TaskId(content_hash(TASK)),
+        idempotency_key="group-1",
+        workflow_id=wf.id,
+        workflow_version=wf.version,
+        role=Role.CURRENT,
+        purpose=Purpose.WORK,
+        rollout=RolloutRef(
+            group="group-1", index=0, size=2, mode="best_of_n", max_cost_usd=cap_usd
+        ),
+    )
+    return RunSpec(ref=ref, definition=wf, input=TASK, branch=BranchId(0))
+
+
+def test_a_priced_model_declares_its_prices_and_the_stub_costs_nothing(
+    make_model: MakeModel,
+) -> None:
+    model = make_model("http://127.0.0.1:9/v1", prices=Prices(1.0, 3.0))
+    assert isinstance(model, Priced)
+    assert prices_of(model) == Prices(1.0, 3.0)
+    assert prices_of(StubModel()).cost(10**6, 10**6) == 0.0
+
+
+async def test_a_siblings_cost_cap_refuses_a_call_whose_worst_case_it_cannot_cover(
+    server: ChatServer, make_model: MakeModel, journal: LogJournal
+) -> None:
+    """$1000 / $2000 per million tokens: a call's worst case is its 21 prompt bytes and 64
+    completion tokens, $0.149; each call really costs 10 + 5 tokens, $0.02. Under a $0.18 cap
+    the third call's worst case ($0.04 spent + $0.149) does not fit: it is never sent."""
+    server.answer(json_reply(completion("153", prompt_tokens=10, completion_tokens=5)))
+    model = make_model(server.base_url, prices=Prices(1000.0, 2000.0))
+    spec = capped_sibling(0.18, steps=3)
+    episode = await Driver(model, BUILTIN_TOOLS).drive(spec, journal)
+
+    assert [a.state for a in episode.attempts] == [
+        AttemptState.SUCCEEDED,
+        AttemptState.SUCCEEDED,
+        AttemptState.FAILED,
+    ]
+    refusal = episode.attempts[2].error or ""
+    assert "cost budget ($0.180000) cannot cover this call" in refusal
+    assert "$0.040000 spent, up to $0.149000" in refusal
+    assert len(server.seen) == 2  # the refused call never reached the endpoint
+    costs = [u.cost_usd for _, u in journal.emitted if isinstance(u, UsageRecorded)]
+    assert costs == [pytest.approx(0.02), pytest.approx(0.02)]
+    assert sum(costs) <= 0.18
+
+
+async def test_a_siblings_cost_cap_never_stops_a_model_that_costs_nothing(
+    journal: LogJournal,
+) -> None:
+    spec = capped_sibling(1e-9, steps=3)
+    episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, journal)
+    assert [a.state for a in episode.attempts] == [AttemptState.SUCCEEDED] * 3

@@ -27,6 +27,7 @@ from assay.engine import (
     solve,
 )
 from assay.engine.driver import MAX_INTERRUPTED
+from assay.engine.journal import LogJournal as StoreJournal
 from assay.kernel import (
     AttemptNo,
     AttemptState,
@@ -42,6 +43,7 @@ from assay.kernel.schema import Versioned
 from assay.messages import Episode, Purpose, Role, RunRef, Usage, UsageRecorded
 from assay.record import BranchKey, Event, LogRecord, StateKey, apply_delta
 from assay.store import CommitBatch, SqliteEventLog
+from assay.store.ports import Checkpoint
 from assay.workflow import WorkflowDef, validate
 
 # -- a real journal over the SQLite event log ---------------------------------------------
@@ -378,6 +380,39 @@ async def test_driving_a_finished_run_again_appends_nothing(log: SqliteEventLog)
     assert await log.read(spec.key) == before
     assert second == first
     assert second.encode() == first.encode()
+
+
+class ReadCountingJournal(StoreJournal):
+    """The store's checkpointing journal, counting what a drive reads back of its branch."""
+
+    reads = 0
+
+    async def history(self, key: BranchKey) -> list[LogRecord]:
+        self.reads += 1
+        return await super().history(key)
+
+    async def latest_checkpoint(self, key: BranchKey) -> Checkpoint | None:
+        self.reads += 1
+        return await super().latest_checkpoint(key)
+
+
+async def test_a_fresh_drive_reads_nothing_back_and_records_what_a_full_one_does(
+    tmp_path: Path,
+) -> None:
+    spec = spec_for(arith(max_attempts=2), TASK)
+    episodes, events = [], []
+    for fresh in (False, True):
+        log = await open_log(tmp_path / f"fresh-{fresh}.sqlite")
+        try:
+            journal = ReadCountingJournal(log)
+            driver = Driver(StubModel(), BUILTIN_TOOLS, checkpoint_every=2)
+            episodes.append(await driver.drive(spec, journal, fresh=fresh))
+            events.append(await events_of(log, spec))
+            assert journal.reads == (0 if fresh else 2)  # a checkpoint, then the branch
+        finally:
+            await log.close()
+    assert episodes[0] == episodes[1]
+    assert events[0] == events[1]
 
 
 async def test_crash_mid_attempt_closes_it_as_interrupted(

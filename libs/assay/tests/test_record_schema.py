@@ -66,6 +66,7 @@ from assay.messages import (
     CancelRollout,
     CancelRun,
     ChallengerRejected,
+    FailureEvidence,
     GroupDue,
     HeldOutTally,
     InjectPlanDelta,
@@ -73,7 +74,9 @@ from assay.messages import (
     ModelParamsDelta,
     Promoted,
     PromptDelta,
+    ProposalRequested,
     Purpose,
+    ReviewProposal,
     RewindRun,
     Role,
     RolledBack,
@@ -122,8 +125,9 @@ from assay.record import (
     apply_delta,
 )
 from assay_aggregate import AGGREGATE_EVENTS
-from assay_aggregate.stage import VersionTallied
+from assay_aggregate.stage import FailuresKept, VersionTallied
 from assay_decide import DECIDE_EVENTS
+from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
 from assay_ingest.replay import CutReason, CutRun, ReplayMetered
@@ -345,7 +349,14 @@ SPEC = RolloutSpec(
     mode="best_of_n",
     admit=5,
     budget=RolloutBudget(
-        max_concurrency=2, run_max_model_calls=2, group_max_model_calls=10, deadline_s=600
+        max_concurrency=2,
+        run_max_model_calls=2,
+        group_max_model_calls=10,
+        deadline_s=600,
+        run_max_tokens=4000,
+        group_max_tokens=20000,
+        run_max_cost_usd=0.002,
+        group_max_cost_usd=0.01,
     ),
 )
 SIBLING = REF.model_copy(
@@ -355,7 +366,13 @@ SIBLING = REF.model_copy(
         "baseline_version": None,
         "reference_expected": False,
         "rollout": RolloutRef(
-            group="order-18", index=1, size=5, mode="best_of_n", max_model_calls=2
+            group="order-18",
+            index=1,
+            size=5,
+            mode="best_of_n",
+            max_model_calls=2,
+            max_tokens=4000,
+            max_cost_usd=0.002,
         ),
     }
 )
@@ -385,6 +402,31 @@ CREDIT = StepCredit(
     passed_attempt=2,
     failure="wrong answer",
     changed=["prompt (40 -> 52 characters)"],
+)
+FAILED = VerifierResult(
+    verifier="correct", kind="exact", verifier_version="1", passed=False, evidence="5 != 4"
+)
+FAILURE = FailureEvidence(
+    run_id=RUN,
+    task_id=TASK,
+    workflow_version=V1,
+    failed_checks=[FAILED],
+    capped=[CoreViolation(criterion="no-guessing", evidence="guessed 5")],
+    step_credit=[CREDIT],
+)
+PROPOSAL = ProposalRequested(
+    tenant=TENANT,
+    workflow_id=WF,
+    proposal_id="0123456789abcdef",
+    workflow_version=V2,
+    parent=V1,
+    after=V2,
+    definition={"id": "arith", "steps": []},
+    rationale="reason_step_by_step: asks model step(s) solve to reason step by step",
+    proposer="catalog",
+    evidence=[RUN],
+    usage=Usage(model_calls=1, prompt_tokens=900, completion_tokens=300),
+    gated=True,
 )
 ATTEMPT_RANK = AttemptRank(
     step="solve",
@@ -467,7 +509,13 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     WorkflowRegistered(tenant=TENANT, definition=DEFINITION, parents=[V1, V2]),
     RunSpawned(run=SIBLING, definition=DEFINITION, input={"question": "17 * 23"}),
     RunVerified(
-        run=SIBLING, episode="blob:def", passed=True, results=[RESULT], usage=USAGE, executed=True
+        run=SIBLING,
+        episode="blob:def",
+        passed=True,
+        results=[RESULT],
+        usage=USAGE,
+        cost_usd=0.00042,
+        executed=True,
     ),
     RolloutProgress(
         tenant=TENANT,
@@ -476,6 +524,8 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         index=1,
         ended="verified",
         model_calls=2,
+        tokens=96,
+        cost_usd=0.00042,
     ),
     CancelRollout(tenant=TENANT, idempotency_key="order-18", reason="enough"),
     RolloutClosed(
@@ -491,6 +541,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         reason="cancelled",
         detail="enough",
         model_calls=3,
+        cost_usd=0.0006,
         peak_concurrency=2,
     ),
     RolloutResult(
@@ -536,6 +587,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         closed="cancelled",
         detail="enough",
         model_calls=3,
+        cost_usd=0.0006,
         peak_concurrency=2,
     ),
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
@@ -562,6 +614,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunExecuted(
         run=REF, episode="blob:abc", succeeded=False, failed_step=StepId("solve"), usage=USAGE
     ),
+    RunExecuted(run=SIBLING, episode="blob:def", succeeded=True, usage=USAGE, cost_usd=0.00042),
     VERIFIED,
     GroupDue(tenant=TENANT, task_id=TASK, passed=False, epoch=3),
     *[RunGraded(run=REF, passed=True, score=score, judge_calls=1) for score in SCORES],
@@ -573,6 +626,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         attempt_ranks=[ATTEMPT_RANK],
         step_credit=[CREDIT],
     ),
+    RunGraded(run=REF, passed=False, score=SCORES[0], judge_calls=1, failed_checks=[FAILED]),
     RunResult(
         tenant=TENANT,
         run_id=RUN,
@@ -631,6 +685,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
             baseline_runs=8,
             baseline_passes=6,
         ),
+        failures=[FAILURE],
     ),
     ALLOCATION,
     Promoted(
@@ -662,6 +717,14 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         passes=8,
         baseline_runs=40,
         baseline_passes=36,
+    ),
+    PROPOSAL,
+    ReviewProposal(
+        tenant=TENANT,
+        workflow_id=WF,
+        proposal_id="0123456789abcdef",
+        approve=False,
+        reason="keep prompts short",
     ),
     UsageRecorded(
         tenant=TENANT,
@@ -889,6 +952,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 order_inconsistent=1,
                 held_out={"runs": 2, "passes": 2, "record": RECORD.model_dump(), "ranked": None},
             ),
+            FailuresKept(workflow_version=V1, failures=[FAILURE]),
         ],
     ),
     "decide": (
@@ -932,6 +996,21 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             ),
             PromotionHeld(workflow_id=WF, workflow_version=V2, reason="judge inconsistent"),
             PromotionHeld(workflow_id=WF, workflow_version=V2, reason=None),
+            ProposalMade(proposal=PROPOSAL, failures=[FAILURE]),
+            ProposalNotMade(
+                workflow_id=WF,
+                after=V2,
+                proposer="catalog",
+                reason="nothing left to propose from 3 selection-set failure(s)",
+                usage=Usage(),
+            ),
+            ProposalReviewed(
+                workflow_id=WF,
+                proposal_id="0123456789abcdef",
+                approved=False,
+                reason="keep prompts short",
+                by="operator",
+            ),
         ],
     ),
 }
@@ -974,6 +1053,51 @@ def test_a_usage_recorded_v1_payload_upcasts_to_v2_costing_nothing() -> None:
     assert MESSAGES.versions("UsageRecorded") == [1, 2]
     with pytest.raises(UnknownSchema, match="cost_usd"):
         MESSAGES.decode("UsageRecorded", 2, v1)  # v2 states its cost; nothing guesses it
+
+
+@pytest.mark.parametrize(
+    ("type_", "version"),
+    [
+        ("RunExecuted", 2),
+        ("RunVerified", 2),
+        ("RolloutProgress", 1),
+        ("RolloutClosed", 1),
+        ("RolloutResult", 1),
+    ],
+)
+def test_a_message_from_before_costs_were_carried_upcasts_costing_nothing(
+    type_: str, version: int
+) -> None:
+    current = next(m for m in MESSAGE_EXAMPLES if m.type == type_ and m.cost_usd > 0)  # type: ignore[attr-defined]
+    old = current.model_dump(mode="json")
+    del old["cost_usd"]
+    decoded = MESSAGES.decode(type_, version, old)
+    assert decoded.cost_usd == 0.0  # type: ignore[attr-defined]
+    assert decoded.model_dump(mode="json") == {**old, "cost_usd": 0.0}
+
+
+def test_a_task_submitted_v2_reads_as_v3_without_a_cost_cap() -> None:
+    v2 = {
+        "tenant": str(TENANT),
+        "workflow_id": WF,
+        "idempotency_key": "order-18",
+        "input": {"question": "17 * 23"},
+        "task_key": None,
+        "rollout": {"n": 2, "budget": {"run_max_tokens": 100, "group_max_tokens": 200}},
+    }
+    decoded = MESSAGES.decode("TaskSubmitted", 2, v2)
+    assert isinstance(decoded, TaskSubmitted)
+    assert decoded.rollout is not None
+    assert decoded.rollout.budget.run_max_cost_usd is None
+    assert decoded.rollout.budget.group_max_cost_usd is None
+
+
+def test_a_sibling_without_a_cost_cap_serialises_as_before() -> None:
+    ref = SIBLING.model_copy(
+        update={"rollout": SIBLING.rollout.model_copy(update={"max_cost_usd": None})}  # type: ignore[union-attr]
+    )
+    assert "max_cost_usd" not in ref.model_dump(mode="json")["rollout"]
+    assert SIBLING.model_dump(mode="json")["rollout"]["max_cost_usd"] == 0.002
 
 
 @pytest.mark.parametrize("cost", [-0.01, float("nan"), float("inf")])

@@ -46,6 +46,7 @@ from assay.store import CommitBatch, OutboxEntry, PostgresEventLog
 from assay.store.pg_provision import provision_stage, stage_role
 from assay.store.pg_relay import PgAdvisoryLeader, listen_for_outbox
 from assay.store.pg_schema import MIGRATIONS, migrate
+from assay.store.ports import StaleFence
 
 pytestmark = pytest.mark.postgres
 
@@ -337,6 +338,111 @@ async def test_a_commit_is_one_round_trip_and_concurrent_commits_share_one(
     finally:
         conn.remove_query_logger(logged)
     assert (await pg_log.rebuild(keep=False)).identical
+
+
+async def test_fenced_commits_of_many_runs_share_a_round_trip_and_a_stale_fence_fails_alone(
+    pg_log: PostgresEventLog,
+) -> None:
+    tenant = new_tenant()
+    leases = []
+    for i in range(12):
+        lease = await pg_log.claim(tenant, f"run-{i}", "worker-a", ttl_ms=60_000)
+        assert lease is not None
+        leases.append(lease)
+        await pg_log.commit(
+            CommitBatch(records=[(main(tenant, f"run-{i}"), put(f"r{i}-0"))], fence=lease)
+        )
+    # A fenced group first, so that the connection knows the statement's types.
+    warm = [await pg_log.claim(tenant, f"warm-{i}", "worker-a", ttl_ms=60_000) for i in range(3)]
+    await asyncio.gather(
+        *(
+            pg_log.commit(CommitBatch(records=[(main(tenant, f"warm-{i}"), put(f"w{i}"))], fence=w))
+            for i, w in enumerate(warm)
+        )
+    )
+    taken = await pg_log.claim(tenant, "run-5", "worker-a", ttl_ms=60_000)  # a restart
+    assert taken is not None
+    conn = pg_log.writer.connection
+    assert conn is not None
+    queries: list[str] = []
+
+    def logged(query: LoggedQuery) -> None:
+        queries.append(query.query)
+
+    conn.add_query_logger(logged)
+    try:
+        outcomes = await asyncio.gather(
+            *(
+                pg_log.commit(
+                    CommitBatch(
+                        records=[(main(tenant, f"run-{i}"), put(f"r{i}-1"))],
+                        inbox=(tenant, MessageId(f"m-{i}")),
+                        outbox=[OutboxEntry("t", f"k{i}", b"%d" % i)],
+                        fence=lease,
+                    )
+                )
+                for i, lease in enumerate(leases)
+            ),
+            return_exceptions=True,
+        )
+        await asyncio.sleep(0)
+    finally:
+        conn.remove_query_logger(logged)
+    assert isinstance(outcomes[5], StaleFence)
+    assert [o for i, o in enumerate(outcomes) if i != 5] == [[1]] * 11
+    # The first alone, then the other eleven as one group (on distinct documents: a
+    # batch built on a document the stale one wrote would go again, after the group).
+    assert len(queries) == 2, queries
+    assert any("assay_commit_fenced" in q for q in queries)
+    # The stale batch wrote nothing: no record, no inbox entry, no outbox row.
+    assert [r.event for r in await pg_log.read(main(tenant, "run-5"))] == [put("r5-0")]
+    assert not await pg_log.seen(tenant, MessageId("m-5"))
+    assert sorted(r.entry.key for r in await pg_log.drain_outbox(100)) == sorted(
+        f"k{i}" for i in range(12) if i != 5
+    )
+    # The new holder's write lands where the old one's stopped.
+    assert await pg_log.commit(
+        CommitBatch(records=[(main(tenant, "run-5"), put("new"))], fence=taken)
+    ) == [1]
+    assert (await pg_log.rebuild(keep=False)).identical
+
+
+async def test_a_branch_the_writer_has_not_seen_is_taken_to_be_new_until_refused(
+    admin_dsn: str,
+) -> None:
+    schema = unique("guess")
+    a = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    b = await PostgresEventLog(admin_dsn, schema, REGISTRY, fold).open()
+    try:
+        tenant = new_tenant()
+        for i in range(3):
+            await a.commit(on(main(tenant, "old"), put(f"a{i}")))
+        await b.commit(on(main(tenant, "warm"), put("w")))
+        conn = b.writer.connection
+        assert conn is not None
+        queries: list[str] = []
+
+        def logged(query: LoggedQuery) -> None:
+            queries.append(" ".join(query.query.split()))
+
+        conn.add_query_logger(logged)
+        try:
+            assert await b.commit(on(main(tenant, "new"), put("n"))) == [0]
+            await asyncio.sleep(0)
+            assert len(queries) == 1, queries  # the commit alone: nothing learnt first
+            queries.clear()
+            # A branch another writer wrote: the guess is refused, then learnt once.
+            assert await b.commit(on(main(tenant, "old"), put("b0"), put("b1"))) == [3, 4]
+            assert await b.commit(on(main(tenant, "old"), put("b2"))) == [5]
+            await asyncio.sleep(0)
+            assert sum("max(l.lsn)" in q for q in queries) == 1, queries
+        finally:
+            conn.remove_query_logger(logged)
+        assert [r.lsn for r in await a.read(main(tenant, "old"))] == list(range(6))
+        assert (await a.rebuild(keep=False)).identical
+    finally:
+        await b.close()
+        await a.close()
 
 
 def tally(record: LogRecord) -> list[StateDelta]:

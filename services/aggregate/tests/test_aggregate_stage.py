@@ -25,7 +25,8 @@ from assay.kernel.scores import (
     Verdict,
     WinRecord,
 )
-from assay.messages import Purpose, Role, RunGraded, RunRef, VariantAggregate
+from assay.messages import Purpose, Role, RunGraded, RunRef, VariantAggregate, VerifierResult
+from assay.messages.proposals import EVIDENCE_CHARS, FAILURES_KEPT
 from assay.runtime import StageDeps, StageHarness
 from assay.runtime.metrics import StageCollector, stage_registry
 from assay.store import FsBlobStore
@@ -217,3 +218,39 @@ async def test_metrics_export_the_held_out_gap_per_version(stage: StageHarness) 
     assert registry.get_sample_value("assay_held_out_gap", labels) == pytest.approx(0.25)
     v1 = {**labels, "version": str(V1)}
     assert registry.get_sample_value("assay_held_out_gap", v1) is None
+
+
+def failing(*, role: Role = Role.CHALLENGER, held_out: bool = False, check: str) -> RunGraded:
+    """A run that failed verification, with the failed check's evidence."""
+    failed = VerifierResult(
+        verifier="correct", kind="exact", verifier_version="1", passed=False, evidence=check
+    )
+    msg = graded(rel(Outcome.LOSS, DecidedBy.VERIFIER), role=role, passed=False, held_out=held_out)
+    return msg.model_copy(update={"failed_checks": [failed]})
+
+
+async def test_selection_failures_reach_the_evidence_and_held_out_ones_never_do(
+    stage: StageHarness,
+) -> None:
+    """§12.5: the proposer reads these; a held-out failure here would leak the held-out set
+    into the generator."""
+    await stage.deliver(GRADED, failing(role=Role.CURRENT, check="baseline: 4 != 5"), TENANT)
+    await stage.deliver(GRADED, failing(held_out=True, check="held-out: 7 != 8"), TENANT)
+    await stage.deliver(GRADED, failing(check="selection: " + "x" * 2000), TENANT)
+    last = (await aggregates(stage))[-1]
+    checks = [c.evidence for f in last.failures for c in f.failed_checks]
+    assert [c[:20] for c in checks] == ["baseline: 4 != 5", "selection: " + "x" * 9]
+    assert all(len(c) <= EVIDENCE_CHARS for c in checks)  # evidence is cut, not carried whole
+    assert [f.workflow_version for f in last.failures] == [V1, V2]
+    assert await stage.state(TENANT, "failures", V2) is not None
+    kept = await stage.state(TENANT, "failures", V2)
+    assert kept is not None
+    assert all("held-out" not in str(f) for f in kept["failures"])
+
+
+async def test_only_the_latest_failures_are_kept(stage: StageHarness) -> None:
+    for i in range(FAILURES_KEPT + 3):
+        await stage.deliver(GRADED, failing(check=f"run {i}"), TENANT)
+    last = (await aggregates(stage))[-1]
+    checks = [c.evidence for f in last.failures for c in f.failed_checks]
+    assert checks == [f"run {i}" for i in range(3, FAILURES_KEPT + 3)]

@@ -105,11 +105,13 @@ class Stage:
     log: EventLog
     offsets: dict[str, int]
 
-    async def send(self, topic: str, msg: Versioned, mid: str | None = None) -> BusMessage:
+    async def send(
+        self, topic: str, msg: Versioned, mid: str | None = None, tenant: TenantId = TENANT
+    ) -> BusMessage:
         offset = self.offsets.get(topic, 0)
         env = seal(
             msg,
-            tenant=TENANT,
+            tenant=tenant,
             key=topic_for(topic, msg).key(msg),
             id=message_id("test", topic, mid or str(offset)),
             causation=None,
@@ -129,17 +131,18 @@ class Stage:
         return await self.take()
 
     async def take(self) -> list[Any]:
-        """Decoded outbox rows since the last call; dead letters stay raw entries."""
+        """Decoded outbox rows since the last call (decisions, and registrations of
+        approved proposals); dead letters stay raw entries."""
         rows = await self.log.drain_outbox(10_000)
         await self.log.ack_outbox([r.seq for r in rows])
         out: list[Any] = []
         for r in rows:
-            assert r.entry.topic in (DECISIONS, dlq("decide")), r.entry.topic
-            if r.entry.topic != DECISIONS:
+            assert r.entry.topic in (DECISIONS, WORKFLOWS, dlq("decide")), r.entry.topic
+            if r.entry.topic == dlq("decide"):
                 out.append(r.entry)
                 continue
             env = open_envelope(r.entry.value)
-            assert env.key == f"{TENANT}:arith"
+            assert env.key == f"{TENANT}:arith", env.key
             out.append(MESSAGES.decode(env.type, env.schema_version, env.payload))
         return out
 

@@ -442,6 +442,38 @@ async def test_a_run_under_its_ceiling_is_left_whole(
     assert await store.scan(LARGE, TIERING_QUEUE) == []
 
 
+class CountingBlobs(FsBlobStore):
+    """The file blob store, counting the blobs read."""
+
+    gets = 0
+
+    async def get(self, tenant: TenantId, ref: str) -> bytes | None:
+        self.gets += 1
+        return await super().get(tenant, ref)
+
+
+async def test_a_result_of_a_run_frozen_here_under_its_ceiling_reads_no_blob(
+    store: EventLog, tmp_path: Path
+) -> None:
+    blobs = CountingBlobs(tmp_path / "counted")
+    first, second = spawned(LARGE), spawned(LARGE)
+    async with harness(store, blobs, tmp_path / "h", policy()) as stage:
+        await stage.deliver(RUNS, first, LARGE)
+        await stage.deliver(RUNS, second, LARGE)
+        gets = blobs.gets
+        await stage.deliver(RESULTS, result_of(first, "graded"), LARGE)
+        assert blobs.gets == gets  # its size was known when its episode was frozen
+    # Another process (a restart, a replica) did not freeze it: it reads the blob.
+    async with harness(store, blobs, tmp_path / "h2", policy()) as stage:
+        await stage.deliver(RESULTS, result_of(second, "graded"), LARGE)
+        assert blobs.gets == gets + 1
+    for msg in (first, second):
+        doc = await run_doc(store, msg)
+        assert doc["grading"] == "graded"
+        assert "reduced" not in doc
+        assert await blobs.get(LARGE, doc["episode"]) is not None
+
+
 async def test_each_tenant_is_held_to_its_own_ceiling(
     store: EventLog, blobs: FsBlobStore, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ from assay.messages import (
     StrengthSummary,
     VariantAggregate,
 )
+from assay.messages.proposals import FAILURES_KEPT, FailureEvidence, as_evidence
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork
 from assay.store import EventLog
@@ -98,7 +99,20 @@ class VersionTallied(Event):
     )
 
 
-AGGREGATE_EVENTS = EventRegistry([VersionTallied])
+class FailuresKept(Event):
+    """A selection-set run of the version failed (verification, or a Core violation):
+    the version's most recent failures, this one last. Held-out runs never get here
+    (§12.5: the proposer, which reads these, must not see the held-out set)."""
+
+    type: ClassVar[str] = "FailuresKept"
+    version: ClassVar[int] = 1
+    workflow_version: WorkflowVersion = Field(description="Version.")
+    failures: list[FailureEvidence] = Field(
+        max_length=FAILURES_KEPT, description="Its latest selection-set failures, oldest first."
+    )
+
+
+AGGREGATE_EVENTS = EventRegistry([VersionTallied, FailuresKept])
 
 
 @AGGREGATE_EVENTS.upcaster("VersionTallied", 1)
@@ -153,6 +167,13 @@ def fold_aggregate(record: LogRecord) -> list[StateDelta]:
                         "order_inconsistent": e.order_inconsistent,
                         "held_out": e.held_out,
                     },
+                )
+            ]
+        case FailuresKept() as e:
+            return [
+                Put(
+                    StateKey(record.key.tenant, "failures", e.workflow_version),
+                    {"failures": [f.model_dump(mode="json") for f in e.failures]},
                 )
             ]
     return []
@@ -259,6 +280,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 **counts,
             ),
         )
+        failures = await _failures(uow, r.workflow_version)
+        if (not msg.passed or isinstance(msg.score, Capped)) and not r.held_out:
+            failures = _keep_failure(uow, msg, failures)
         if not challenger or baseline is None:
             return
         base = await uow.get("version", baseline) or {}
@@ -279,6 +303,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 baseline_runs=base_runs,
                 baseline_passes=base_passes,
                 held_out=_held_out(held, base.get("held_out")),
+                failures=[*await _failures(uow, baseline), *failures],
                 **counts,
             ),
         )
@@ -321,6 +346,32 @@ async def held_out_gauges(log: EventLog) -> list[Gauge]:
             tuple(runs),
         ),
     ]
+
+
+async def _failures(uow: UnitOfWork, version: WorkflowVersion) -> list[FailureEvidence]:
+    """The version's latest selection-set failures, oldest first."""
+    doc = await uow.get("failures", version) or {"failures": []}
+    return [FailureEvidence.model_validate(f) for f in doc["failures"]]
+
+
+def _keep_failure(
+    uow: UnitOfWork, msg: RunGraded, kept: list[FailureEvidence]
+) -> list[FailureEvidence]:
+    """Keep a failed selection-set run as evidence beside `kept`; only the newest
+    `FAILURES_KEPT` stay. The failures after it."""
+    r = msg.run
+    if any(f.run_id == r.run_id for f in kept):
+        return kept
+    capped = msg.score.violations if isinstance(msg.score, Capped) else []
+    evidence = as_evidence(
+        r.run_id, r.task_id, r.workflow_version, msg.failed_checks, capped, msg.step_credit
+    )
+    kept = [*kept, evidence][-FAILURES_KEPT:]
+    uow.record(
+        BranchKey.main(uow.tenant, f"version:{r.workflow_version}"),
+        FailuresKept(workflow_version=r.workflow_version, failures=kept),
+    )
+    return kept
 
 
 def _held_out(mine: dict[str, Any] | None, base: dict[str, Any] | None) -> HeldOutTally | None:

@@ -8,7 +8,11 @@ Derived state, per tenant:
   expects it still to be when it commits (the compare-and-swap);
 - `known/<version>`: every version decide has held or turned away;
 - `decision/<version>`: how a challenger's time ended;
-- `accepted/<version>`: when its sequential test crossed the accept boundary.
+- `accepted/<version>`: when its sequential test crossed the accept boundary;
+- `proposal/<id>`: every proposal the slow loop made, its evidence and its status
+  (`pending`, `approved`, `rejected`);
+- `open_proposal/<workflow>`: the proposal waiting for an operator, absent without one;
+- `unproposed/<workflow>`: why the last request for a proposal yielded none.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from pydantic import Field
 from assay.grading.ladder import Standing
 from assay.kernel import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import WinRecord
-from assay.messages import AllocationChanged, Ladder, Rung
+from assay.messages import AllocationChanged, Ladder, Rung, Usage
 from assay.messages.loop import allocation_changed_v1_to_v2
+from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import (
     BranchKey,
     Delete,
@@ -106,7 +111,53 @@ class PromotionHeld(Event):
     reason: str | None = Field(description="Why the swap waits; None: it no longer does.")
 
 
-DECIDE_EVENTS = EventRegistry([AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld])
+class ProposalMade(Event):
+    """The proposer drafted a version (§12.1), from the failures it carries."""
+
+    type: ClassVar[str] = "ProposalMade"
+    version: ClassVar[int] = 1
+    proposal: ProposalRequested = Field(description="The proposal, as announced.")
+    failures: list[FailureEvidence] = Field(description="The selection-set failures it read.")
+
+
+class ProposalNotMade(Event):
+    """Decide asked for a proposal and got none: nothing left to try, no evidence to
+    learn from, the proposer failed, or its draft was invalid. The loop waits for the
+    next challenger's end (or an operator's registration)."""
+
+    type: ClassVar[str] = "ProposalNotMade"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    after: WorkflowVersion = Field(description="The challenger (or proposal) whose end asked.")
+    proposer: str = Field(description="The proposer asked.")
+    reason: str = Field(description="Why no proposal was made.")
+    usage: Usage = Field(description="What asking cost.")
+
+
+class ProposalReviewed(Event):
+    """A proposal was approved (and registered) or rejected: by an operator, or approved
+    at once for an ungated tenant."""
+
+    type: ClassVar[str] = "ProposalReviewed"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    proposal_id: str = Field(description="The proposal.")
+    approved: bool = Field(description="Approved (true) or rejected.")
+    reason: str = Field(description="Why, as the reviewer said.")
+    by: Literal["operator", "ungated"] = Field(description="Who reviewed it.")
+
+
+DECIDE_EVENTS = EventRegistry(
+    [
+        AllocationSet,
+        ChallengerDecided,
+        EvidenceAccepted,
+        PromotionHeld,
+        ProposalMade,
+        ProposalNotMade,
+        ProposalReviewed,
+    ]
+)
 
 
 @DECIDE_EVENTS.upcaster("AllocationSet", 1)
@@ -156,4 +207,25 @@ def fold_decide(record: LogRecord) -> list[StateDelta]:
             ]
         case PromotionHeld() as e:
             out.append(Patch(StateKey(t, "ladder", e.workflow_id), {"held": e.reason}))
+        case ProposalMade(proposal=p, failures=failures):
+            doc = {
+                **p.model_dump(mode="json"),
+                "failures": [f.model_dump(mode="json") for f in failures],
+                "status": "pending",
+                "review": None,
+            }
+            out += [
+                Put(StateKey(t, "proposal", p.proposal_id), doc),
+                Put(StateKey(t, "open_proposal", p.workflow_id), {"proposal_id": p.proposal_id}),
+                Delete(StateKey(t, "unproposed", p.workflow_id)),
+            ]
+        case ProposalNotMade() as e:
+            out.append(Put(StateKey(t, "unproposed", e.workflow_id), e.model_dump(mode="json")))
+        case ProposalReviewed() as e:
+            review = {"reason": e.reason, "by": e.by}
+            status = "approved" if e.approved else "rejected"
+            out += [
+                Patch(StateKey(t, "proposal", e.proposal_id), {"status": status, "review": review}),
+                Delete(StateKey(t, "open_proposal", e.workflow_id)),
+            ]
     return out

@@ -22,21 +22,19 @@ from typing import Any
 from assay.bus.topics import AGGREGATES, DECISIONS, WORKFLOWS
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.ladder import Move, MoveKind, Standing, ladder_for, step
-from assay.kernel import Lsn, Refused, WorkflowId, WorkflowVersion
+from assay.kernel import Refused, WorkflowVersion
 from assay.kernel.scores import WinRecord
 from assay.messages import (
-    AllocationChanged,
     ChallengerRejected,
-    Ladder,
     Promoted,
+    ReviewProposal,
     RolledBack,
     Rung,
     VariantAggregate,
     WorkflowRegistered,
 )
-from assay.record import Event
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
-from assay.workflow import WorkflowInvalid, from_document, validate
+from assay.workflow import WorkflowDef, WorkflowInvalid, from_document, validate
 from assay_decide.entry import shadow_refusal
 from assay_decide.events import (
     DECIDE_EVENTS,
@@ -45,8 +43,9 @@ from assay_decide.events import (
     EvidenceAccepted,
     PromotionHeld,
     fold_decide,
-    stream_of,
 )
+from assay_decide.proposals import SlowLoop
+from assay_decide.workflow import Workflow
 
 __all__ = [
     "DECIDE_EVENTS",
@@ -59,74 +58,10 @@ __all__ = [
 ]
 
 
-class Workflow:
-    """One handler's view of a workflow: what it read, and its writes, compare-and-swapped.
-
-    Open it before reading anything else of the workflow: the stream's end read here
-    is what the commit expects, so whatever the handler reads after it is covered.
-    """
-
-    def __init__(self, uow: UnitOfWork, workflow: WorkflowId, head: Lsn) -> None:
-        self.uow = uow
-        self.id = workflow
-        self._head = head
-        self._expecting = False
-
-    @classmethod
-    async def open(cls, uow: UnitOfWork, workflow: WorkflowId) -> Workflow:
-        """Read the stream's end (first), for the compare-and-swap."""
-        head = await uow.get("head", workflow)
-        return cls(uow, workflow, Lsn(int(head["next"]) if head else 0))
-
-    def record(self, event: Event) -> None:
-        """Append to the workflow's stream; the commit lands only if no one else did."""
-        key = stream_of(self.uow.tenant, self.id)
-        if not self._expecting:
-            self.uow.expect(key, self._head)
-            self._expecting = True
-        self.uow.record(key, event)
-
-    async def allocation(self) -> dict[str, Any] | None:
-        """The workflow's allocation (an `AllocationChanged` payload)."""
-        return await self.uow.get("allocation", self.id)
-
-    async def standing(self, alloc: dict[str, Any]) -> Standing:
-        """Where the challenger stands (rebuilt from the rung for an allocation of v1)."""
-        doc = await self.uow.get("ladder", self.id) or {}
-        share = float(alloc["challenger_share"])
-        base = {
-            "ladder": alloc.get("ladder") or Ladder.DEFAULT.value,
-            "rung": alloc.get("rung") or (Rung.TRIAL if share > 0 else Rung.SHADOW).value,
-            "share": share,
-        }
-        return Standing.model_validate({**base, **doc})
-
-    def allocate(
-        self,
-        read: dict[str, Any] | None,
-        cause: str,
-        standing: Standing | None = None,
-        **fields: Any,
-    ) -> AllocationChanged:
-        """Record and publish the next generation of the allocation."""
-        gen = int((read or {}).get("generation", 0))
-        if standing is not None:
-            fields.update(
-                challenger_share=standing.share, rung=standing.rung, ladder=standing.ladder
-            )
-        alloc = AllocationChanged(
-            tenant=self.uow.tenant, workflow_id=self.id, generation=gen + 1, **fields
-        )
-        self.record(
-            AllocationSet(allocation=alloc, expected_generation=gen, cause=cause, standing=standing)
-        )
-        self.uow.emit(DECISIONS, alloc)
-        return alloc
-
-
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the decide stage."""
     known_tools = frozenset(deps.tools)
+    loop = SlowLoop(deps)
 
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
@@ -240,13 +175,26 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 )
             case MoveKind.PROMOTE | MoveKind.REJECT | MoveKind.ROLL_BACK:
                 _end(w, alloc, standing, msg, move)
+                if move.kind is not MoveKind.PROMOTE:  # ended without a replacement
+                    definitions = alloc["definitions"]
+                    await loop.propose(
+                        w,
+                        WorkflowDef.model_validate(definitions[alloc["current"]]),
+                        WorkflowDef.model_validate(definitions[msg.workflow_version]),
+                        "rejected" if move.kind is MoveKind.REJECT else "rolled_back",
+                        move.reason,
+                        msg.failures,
+                    )
 
     return StageSpec(
         name="decide",
         events=DECIDE_EVENTS,
         fold=fold_decide,
         handlers={
-            WORKFLOWS: {WorkflowRegistered.type: on_workflow},
+            WORKFLOWS: {
+                WorkflowRegistered.type: on_workflow,
+                ReviewProposal.type: loop.review,
+            },
             AGGREGATES: {VariantAggregate.type: on_aggregate},
         },
     )

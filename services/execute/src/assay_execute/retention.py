@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -70,6 +71,8 @@ TIERING_QUEUE = "tiering"
 """The document kind `fold_work` keeps per reduced, untiered run (`Reduced` puts it with
 the reduction's time, `Tiered` deletes it): what the sweep reads."""
 _PAGE = 10_000
+_REMEMBERED = 10_000
+"""Token counts of frozen episodes a process keeps for their results (a few hundred kB)."""
 
 
 class ArchiveUnreadable(AssayError):
@@ -84,6 +87,18 @@ class Retention:
         self._clock = clock
         self._swept: dict[TenantId, float] = {}
         """When each tenant's queue was last swept by this process."""
+        self._tokens: OrderedDict[tuple[TenantId, str], int] = OrderedDict()
+        """Tokens of episodes this process froze, by (tenant, blob ref), newest last."""
+
+    def froze(self, tenant: TenantId, ref: str, episode: Episode) -> None:
+        """Note the tokens of an episode just frozen as blob `ref`, so that its result
+        needs no read of the blob when it is under the ceiling. A ref names its bytes
+        (content-addressed), so the count can never go stale; a process that did not
+        freeze the episode (a restart, another replica) reads the blob instead."""
+        self._tokens[(tenant, ref)] = episode_tokens(episode)
+        self._tokens.move_to_end((tenant, ref))
+        while len(self._tokens) > _REMEMBERED:
+            self._tokens.popitem(last=False)
 
     async def on_result(self, msg: RunResult, uow: UnitOfWork) -> None:
         """Grading of `msg.run_id` ended: record it, reduce the run if it is over its
@@ -127,6 +142,10 @@ class Retention:
 
     async def _reduction(self, uow: UnitOfWork, ref: str) -> Reduced | None:
         """`Reduced`, its summary blob written, if the episode is over the ceiling."""
+        ceiling = self.policy.ceiling_for(uow.tenant)
+        tokens = self._tokens.pop((uow.tenant, ref), None)
+        if tokens is not None and tokens <= ceiling:
+            return None
         raw = await uow.blobs.get(uow.tenant, ref)
         if raw is None:
             log.warning("retention: episode %s of tenant %s is gone", ref, uow.tenant)
@@ -136,7 +155,6 @@ class Retention:
         except ValidationError as exc:
             log.warning("retention: episode %s is not an episode: %s", ref, one_line(exc))
             return None
-        ceiling = self.policy.ceiling_for(uow.tenant)
         if episode_tokens(episode) <= ceiling:
             return None
         summary = reduce_episode(episode, ref, self.policy.keep_chars)

@@ -33,6 +33,7 @@ from assay.engine import (
     StepNotExecutable,
     check_executable,
     fold_work,
+    prices_of,
 )
 from assay.engine.events import (
     CancelRequested,
@@ -87,6 +88,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
     """Runs this process is driving now, so that a cancel reaches them at once."""
     ttl = deps.lease_ttl_s
     known_tools = frozenset(deps.tools)
+    retention = Retention(deps.retention)
+    prices = prices_of(deps.model)  # a run's cost is its tokens at the agent model's prices
 
     def pinned(
         ref: RunRef,
@@ -116,8 +119,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 raise Refused(f"run {ref.run_id}: sub-workflow {key} hashes to {child.version}")
         return RunSpec(ref, wf, input_, branch, children=calls)
 
-    async def drive(spec: RunSpec, uow: UnitOfWork, lease: Lease) -> tuple[Episode, CancelScope]:
-        """Drive the run's branch under its lease, stoppable by a cancel from anywhere."""
+    async def drive(
+        spec: RunSpec, uow: UnitOfWork, lease: Lease, *, fresh: bool = False
+    ) -> tuple[Episode, CancelScope]:
+        """Drive the run's branch under its lease, stoppable by a cancel from anywhere;
+        `fresh`: the branch was read empty under this lease (see `Driver.drive`)."""
         run = spec.ref.run_id
         scope = CancelScope()
         active[(uow.tenant, run)] = scope
@@ -130,19 +136,21 @@ def create_stage(deps: StageDeps) -> StageSpec:
         try:
             await watch()
             episode = await under_lease(
-                uow.log, lease, ttl, driver.drive(spec, uow, scope), watch=watch
+                uow.log, lease, ttl, driver.drive(spec, uow, scope, fresh=fresh), watch=watch
             )
         finally:
             active.pop((uow.tenant, run), None)
         return episode, scope
 
-    async def conclude(spec: RunSpec, uow: UnitOfWork, lease: Lease, *, graded: bool) -> None:
+    async def conclude(
+        spec: RunSpec, uow: UnitOfWork, lease: Lease, *, graded: bool, fresh: bool = False
+    ) -> None:
         """Drive the branch, then record how it stopped: suspended at an await (the
         lease is given up), cancelled, or ended — handed to verification when the
         branch is the one the submission is graded by."""
         ref = spec.ref
         try:
-            episode, scope = await drive(spec, uow, lease)
+            episode, scope = await drive(spec, uow, lease, fresh=fresh)
         except RunSuspended as waiting:
             uow.fence = None  # what remains to commit is the message's own bookkeeping
             await uow.log.release(lease)  # a suspended run holds no lease (§9.4)
@@ -155,7 +163,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return
         if scope.cancelled:
             if graded:
-                _cancelled(ref, uow, spec, episode, scope.reason)
+                cost = prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens)
+                _cancelled(ref, uow, spec, episode, scope.reason, cost)
             else:
                 uow.record(
                     spec.key,
@@ -165,6 +174,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 )
             return
         blob = await _finished(uow, spec, episode)
+        retention.froze(uow.tenant, blob, episode)
         if not graded:
             return
         uow.emit(
@@ -175,6 +185,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 succeeded=episode.succeeded,
                 failed_step=episode.failed_step,
                 usage=episode.usage,
+                cost_usd=prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens),
             ),
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
@@ -211,7 +222,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return  # suspended: a signal, a cancel or its deadline moves it on
         if not history:
             uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
-        await conclude(spec, uow, lease, graded=True)
+        # A new run: what was just read under the lease is all there is to replay.
+        await conclude(spec, uow, lease, graded=True, fresh=not history)
 
     async def resumed(uow: UnitOfWork, run: RunId) -> tuple[RunSpec, Lease] | None:
         """Take the lease of a suspended run and build its spec from its log; None if
@@ -330,8 +342,6 @@ def create_stage(deps: StageDeps) -> StageSpec:
         spec = await recorded(uow, BranchKey.for_run(uow.tenant, msg.run_id, branch))
         await conclude(spec, uow, lease, graded=False)
 
-    retention = Retention(deps.retention)
-
     return StageSpec(
         name="execute",
         events=WORK_EVENTS,
@@ -372,8 +382,11 @@ def _unknown(episode: Episode) -> bool:
     return any(a.state is AttemptState.INDETERMINATE for a in episode.attempts)
 
 
-def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str) -> None:
-    """Record a stopped run and give its task its one result (§5.1, §5.2)."""
+def _cancelled(
+    run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str, cost_usd: float
+) -> None:
+    """Record a stopped run and give its task its one result (§5.1, §5.2); `cost_usd` is
+    what its model calls cost."""
     unknown = _unknown(episode)
     run_transition(RunState.RUNNING, RunState.CANCELLED)
     uow.record(spec.key, RunCancelled(reason=reason, indeterminate=unknown, usage=episode.usage))
@@ -390,6 +403,7 @@ def _cancelled(run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, re
                 ended="cancelled",
                 model_calls=episode.usage.model_calls,
                 tokens=episode.usage.prompt_tokens + episode.usage.completion_tokens,
+                cost_usd=cost_usd,
             ),
         )
         return

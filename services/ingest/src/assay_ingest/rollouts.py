@@ -7,10 +7,10 @@ message that changes it — the task, each sibling's `RolloutProgress`, a
 `CancelRollout` — arrives on `assay.tasks` with that key.
 
 - **Admission.** At most `admit` of the `n` requested, and no more than the
-  group's model-call and token budgets cover at the per-run maxima.
+  group's model-call, token and cost budgets cover at the per-run maxima.
 - **Spawning.** A sibling starts only while fewer than `max_concurrency` run and
-  the calls (and tokens) spent plus every running sibling's maximum plus its own
-  fit the group total — so no cap is ever exceeded (execute holds each sibling
+  the calls (and tokens, and US dollars) spent plus every running sibling's
+  maximum plus its own fit the group total — so no cap is ever exceeded (execute holds each sibling
   to its per-run maxima). Sibling ids derive from the
   task's envelope and the index: a redelivered message spawns nothing twice, and
   a retried attempt is an attempt of the same sibling, never another rollout.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -91,7 +92,10 @@ def _running(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in doc["runs"] if r["state"] == "running"]
 
 
-def _may_spawn(doc: dict[str, Any]) -> bool:
+def may_spawn(doc: dict[str, Any]) -> bool:
+    """Whether the group's next sibling may start: admitted, under the concurrency cap, and
+    every group total still covers what is spent plus each running sibling's maximum plus its
+    own (so no group cap is ever exceeded, whatever the running siblings go on to spend)."""
     if doc["cancelled"] or doc["closed"] or len(doc["runs"]) >= doc["admitted"]:
         return False
     running = len(_running(doc))
@@ -101,7 +105,37 @@ def _may_spawn(doc: dict[str, Any]) -> bool:
     if cap is not None and doc["spent"] + (running + 1) * doc["per_run"] > cap:
         return False
     tokens = doc.get("group_max_tokens")
-    return tokens is None or doc["spent_tokens"] + (running + 1) * doc["per_run_tokens"] <= tokens
+    if tokens is not None and doc["spent_tokens"] + (running + 1) * doc["per_run_tokens"] > tokens:
+        return False
+    cost = doc.get("group_max_cost_usd")
+    if cost is None:
+        return True
+    per_run = _dollars(doc["per_run_cost_usd"])
+    return _dollars(doc["spent_cost_usd"]) + (running + 1) * per_run <= _dollars(cost)
+
+
+def admitted_within(spec: RolloutSpec, per_run_calls: int) -> int:
+    """How many of the group's siblings its budget admits: at most `admit` of the `n`, and
+    no more than each group total covers at its per-run maximum (a floor, never rounded up)."""
+    budget = spec.budget
+    admitted = spec.admit or spec.n
+    if budget.group_max_model_calls is not None:
+        admitted = min(admitted, budget.group_max_model_calls // per_run_calls)
+    if budget.group_max_tokens is not None and budget.run_max_tokens is not None:
+        admitted = min(admitted, budget.group_max_tokens // budget.run_max_tokens)
+    if budget.group_max_cost_usd is not None and budget.run_max_cost_usd is not None:
+        admitted = min(admitted, _times_within(budget.group_max_cost_usd, budget.run_max_cost_usd))
+    return admitted
+
+
+def _times_within(total: float, each: float) -> int:
+    """The most k with k * each <= total, in decimal: $0.30 holds three $0.10 siblings."""
+    return int(_dollars(total) // _dollars(each))
+
+
+def _dollars(amount: float) -> Decimal:
+    """An amount as written (`repr`), so that sums of caps are exact: 3 * 0.1 is 0.3."""
+    return Decimal(repr(amount))
 
 
 class Rollouts:
@@ -124,11 +158,7 @@ class Rollouts:
         per_run = definition.budget.max_model_calls
         if budget.run_max_model_calls is not None:
             per_run = min(per_run, budget.run_max_model_calls)
-        admitted = spec.admit or spec.n
-        if budget.group_max_model_calls is not None:
-            admitted = min(admitted, budget.group_max_model_calls // per_run)
-        if budget.group_max_tokens is not None and budget.run_max_tokens is not None:
-            admitted = min(admitted, budget.group_max_tokens // budget.run_max_tokens)
+        admitted = admitted_within(spec, per_run)
         at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
         doc: dict[str, Any] = {
             "task_id": task_id,
@@ -142,6 +172,9 @@ class Rollouts:
             "per_run_tokens": budget.run_max_tokens,
             "group_max_tokens": budget.group_max_tokens,
             "spent_tokens": 0,
+            "per_run_cost_usd": budget.run_max_cost_usd,
+            "group_max_cost_usd": budget.group_max_cost_usd,
+            "spent_cost_usd": 0.0,
             "deadline_ms": None if budget.deadline_s is None else at_ms + budget.deadline_s * 1000,
             "at_ms": at_ms,
             "origin": uow.envelope.id,
@@ -165,9 +198,13 @@ class Rollouts:
         sibling = next((r for r in doc["runs"] if r["run_id"] == msg.run_id), None)
         if sibling is None or sibling["state"] != "running":
             return  # a repeated report
-        sibling.update(state=msg.ended, model_calls=msg.model_calls, tokens=msg.tokens)
+        sibling.update(
+            state=msg.ended, model_calls=msg.model_calls, tokens=msg.tokens, cost_usd=msg.cost_usd
+        )
         doc["spent"] += msg.model_calls
         doc["spent_tokens"] += msg.tokens
+        # A group admitted before cost caps has no such key: its spend starts counting here.
+        doc["spent_cost_usd"] = doc.get("spent_cost_usd", 0.0) + msg.cost_usd
         task_input = await uow.get("rollout-input", msg.idempotency_key) or {}
         await self._advance(uow, msg.idempotency_key, doc, task_input)
 
@@ -208,7 +245,7 @@ class Rollouts:
             for sibling in _running(doc):
                 uow.emit(RUN_COMMANDS, self._cancel(uow.tenant, group, sibling, doc))
         stored: dict[str, Any] | None = None
-        while _may_spawn(doc):
+        while may_spawn(doc):
             if stored is None:
                 stored = await uow.get("definition", doc["workflow_version"])
                 assert stored is not None, "a routed version is always stored"
@@ -216,7 +253,7 @@ class Rollouts:
         if not _running(doc) and not doc["closed"]:
             doc["closed"] = True
             if not doc["cancelled"] and len(doc["runs"]) < doc["admitted"]:
-                doc["detail"] = "the group's model-call budget admits no further sibling"
+                doc["detail"] = "the group's budget admits no further sibling"
             uow.emit(VERIFIED, self._closed(uow.tenant, group, doc, spec))
         uow.record(
             BranchKey.main(uow.tenant, f"rollout:{group}"), RolloutUpdated(group=group, doc=doc)
@@ -250,6 +287,7 @@ class Rollouts:
                 mode=spec.mode,
                 max_model_calls=doc["per_run"],
                 max_tokens=doc["per_run_tokens"],
+                max_cost_usd=doc.get("per_run_cost_usd"),
             ),
         )
         children = await self.resolve(uow, definition)
@@ -264,7 +302,14 @@ class Rollouts:
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
         doc["runs"].append(
-            {"run_id": run_id, "index": index, "state": "running", "model_calls": 0, "tokens": 0}
+            {
+                "run_id": run_id,
+                "index": index,
+                "state": "running",
+                "model_calls": 0,
+                "tokens": 0,
+                "cost_usd": 0.0,
+            }
         )
         doc["peak"] = max(doc["peak"], len(_running(doc)))
 
@@ -286,6 +331,7 @@ class Rollouts:
             detail=doc["detail"],
             model_calls=doc["spent"],
             tokens=doc["spent_tokens"],
+            cost_usd=doc.get("spent_cost_usd", 0.0),
             peak_concurrency=doc["peak"],
         )
 

@@ -31,6 +31,7 @@ from assay.messages import (
     RunStatusChanged,
     RunVerified,
     UsageRecorded,
+    VerifierResult,
 )
 from assay.record import BranchKey
 from assay.runtime import StageDeps, UnitOfWork
@@ -50,6 +51,11 @@ async def load_episode(uow: UnitOfWork, ref: str) -> Episode | None:
         return Episode.model_validate_json(raw)
     except ValidationError:
         return None
+
+
+def failed_checks(msg: RunVerified) -> list[VerifierResult]:
+    """The verifiers the run failed: the evidence the slow loop's proposer may read."""
+    return [v for v in msg.results if not v.passed]
 
 
 @dataclass
@@ -234,7 +240,16 @@ class Grading:
                 judge_calls=calls,
             ),
         )
-        uow.emit(GRADED, RunGraded(run=r, passed=msg.passed, score=score, judge_calls=calls))
+        uow.emit(
+            GRADED,
+            RunGraded(
+                run=r,
+                passed=msg.passed,
+                score=score,
+                judge_calls=calls,
+                failed_checks=failed_checks(msg),
+            ),
+        )
         graded = not isinstance(score, Ungraded)
         uow.emit(
             RUN_STATUS,
@@ -302,6 +317,7 @@ class Grading:
                 judge_calls=calls,
                 attempt_ranks=ranks,
                 step_credit=credit,
+                failed_checks=failed_checks(msg),
             ),
         )
         graded = not isinstance(score, Ungraded)

@@ -139,6 +139,7 @@ class RolloutSelection:
                 ended="verified",
                 model_calls=msg.usage.model_calls,
                 tokens=msg.usage.prompt_tokens + msg.usage.completion_tokens,
+                cost_usd=msg.cost_usd,
             ),
         )
 
@@ -216,6 +217,7 @@ class RolloutSelection:
             detail=msg.detail,
             model_calls=msg.model_calls,
             tokens=msg.tokens,
+            cost_usd=msg.cost_usd,
             peak_concurrency=msg.peak_concurrency,
         )
         uow.record(

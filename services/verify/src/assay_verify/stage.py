@@ -90,6 +90,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 passed=passed,
                 results=results,
                 usage=msg.usage,
+                cost_usd=msg.cost_usd,
                 executed=msg.succeeded,
             ),
         )

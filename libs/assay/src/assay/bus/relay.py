@@ -150,16 +150,22 @@ class OutboxRelay:
             if not await self._leading():
                 log.warning("relay %s: leadership lost; shipping stops", self.stage)
                 return False
+            # Cleared before the outbox is read, never after: a commit that wakes the
+            # relay while a read is in flight (its rows not yet visible to it) must not
+            # wait for the poll. So a read that found less than a batch emptied the
+            # outbox of every row not announced since: no second read to be sure.
+            self.wake.clear()
             try:
-                if await self.ship_once():
+                shipped = await self.ship_once()
+                if shipped:
                     backoff = self._poll_s
+                if shipped >= self._batch:
                     continue
             except Exception:  # the transport is down: keep the rows, retry later
                 log.warning("relay %s: publish failed; retrying", self.stage, exc_info=True)
                 await _sleep_or(stop, backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            self.wake.clear()
             await _sleep_or(self.wake, self._poll_s)
         try:
             while await self.ship_once():

@@ -18,6 +18,8 @@ from assay.messages import (
     ChallengerRejected,
     GroupDue,
     Promoted,
+    ProposalRequested,
+    ReviewProposal,
     RewindRun,
     RolledBack,
     RolloutClosed,
@@ -85,6 +87,8 @@ def _k(*fields: str) -> Callable[[Versioned], str]:
 
 
 def _workflow_key(msg: Versioned) -> str:
+    if isinstance(msg, ReviewProposal):
+        return f"{msg.tenant}:{msg.workflow_id}"
     assert isinstance(msg, WorkflowRegistered)
     return f"{msg.tenant}:{msg.definition.get('id', '')}"
 
@@ -113,7 +117,12 @@ TOPICS: dict[str, Topic] = {
             _k("tenant", "idempotency_key"),
             "tenant:idempotency_key",
         ),
-        Topic(WORKFLOWS, (WorkflowRegistered,), _workflow_key, "tenant:workflow_id"),
+        Topic(
+            WORKFLOWS,
+            (WorkflowRegistered, ReviewProposal),
+            _workflow_key,
+            "tenant:workflow_id",
+        ),
         Topic(RUNS, (RunSpawned,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
         Topic(
             RUN_STATUS,
@@ -144,7 +153,7 @@ TOPICS: dict[str, Topic] = {
         Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
         Topic(
             DECISIONS,
-            (AllocationChanged, Promoted, ChallengerRejected, RolledBack),
+            (AllocationChanged, Promoted, ChallengerRejected, RolledBack, ProposalRequested),
             _k("tenant", "workflow_id"),
             "tenant:workflow_id",
         ),

@@ -233,6 +233,25 @@ def _parser() -> argparse.ArgumentParser:
         help="each workflow's versions on the promotion ladder and the held-out gap (JSON)",
     )
     ladder.add_argument("--tenant", default=None, help="one tenant's UUID (default: all)")
+    # `assay proposals` (cli/proposals.py): the slow loop's proposed versions.
+    proposals = sub.add_parser(
+        "proposals", help="versions the slow loop proposed; approve or reject them (JSON)"
+    )
+    proposals_sub = proposals.add_subparsers(dest="proposals_command")
+    listing = proposals_sub.add_parser("list", help="pending proposals (the default)")
+    for where in (proposals, listing):
+        where.add_argument("--tenant", default=None, help="one tenant's UUID (default: all)")
+        where.add_argument("--all", action="store_true", help="approved and rejected ones too")
+    for name, text in (
+        ("show", "one proposal whole: definition, rationale, evidence"),
+        ("approve", "register the proposed version (it enters shadow)"),
+        ("reject", "turn it down; the proposer drafts the next one"),
+    ):
+        one = proposals_sub.add_parser(name, help=text)
+        one.add_argument("proposal", help="the proposal id")
+        one.add_argument("--tenant", default=None, help="its tenant's UUID, when ambiguous")
+        if name != "show":
+            one.add_argument("--reason", default="", help="why, for the record (and the proposer)")
     # `assay grade health` (cli/health.py), `assay grade calibrate` (cli/calibrate.py).
     health = grade_sub.add_parser(
         "health",
@@ -420,6 +439,19 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.logs import tenant_arg
 
         return await ladder_command(data_dir, tenant_arg(args.tenant) if args.tenant else None)
+    if args.command == "proposals":
+        from assay.cli import proposals as pr
+        from assay.cli.logs import tenant_arg
+
+        who = tenant_arg(args.tenant) if args.tenant else None
+        match args.proposals_command:
+            case None | "list":
+                return await pr.list_command(data_dir, who, args.all)
+            case "show":
+                return await pr.show_command(data_dir, args.proposal, who)
+            case _:
+                approve = args.proposals_command == "approve"
+                return await pr.review_command(data_dir, args.proposal, who, approve, args.reason)
     if args.command == "grade" and args.grade_command == "health":
         from assay.cli.health import health_command
         from assay.cli.logs import tenant_arg

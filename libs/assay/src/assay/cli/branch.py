@@ -212,8 +212,7 @@ async def _embedded(
         log = rt.logs["execute"]
         who = await _tenant_of(log, run, tenant_arg(tenant) if tenant else None, str(data_dir))
         entry, command = _command(run, at, children, branch, who, reason)
-        refusals = dlq("execute")
-        start = await rt.bus.end_offsets(refusals)
+        start = await rt.bus.end_offsets(dlq("execute"))
         rt.start()
         await rt.bus.publish([entry])
         deadline = time.monotonic() + timeout_s
@@ -221,12 +220,9 @@ async def _embedded(
             found = await _tree(log, who, run, command)
             if found is not None:
                 return found, who
-            for p, offset in start.items():
-                for m in await rt.bus.fetch(refusals, p, offset, 1000, 0.0):
-                    start[p] = m.offset + 1
-                    if open_envelope(m.value).id == command:
-                        why = dict(m.headers).get("assay-dlq-reason", b"").decode()
-                        raise BranchRefused(f"branch refused: {why}")
+            why = await rt.refusal("execute", start, command)
+            if why is not None:
+                raise BranchRefused(f"branch refused: {why}")
             if time.monotonic() > deadline:
                 raise AssayError(f"no tree for run {run} within {timeout_s:g}s")
             await asyncio.sleep(_POLL_S)

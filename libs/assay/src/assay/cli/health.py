@@ -22,15 +22,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from assay.cli.logs import NO_EVENTS, no_fold, postgres_log
+from assay.cli.logs import stage_state
 from assay.grading.replay import meter_of
-from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.runtime.settings import GradingSettings, ReplaySettings, Settings
 from assay.store.ports import EventLog
-from assay.store.sqlite import SqliteEventLog
 
-TOURNAMENT_LOG = "tournament.sqlite"
 PG_SCHEMA = "tournament"
 INGEST_LOG = "ingest.sqlite"
 INGEST_SCHEMA = "ingest"
@@ -119,24 +116,15 @@ async def health_command(data_dir: Path, tenant: TenantId | None) -> int:
     Raises:
         AssayError: no tournament state where this environment points, or it cannot be read.
     """
-    database_url = Settings.from_env().database_url
-    if database_url:
-        async with (
-            postgres_log(database_url, PG_SCHEMA) as log,
-            postgres_log(database_url, INGEST_SCHEMA) as admission,
-        ):
-            found = await _reports(log, admission, tenant)
-    else:
-        path = data_dir / TOURNAMENT_LOG
-        if not path.is_file():
-            raise AssayError(f"no tournament state in {data_dir}: nothing was graded there")
-        async with AsyncExitStack() as stack:
-            sqlite = await SqliteEventLog(path, NO_EVENTS, no_fold).open()
-            stack.push_async_callback(sqlite.close)
-            ingest: EventLog | None = None
-            if (data_dir / INGEST_LOG).is_file():
-                ingest = await SqliteEventLog(data_dir / INGEST_LOG, NO_EVENTS, no_fold).open()
-                stack.push_async_callback(ingest.close)
-            found = await _reports(sqlite, ingest, tenant)
+    async with AsyncExitStack() as stack:
+        log = await stack.enter_async_context(
+            stage_state(data_dir, PG_SCHEMA, "nothing was graded there")
+        )
+        ingest: EventLog | None = None  # replay's admission meter, when ingest ran here
+        if Settings.from_env().database_url or (data_dir / INGEST_LOG).is_file():
+            ingest = await stack.enter_async_context(
+                stage_state(data_dir, INGEST_SCHEMA, "no task was submitted there")
+            )
+        found = await _reports(log, ingest, tenant)
     print(json.dumps(found, indent=2))
     return 0

@@ -17,12 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from assay.cli.logs import NO_EVENTS, no_fold, postgres_log
-from assay.kernel.errors import AssayError
+from assay.cli.logs import stage_state
 from assay.kernel.ids import TenantId
-from assay.runtime.settings import Settings
 from assay.store.ports import EventLog
-from assay.store.sqlite import SqliteEventLog
 
 RUNGS = {
     "default": ["shadow", "trial"],
@@ -157,24 +154,12 @@ async def read_reports(data_dir: Path, tenant: TenantId | None) -> list[dict[str
     Raises:
         AssayError: no decide or aggregate state where this environment points.
     """
-    database_url = Settings.from_env().database_url
-    if database_url:
-        async with (
-            postgres_log(database_url, "decide") as decide,
-            postgres_log(database_url, "aggregate") as aggregate,
-        ):
-            return await reports(decide, aggregate, tenant)
-    paths = [data_dir / "decide.sqlite", data_dir / "aggregate.sqlite"]
-    for p in paths:
-        if not p.is_file():
-            raise AssayError(f"no {p.stem} state in {data_dir}: no workflow was registered there")
-    decide = await SqliteEventLog(paths[0], NO_EVENTS, no_fold).open()
-    aggregate = await SqliteEventLog(paths[1], NO_EVENTS, no_fold).open()
-    try:
+    missing = "no workflow was registered there"
+    async with (
+        stage_state(data_dir, "decide", missing) as decide,
+        stage_state(data_dir, "aggregate", missing) as aggregate,
+    ):
         return await reports(decide, aggregate, tenant)
-    finally:
-        await decide.close()
-        await aggregate.close()
 
 
 async def ladder_command(data_dir: Path, tenant: TenantId | None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, tenant_id
@@ -58,3 +59,29 @@ def tenant_arg(value: str) -> TenantId:
         return tenant_id(value)
     except ValueError as exc:
         raise AssayError(f"--tenant must be a UUID, not {value!r}") from exc
+
+
+@asynccontextmanager
+async def stage_state(data_dir: Path, stage: str, missing: str) -> AsyncIterator[EventLog]:
+    """A stage's derived state, read-only: its schema in `ASSAY_DATABASE_URL` when that is
+    set, else its SQLite file in `data_dir`.
+
+    Raises:
+        AssayError: no such state (`missing` says what that means), or it cannot be read.
+    """
+    from assay.runtime.settings import Settings
+    from assay.store.sqlite import SqliteEventLog
+
+    database_url = Settings.from_env().database_url
+    if database_url:
+        async with postgres_log(database_url, stage) as log:
+            yield log
+        return
+    path = data_dir / f"{stage}.sqlite"
+    if not path.is_file():
+        raise AssayError(f"no {stage} state in {data_dir}: {missing}")
+    sqlite = await SqliteEventLog(path, NO_EVENTS, no_fold).open()
+    try:
+        yield sqlite
+    finally:
+        await sqlite.close()

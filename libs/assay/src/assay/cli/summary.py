@@ -10,6 +10,7 @@ from assay.kernel.ids import TenantId
 from assay.messages import RunResult
 from assay.record import StateKey
 from assay.runtime.embedded import Embedded
+from assay.store.ports import EventLog
 
 ENDINGS = {"rejected": "REJECTED", "rolled_back": "ROLLED BACK", "promoted": "PROMOTED"}
 
@@ -51,7 +52,9 @@ async def summarise(
         for k in ("verifier_wins", "verifier_losses")
     )
     current = report["current"] if report else None
+    workflow = report["workflow"] if report else None
     return {
+        "slow_loop": await _slow_loop(decide, tenant, workflow, labels) if workflow else None,
         "runs": runs,
         "seconds": round(seconds, 2),
         "tasks": len(results),
@@ -63,6 +66,25 @@ async def summarise(
         "current": labels.get(current, (current or "")[:12]) if current else None,
         "current_version": current,
     }
+
+
+async def _slow_loop(
+    decide: EventLog, tenant: TenantId, workflow: str, labels: dict[str, str]
+) -> str | None:
+    """What the slow loop did last: a proposal waiting for approval, or why none was made."""
+    waiting = await decide.get(StateKey(tenant, "open_proposal", workflow))
+    if waiting is not None:
+        doc = await decide.get(StateKey(tenant, "proposal", waiting["proposal_id"]))
+        assert doc is not None
+        return (
+            f"proposal {doc['proposal_id']} ({doc['rationale']}) awaits "
+            f"`assay proposals approve {doc['proposal_id']}`"
+        )
+    idle = await decide.get(StateKey(tenant, "unproposed", workflow))
+    if idle is not None:
+        after = labels.get(idle["after"], idle["after"][:12])
+        return f"no proposal after {after}: {idle['reason']}"
+    return None
 
 
 def _pct(x: float | None) -> str:
@@ -123,3 +145,5 @@ def print_summary(s: dict[str, Any]) -> None:
         d = v["decision"]
         where = d["rung"] or "registration"
         print(f"  {v['label']}: {ENDINGS[d['outcome']]} from {where}: {d['reason']}")
+    if s.get("slow_loop"):
+        print(f"  slow loop: {s['slow_loop']}")

@@ -5,7 +5,6 @@ from assay.engine.chat_model import (
     ModelRequestRefused,
     ModelResponseInvalid,
     ModelUnavailable,
-    Prices,
     RetryPolicy,
     request_seed,
 )
@@ -28,7 +27,17 @@ from assay.engine.events import (
     fold_work,
 )
 from assay.engine.journal import LogJournal
-from assay.engine.models import Completion, Model, ModelError, StubModel, solve
+from assay.engine.models import (
+    FREE,
+    Completion,
+    Model,
+    ModelError,
+    Priced,
+    Prices,
+    StubModel,
+    prices_of,
+    solve,
+)
 from assay.engine.tools import (
     BUILTIN_TOOLS,
     EffectClass,
@@ -44,6 +53,7 @@ from assay.engine.tools import (
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "FREE",
     "WORK_EVENTS",
     "AttemptFinished",
     "AttemptStarted",
@@ -60,6 +70,7 @@ __all__ = [
     "ModelRequestRefused",
     "ModelResponseInvalid",
     "ModelUnavailable",
+    "Priced",
     "Prices",
     "Pure",
     "Queryable",
@@ -78,6 +89,7 @@ __all__ = [
     "check_executable",
     "child_key",
     "fold_work",
+    "prices_of",
     "request_seed",
     "solve",
 ]

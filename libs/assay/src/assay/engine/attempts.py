@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from assay.bus.topics import RUN_STATUS, USAGE
 from assay.engine.context import Cancelled, RunContext
 from assay.engine.events import AttemptFinished, AttemptStarted, Intent
-from assay.engine.models import Model, ModelError
+from assay.engine.models import Model, ModelError, prices_of
 from assay.engine.tools import (
     Pure,
     Queryable,
@@ -371,6 +371,9 @@ class AttemptRunner:
                     f"{len(prompt.encode())} prompt and {step.max_tokens} completion tokens"
                 ),
             )
+        refusal = self._over_cost_cap(run, step, prompt)
+        if refusal is not None:
+            return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=refusal)
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
         try:
             done = await run.cancel.race(
@@ -415,6 +418,28 @@ class AttemptRunner:
             output=done.text,
             usage=usage,
             emits=[(USAGE, recorded)],
+        )
+
+    def _over_cost_cap(self, run: RunContext, step: ModelStep, prompt: str) -> str | None:
+        """Why the run's cost cap refuses this call, or None when its worst case fits.
+
+        The run's cost so far is its tokens at the model's prices (what each call's
+        `UsageRecorded` recorded: a price is linear in tokens). The call's worst case is
+        the same bound as the token cap's — at most one prompt token per UTF-8 byte and
+        `max_tokens` of completion — at those prices.
+        """
+        cap = run.spec.max_cost_usd
+        if cap is None:
+            return None
+        prices = prices_of(self.model)
+        spent = prices.cost(run.totals.prompt_tokens, run.totals.completion_tokens)
+        worst = prices.cost(len(prompt.encode()), step.max_tokens)
+        if spent + worst <= cap:
+            return None
+        return (
+            f"the run's cost budget (${cap:.6f}) cannot cover this call: ${spent:.6f} spent, "
+            f"up to ${worst:.6f} for {len(prompt.encode())} prompt and {step.max_tokens} "
+            "completion tokens"
         )
 
     async def _finish(

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from assay.engine.models import Completion, ModelError
+from assay.engine.models import Completion, ModelError, Prices
 from assay.kernel.canonical import digest
 
 log = logging.getLogger(__name__)
@@ -45,29 +45,6 @@ class ModelRequestRefused(ModelError):
 
 class ModelResponseInvalid(ModelError):
     """The endpoint answered with a body that is not a chat completion with usage."""
-
-
-@dataclass(frozen=True)
-class Prices:
-    """What a model's tokens cost, in US dollars per million tokens.
-
-    Raises:
-        ValueError: a negative or non-finite price.
-    """
-
-    prompt_per_mtok: float = 0.0
-    completion_per_mtok: float = 0.0
-
-    def __post_init__(self) -> None:
-        for price in (self.prompt_per_mtok, self.completion_per_mtok):
-            if not math.isfinite(price) or price < 0:
-                raise ValueError(f"a price per million tokens must be finite and >= 0: {price}")
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """The price of one call, in US dollars."""
-        return (
-            prompt_tokens * self.prompt_per_mtok + completion_tokens * self.completion_per_mtok
-        ) / 1_000_000
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,11 @@ class RunSpec:
         return self.ref.rollout.max_tokens if self.ref.rollout is not None else None
 
     @property
+    def max_cost_usd(self) -> float | None:
+        """A rollout sibling's cost ceiling in US dollars (None: the run has none)."""
+        return self.ref.rollout.max_cost_usd if self.ref.rollout is not None else None
+
+    @property
     def speculative(self) -> bool:
         """A rollout sibling or a shadow run: it calls no unsafe tool that reaches outside its
         own sandbox workspace — N siblings would repeat the effect N times (§13), and a

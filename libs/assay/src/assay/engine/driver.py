@@ -114,10 +114,20 @@ class Driver:
         self._attempts = AttemptRunner(model, tools, sandbox)
 
     async def drive(
-        self, spec: RunSpec, journal: Journal, cancel: CancelScope | None = None
+        self,
+        spec: RunSpec,
+        journal: Journal,
+        cancel: CancelScope | None = None,
+        *,
+        fresh: bool = False,
     ) -> Episode:
-        """Execute (or resume) a run until every step is terminal or it is cancelled."""
-        episode, run = await self._drive(spec, journal, cancel, parent=None)
+        """Execute (or resume) a run until every step is terminal or it is cancelled.
+
+        `fresh` says the caller has just read the run's branch and found it empty
+        (under the run's lease, so nobody wrote to it since): the drive starts from
+        nothing without reading a checkpoint or the branch again.
+        """
+        episode, run = await self._drive(spec, journal, cancel, parent=None, fresh=fresh)
         if run.workspace is not None and self.sandbox is not None:
             await self.sandbox.discard(run.workspace)  # its last snapshot stays
         return episode
@@ -129,16 +139,18 @@ class Driver:
         cancel: CancelScope | None,
         parent: RunContext | None,
         depth: int = 0,
+        *,
+        fresh: bool = False,
     ) -> tuple[Episode, RunContext]:
         """Drive one stream: a run, or (with `parent`) a sub-workflow inside it."""
         wf = spec.definition
         loop = _Loop(step_id=wf.steps[0].id)
-        restored = await self._restore(spec, journal)
+        restored = None if fresh else await self._restore(spec, journal)
         if restored is not None:  # the checkpoint's state, then only the records after it
             loop, run, base = restored
             run.cancel = cancel or CancelScope()
         else:
-            history = await journal.history(spec.key)
+            history = [] if fresh else await journal.history(spec.key)
             base = len(history)
             run = RunContext(
                 spec, journal, Replay([r.event for r in history]), cancel or CancelScope()

@@ -7,10 +7,11 @@ workflow versions exercise. Same (run, step, attempt, prompt) → same answer.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from assay.kernel.canonical import digest
 from assay.kernel.errors import AssayError
@@ -35,14 +36,57 @@ class ModelError(AssayError):
     """The model call failed (the attempt fails; a retry may succeed)."""
 
 
+@dataclass(frozen=True)
+class Prices:
+    """What a model's tokens cost, in US dollars per million tokens.
+
+    Raises:
+        ValueError: a negative or non-finite price.
+    """
+
+    prompt_per_mtok: float = 0.0
+    completion_per_mtok: float = 0.0
+
+    def __post_init__(self) -> None:
+        for price in (self.prompt_per_mtok, self.completion_per_mtok):
+            if not math.isfinite(price) or price < 0:
+                raise ValueError(f"a price per million tokens must be finite and >= 0: {price}")
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """The price of one call, in US dollars."""
+        return (
+            prompt_tokens * self.prompt_per_mtok + completion_tokens * self.completion_per_mtok
+        ) / 1_000_000
+
+
+FREE = Prices()
+"""The prices of a model that declares none: every call costs 0.0."""
+
+
 class Model(Protocol):
-    """Chat-completion-like model. `seed` makes deterministic models deterministic."""
+    """Chat-completion-like model. `seed` makes deterministic models deterministic.
+
+    A model whose calls cost money also declares its `prices` (see `Priced`): the
+    engine prices each call with them and bounds a call's worst case before making it.
+    """
 
     name: str
 
     async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
         """Complete `prompt`, or raise `ModelError`."""
         ...
+
+
+@runtime_checkable
+class Priced(Protocol):
+    """A model that declares its per-token prices (`Completion.cost_usd` uses the same)."""
+
+    prices: Prices
+
+
+def prices_of(model: object) -> Prices:
+    """The model's per-token prices: its declared `prices`, else free (`FREE`)."""
+    return model.prices if isinstance(model, Priced) else FREE
 
 
 _EXPR = re.compile(r"[-(\d][\d\s+\-*/()]*\d\)*")
@@ -120,6 +164,8 @@ class StubModel:
     """
 
     name = "stub-arith-1"
+    prices = FREE
+    """The stub costs nothing."""
 
     def __init__(self, base_error: float = 0.35, careful_error: float = 0.08) -> None:
         self.base_error = base_error

@@ -38,7 +38,7 @@ def parse_verdict(answer: str) -> tuple[Verdict, str]:
     Raises:
         JudgeFailed: the answer is not exactly the accepted format.
     """
-    doc = _object(answer, required={"verdict"}, optional={"reason"})
+    doc = one_object(answer, required={"verdict"}, optional={"reason"})
     verdict = doc["verdict"]
     if not isinstance(verdict, str) or verdict not in _VERDICTS:
         raise JudgeFailed(f'"verdict" is {_shown(verdict)}, not one of "A", "B", "draw"', answer)
@@ -56,7 +56,7 @@ def parse_violations(answer: str, core: Sequence[RubricItem]) -> list[CoreViolat
             criterion that is not a core item of the rubric.
     """
     ids = {item.id for item in core if item.layer == "core"}
-    doc = _object(answer, required={"violations"}, optional=set())
+    doc = one_object(answer, required={"violations"}, optional=set())
     listed = doc["violations"]
     if not isinstance(listed, list):
         raise JudgeFailed(f'"violations" is {_shown(listed)}, not a list', answer)
@@ -81,7 +81,7 @@ def parse_violations(answer: str, core: Sequence[RubricItem]) -> list[CoreViolat
     return out
 
 
-def _object(answer: str, *, required: set[str], optional: set[str]) -> dict[str, Any]:
+def one_object(answer: str, *, required: set[str], optional: set[str]) -> dict[str, Any]:
     """The one JSON object `answer` holds, with exactly the allowed keys."""
     text = answer.strip()
     if text.startswith("```"):

@@ -34,6 +34,7 @@ from assay.messages.loop import (
     allocation_changed_v1_to_v2,
     variant_aggregate_v1_to_v2,
     variant_aggregate_v2_to_v3,
+    variant_aggregate_v3_to_v4,
 )
 from assay.messages.models import (
     AttemptIndeterminate,
@@ -55,15 +56,24 @@ from assay.messages.models import (
     UsageRecorded,
     VerifierResult,
     WorkflowRegistered,
+    run_cost_unknown,
     run_graded_v1_to_v2,
+    run_graded_v3_to_v4,
     run_ref_unchanged,
+    run_ref_v2_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_result_v3_to_v4,
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
+    task_submitted_v2_to_v3,
     usage_recorded_v1_to_v2,
     workflow_registered_v1_to_v2,
+)
+from assay.messages.proposals import (
+    FailureEvidence,
+    ProposalRequested,
+    ReviewProposal,
 )
 from assay.messages.rollout_spec import (
     RolloutBudget,
@@ -78,6 +88,7 @@ from assay.messages.rollouts import (
     RolloutResult,
     SelectionRecord,
     SiblingResult,
+    rollout_cost_unknown,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -105,6 +116,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         Promoted,
         ChallengerRejected,
         RolledBack,
+        ProposalRequested,
+        ReviewProposal,
         UsageRecorded,
     ]
 )
@@ -122,11 +135,23 @@ MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
 MESSAGES.upcaster("RunResult", 3)(run_result_v3_to_v4)
 MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
+MESSAGES.upcaster("RunGraded", 3)(run_graded_v3_to_v4)
 MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)
 MESSAGES.upcaster("VariantAggregate", 2)(variant_aggregate_v2_to_v3)
+MESSAGES.upcaster("VariantAggregate", 3)(variant_aggregate_v3_to_v4)
 MESSAGES.upcaster("AllocationChanged", 1)(allocation_changed_v1_to_v2)
 MESSAGES.upcaster("WorkflowRegistered", 1)(workflow_registered_v1_to_v2)
 MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
+MESSAGES.upcaster("TaskSubmitted", 2)(task_submitted_v2_to_v3)
+MESSAGES.upcaster("RunSpawned", 3)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunStatusChanged", 2)(run_ref_v2_unchanged)
+MESSAGES.upcaster("AttemptIndeterminate", 2)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunGraded", 4)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunExecuted", 2)(run_cost_unknown)
+MESSAGES.upcaster("RunVerified", 2)(run_cost_unknown)
+MESSAGES.upcaster("RolloutProgress", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("RolloutClosed", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("RolloutResult", 1)(rollout_cost_unknown)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -145,6 +170,7 @@ __all__ = [
     "Elision",
     "Envelope",
     "Episode",
+    "FailureEvidence",
     "GroupDue",
     "HeldOutTally",
     "InjectPlanDelta",
@@ -152,8 +178,10 @@ __all__ = [
     "ModelParamsDelta",
     "Promoted",
     "PromptDelta",
+    "ProposalRequested",
     "Purpose",
     "ReducedEpisode",
+    "ReviewProposal",
     "RewindRun",
     "Role",
     "RolledBack",

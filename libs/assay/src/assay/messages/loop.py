@@ -17,6 +17,7 @@ from pydantic import Field
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.schema import Versioned
 from assay.kernel.scores import WinRecord
+from assay.messages.proposals import FailureEvidence
 
 
 class Rung(enum.Enum):
@@ -82,11 +83,13 @@ class VariantAggregate(Versioned):
     what the ladder's gates read: `screened` and `served` episodes, the baseline's
     pass rate and the judge's order checks. A `Ranked` delta also counts in the
     record by its sign (a win above control, a loss below, a draw at it), so the
-    sequential test runs on every strategy.
+    sequential test runs on every strategy. Version 4 adds `failures`: the most recent
+    selection-set failures of the challenger and of its baseline, the evidence the slow
+    loop's proposer reads when the challenger's time ends without a replacement.
     """
 
     type: ClassVar[str] = "VariantAggregate"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="The challenger.")
@@ -120,6 +123,13 @@ class VariantAggregate(Versioned):
     )
     held_out: HeldOutTally | None = Field(
         None, description="v3: the same measures on held-out tasks, when it has run on any."
+    )
+    failures: list[FailureEvidence] = Field(
+        default_factory=list,
+        description=(
+            "v4: recent selection-set failures of the challenger and of the baseline, newest "
+            "last (never a held-out run)."
+        ),
     )
 
 
@@ -226,6 +236,11 @@ def variant_aggregate_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
         "order_inconsistent": 0,
         "held_out": None,
     }
+
+
+def variant_aggregate_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """VariantAggregate v3 -> v4: v3 carried no failure evidence."""
+    return {**payload, "failures": []}
 
 
 def allocation_changed_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

@@ -43,10 +43,12 @@ class TaskSubmitted(Versioned):
     """A producer asks for a task to be run by a workflow.
 
     Version 2 adds `rollout`: run the task as a group of sibling runs and select one.
+    Version 3 adds the rollout budget's cost caps (`run_max_cost_usd`,
+    `group_max_cost_usd`); a version 2 task reads as it is (no cost cap).
     """
 
     type: ClassVar[str] = "TaskSubmitted"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant submitting the task.")
     workflow_id: WorkflowId = Field(description="Workflow to run it with.")
     idempotency_key: str = Field(
@@ -88,10 +90,11 @@ class RunRef(Versioned):
 
     Version 2 adds `held_out`, with a default, so a version 1 reference (in a stored
     record or message) reads as a selection task — which every task then was.
+    Version 3 adds `RolloutRef.max_cost_usd`, left out unless set.
     """
 
     type: ClassVar[str] = "RunRef"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run (ULID).")
     task_id: TaskId = Field(description="Comparison group key of the task.")
@@ -143,7 +146,7 @@ class RunSpawned(Versioned):
     """Ingest spawned a run: pinned version, role, purpose, and the task snapshot."""
 
     type: ClassVar[str] = "RunSpawned"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     run: RunRef = Field(description="The run.")
     definition: dict[str, Any] = Field(description="The pinned workflow IR.")
     input: dict[str, Any] = Field(description="The immutable task input.")
@@ -160,7 +163,7 @@ class RunStatusChanged(Versioned):
     """A lifecycle transition of a run (§5.2), reported by the stage that drove it."""
 
     type: ClassVar[str] = "RunStatusChanged"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     run: RunRef = Field(description="The run.")
     state: RunState = Field(description="The state entered.")
     detail: str = Field("", description="Why, for people.")
@@ -174,7 +177,7 @@ class AttemptIndeterminate(Versioned):
     """
 
     type: ClassVar[str] = "AttemptIndeterminate"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     run: RunRef = Field(description="The run.")
     step: StepId = Field(description="Step of the attempt.")
     attempt: int = Field(ge=1, description="Attempt number.")
@@ -184,15 +187,28 @@ class AttemptIndeterminate(Versioned):
 
 
 class RunExecuted(Versioned):
-    """Execute finished a run; the frozen episode is a blob."""
+    """Execute finished a run; the frozen episode is a blob.
+
+    Version 3 carries `RolloutRef.max_cost_usd` and adds `cost_usd`; a version 2
+    run reads as costing 0.0, as a `UsageRecorded` v1 call does.
+    """
 
     type: ClassVar[str] = "RunExecuted"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
     succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
     failed_step: StepId | None = Field(None, description="The step whose attempts ran out.")
     usage: Usage = Field(description="Model usage of the run.")
+    cost_usd: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "v3: what the run's model calls cost in US dollars: its tokens at the model's "
+            "configured per-token prices (the sum of its calls' `UsageRecorded.cost_usd`)."
+        ),
+    )
 
 
 class VerifierResult(Versioned):
@@ -208,15 +224,24 @@ class VerifierResult(Versioned):
 
 
 class RunVerified(Versioned):
-    """Verify's outcome for a run, keyed by task for the grading join."""
+    """Verify's outcome for a run, keyed by task for the grading join.
+
+    Version 3 carries `RolloutRef.max_cost_usd` and adds `cost_usd` (0.0 in a version 2).
+    """
 
     type: ClassVar[str] = "RunVerified"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
     passed: bool = Field(description="Outcome class: every verifier passed.")
     results: list[VerifierResult] = Field(description="Each verifier's result.")
     usage: Usage = Field(description="Model usage of the run.")
+    cost_usd: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="v3: what the run's model calls cost in US dollars (from RunExecuted).",
+    )
     executed: bool = Field(description="Execution succeeded (all steps ended well).")
 
 
@@ -242,10 +267,13 @@ class RunGraded(Versioned):
     Version 2 adds the run's attempt tournaments (`attempt_ranks`, `step_credit`),
     the `Ranked` score's `anchored` flag, `Relative.order_consistent`, and the
     `judge_failed` and `no_metric` reasons; a version 1 payload reads as it is.
+    Version 3 carries `RunRef.rollout` and `RunRef.held_out`. Version 4 adds
+    `failed_checks`: the failure evidence the slow loop's proposer reads (through
+    aggregate, for selection-set runs only). Version 5 carries `RolloutRef.max_cost_usd`.
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 5
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
@@ -255,6 +283,9 @@ class RunGraded(Versioned):
     )
     step_credit: list[StepCredit] = Field(
         default_factory=list, description="v2: fail-then-pass retries, attributed to their step."
+    )
+    failed_checks: list[VerifierResult] = Field(
+        default_factory=list, description="v4: the verifiers the run failed, with their evidence."
     )
 
 
@@ -392,6 +423,29 @@ def run_ref_unchanged(payload: dict[str, Any]) -> dict[str, Any]:
     """A message about a run, one version before `RunRef.rollout` and `RunRef.held_out`: no
     rollout's sibling and a selection task, which the new version reads as it is."""
     return dict(payload)
+
+
+def run_ref_v2_unchanged(payload: dict[str, Any]) -> dict[str, Any]:
+    """A message about a run, one version before `RolloutRef.max_cost_usd`: no sibling had a
+    cost cap, which the new version reads as it is."""
+    return dict(payload)
+
+
+def task_submitted_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """TaskSubmitted v2 -> v3: a v2 rollout budget had no cost cap, which v3 reads as it is."""
+    return dict(payload)
+
+
+def run_cost_unknown(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunExecuted / RunVerified v2 -> v3: a run reported before its cost was carried reads
+    as costing 0.0 (as `UsageRecorded` v1 does); its `RunRef` reads as it is."""
+    return {**payload, "cost_usd": 0.0}
+
+
+def run_graded_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunGraded v3 -> v4: v3 carried no verifier results; a v3 failure reads as having
+    no failed check to show (the proposer sees only its score and step credit)."""
+    return {**payload, "failed_checks": []}
 
 
 def task_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

@@ -9,9 +9,9 @@ attempt of the same sibling, never another rollout.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from assay.kernel.schema import Versioned
 
@@ -22,10 +22,17 @@ RolloutMode = Literal["best_of_n", "evaluation", "trajectory_collection", "shado
 
 
 class RolloutBudget(Versioned):
-    """The group's hierarchical budget: total, per run, concurrency and a deadline."""
+    """The group's hierarchical budget: total, per run, concurrency and a deadline.
+
+    Version 2 adds the cost caps in US dollars (`run_max_cost_usd`, `group_max_cost_usd`).
+
+    Raises (as a validation error):
+        ValueError: a group cap without the per-run cap it is admitted by, or a per-run
+            cost cap above the group's.
+    """
 
     type: ClassVar[str] = "RolloutBudget"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     max_concurrency: int | None = Field(
         None, ge=1, le=MAX_ROLLOUT, description="Siblings running at once (default: all)."
     )
@@ -62,11 +69,43 @@ class RolloutBudget(Versioned):
             "the tokens used plus every running sibling's maximum plus its own fit."
         ),
     )
+    run_max_cost_usd: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "US dollars one sibling may spend: a model call is made only if the run's cost so "
+            "far plus the call's worst-case price (the prompt's UTF-8 bytes and the step's "
+            "max_tokens at the model's per-token prices) fit (a bound, not a guess)."
+        ),
+    )
+    group_max_cost_usd: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "US dollars the whole group may spend (needs run_max_cost_usd, at most this): a "
+            "sibling starts only when the cost spent plus every running sibling's maximum plus "
+            "its own fit."
+        ),
+    )
 
     @model_validator(mode="after")
     def _group_tokens_need_a_run_cap(self) -> RolloutBudget:
         if self.group_max_tokens is not None and self.run_max_tokens is None:
             raise ValueError("group_max_tokens needs run_max_tokens, the bound of each sibling")
+        return self
+
+    @model_validator(mode="after")
+    def _group_cost_needs_a_run_cap_within_it(self) -> RolloutBudget:
+        group, run = self.group_max_cost_usd, self.run_max_cost_usd
+        if group is not None and run is None:
+            raise ValueError("group_max_cost_usd needs run_max_cost_usd, the bound of each sibling")
+        if group is not None and run is not None and run > group:
+            raise ValueError(
+                f"run_max_cost_usd ({run}) exceeds group_max_cost_usd ({group}): "
+                "no sibling could start"
+            )
         return self
 
 
@@ -115,10 +154,10 @@ class RolloutSpec(Versioned):
 
 
 class RolloutRef(Versioned):
-    """A sibling run's place in its rollout group."""
+    """A sibling run's place in its rollout group (version 2 adds `max_cost_usd`)."""
 
     type: ClassVar[str] = "RolloutRef"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     group: str = Field(description="The group: its task's idempotency key.")
     index: int = Field(ge=0, description="Stable index among the siblings (0-based).")
     size: int = Field(ge=1, description="Siblings admitted.")
@@ -129,3 +168,18 @@ class RolloutRef(Versioned):
     max_tokens: int | None = Field(
         None, ge=1, description="This sibling's token maximum (the group's per-run cap)."
     )
+    max_cost_usd: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="This sibling's cost maximum in US dollars (the group's per-run cap).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_cost_cap(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out unless set: a sibling without a cost cap serialises as it always did, so
+        # its messages and its episode's bytes (and content address) are unchanged.
+        data: dict[str, Any] = handler(self)
+        if data.get("max_cost_usd") is None:
+            data.pop("max_cost_usd", None)
+        return data

@@ -10,7 +10,7 @@ selects and publishes one `RolloutResult` on `assay.results`.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -22,10 +22,13 @@ from assay.messages.rollout_spec import RolloutMode, RolloutSpec
 
 
 class RolloutProgress(Versioned):
-    """A sibling of a rollout group ended: graded (its episode verified) or cancelled."""
+    """A sibling of a rollout group ended: graded (its episode verified) or cancelled.
+
+    Version 2 adds `cost_usd` (0.0 in a version 1).
+    """
 
     type: ClassVar[str] = "RolloutProgress"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     idempotency_key: str = Field(description="The group's task key (the group id).")
     run_id: RunId = Field(description="The sibling.")
@@ -33,6 +36,12 @@ class RolloutProgress(Versioned):
     ended: Literal["verified", "cancelled"] = Field(description="How it ended.")
     model_calls: int = Field(ge=0, description="Model calls it made.")
     tokens: int = Field(0, ge=0, description="Prompt and completion tokens it used.")
+    cost_usd: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="v2: what its model calls cost in US dollars (its tokens at the prices).",
+    )
 
 
 class CancelRollout(Versioned):
@@ -47,10 +56,13 @@ class CancelRollout(Versioned):
 
 
 class RolloutClosed(Versioned):
-    """No sibling of the group will run any more: select among those that did."""
+    """No sibling of the group will run any more: select among those that did.
+
+    Version 2: the spec's budget may carry cost caps, and `cost_usd` (0.0 in a version 1).
+    """
 
     type: ClassVar[str] = "RolloutClosed"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     task_id: TaskId = Field(description="The task (the tournament partition's key).")
     idempotency_key: str = Field(description="The group's task key.")
@@ -64,6 +76,12 @@ class RolloutClosed(Versioned):
     detail: str = Field("", description="For people: who cancelled, or the budget that stopped it.")
     model_calls: int = Field(ge=0, description="Model calls the siblings made.")
     tokens: int = Field(0, ge=0, description="Tokens the siblings used.")
+    cost_usd: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="v2: what the siblings' model calls cost in US dollars.",
+    )
     peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
 
 
@@ -102,10 +120,13 @@ class SelectionRecord(Versioned):
 
 
 class RolloutResult(Versioned):
-    """What a consumer reads for a task submitted with a rollout spec: one per task."""
+    """What a consumer reads for a task submitted with a rollout spec: one per task.
+
+    Version 2 adds `cost_usd` (0.0 in a version 1).
+    """
 
     type: ClassVar[str] = "RolloutResult"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     tenant: TenantId = Field(description="Tenant.")
     idempotency_key: str = Field(description="The submitting task's key.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -132,4 +153,16 @@ class RolloutResult(Versioned):
     detail: str = Field("", description="For people.")
     model_calls: int = Field(ge=0, description="Model calls of every sibling.")
     tokens: int = Field(0, ge=0, description="Tokens of every sibling.")
+    cost_usd: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="v2: what every sibling's model calls cost in US dollars.",
+    )
     peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
+
+
+def rollout_cost_unknown(payload: dict[str, Any]) -> dict[str, Any]:
+    """RolloutProgress / RolloutClosed / RolloutResult v1 -> v2: reported before costs were
+    carried, read as costing 0.0 (as `UsageRecorded` v1 does)."""
+    return {**payload, "cost_usd": 0.0}

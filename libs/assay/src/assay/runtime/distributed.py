@@ -34,6 +34,7 @@ from assay.runtime.settings import (
     GradingSettings,
     JudgeSettings,
     ModelSettings,
+    ProposerSettings,
     ReplaySettings,
     RetentionSettings,
     SandboxSettings,
@@ -80,6 +81,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     assert settings.database_url is not None
     model_settings = ModelSettings.from_env()
     judge_settings = JudgeSettings.from_env()
+    proposer_settings = ProposerSettings.from_env()
     retention = RetentionSettings.from_env().policy()
     ladder = ladder_from_env()
     await create_topics(settings)
@@ -91,6 +93,8 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         stack.push_async_callback(model.aclose)
         judge = judge_settings.build()
         stack.push_async_callback(judge.aclose)
+        proposer = proposer_settings.build()
+        stack.push_async_callback(proposer.aclose)
         sandboxing = SandboxSettings.from_env()
         deps = StageDeps(
             blobs=blobs,
@@ -106,6 +110,8 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             retention=retention,
             grading=GradingSettings.from_env().policy(),
             replay=ReplaySettings.from_env().policy(),
+            proposer=proposer,
+            proposals=proposer_settings.policy(),
         )
         spec = factories[stage](deps)
         event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
-from assay.bus.topics import producer_entry
+from assay.bus.topics import dlq, producer_entry
 from assay.engine.chat_model import ChatCompletionsModel
 from assay.engine.models import Model, StubModel
 from assay.grading.chat_judge import ChatJudge
@@ -30,12 +30,14 @@ from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
+from assay.messages.envelope import open_envelope
 from assay.runtime.consumer import StageRunner
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import (
     GradingSettings,
     JudgeSettings,
     ModelSettings,
+    ProposerSettings,
     ReplaySettings,
     RetentionSettings,
     SandboxSettings,
@@ -184,6 +186,8 @@ class Embedded:
             self._own_model = ModelSettings.from_env().build()
             model = self._own_model
         sandboxing = SandboxSettings.from_env()
+        proposing = ProposerSettings.from_env()
+        self._own_proposer = proposing.build()
         self.deps = StageDeps(
             blobs=self.blobs,
             model=model,
@@ -198,6 +202,8 @@ class Embedded:
             retention=RetentionSettings.from_env().policy(),
             grading=GradingSettings.from_env().policy(),
             replay=ReplaySettings.from_env().policy(),
+            proposer=self._own_proposer,
+            proposals=proposing.policy(),
         )
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")
@@ -241,6 +247,7 @@ class Embedded:
             await self._own_model.aclose()
         if self._own_judge is not None:
             await self._own_judge.aclose()
+        await self._own_proposer.aclose()
 
     def start(self) -> None:
         """Start every stage's consumers and relay in the background."""
@@ -255,6 +262,17 @@ class Embedded:
         if self._task is not None:
             await self._task
             self._task = None
+
+    async def refusal(self, stage: str, since: dict[int, int], message: str) -> str | None:
+        """Why `stage` dead-lettered the message with id `message`, if it did since the
+        offsets `since` (per partition of its dead letter topic; advanced as read)."""
+        refusals = dlq(stage)
+        for p, offset in since.items():
+            for m in await self.bus.fetch(refusals, p, offset, 1000, 0.0):
+                since[p] = m.offset + 1
+                if open_envelope(m.value).id == message:
+                    return dict(m.headers).get("assay-dlq-reason", b"").decode()
+        return None
 
     async def publish(
         self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str = ""

@@ -14,22 +14,23 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
 )
 
-from assay.engine.chat_model import ChatCompletionsModel, Prices, RetryPolicy
-from assay.engine.models import StubModel
+from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
+from assay.engine.models import Prices, StubModel
 from assay.engine.retention import DEFAULT_TOKEN_CEILING, RetentionPolicy
 from assay.grading.chat_judge import ChatJudge
+from assay.grading.chat_proposer import ChatProposer
 from assay.grading.judge_prompts import (
     DEFAULT_EPISODE_CHARS,
     DEFAULT_RUBRIC_CHARS,
     MIN_EPISODE_CHARS,
 )
 from assay.grading.judges import StubJudge
+from assay.grading.proposers import CatalogProposer, ProposalPolicy
 from assay.grading.replay import ReplayPolicy
 from assay.grading.strategies import GradingCapacity, GradingPolicy
 from assay.kernel.errors import AssayError
@@ -176,6 +177,31 @@ class _EndpointSettings(BaseModel):
             variable = sources.get(field, field.upper())
             raise SettingsInvalid(f"invalid setting {variable}{shown}: {first['msg']}") from exc
 
+    @classmethod
+    def _beside_the_agent(cls, env: Mapping[str, str], prefix: str) -> Self:
+        """Read `<prefix>*` variables; without `<prefix>URL` but with `ASSAY_MODEL_URL`,
+        every endpoint setting not set is the agent's `ASSAY_MODEL_*` one (one resident
+        model, §14.2). The agent's API key never goes to a URL `<prefix>URL` names.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (the message
+                names the variable), or a URL is set without a model name.
+        """
+        sources = cls._set_in(env, prefix)
+        if "url" not in sources and env.get("ASSAY_MODEL_URL"):
+            agent = ModelSettings._set_in(env, "ASSAY_MODEL_")
+            for name in _SHARED_WITH_THE_AGENT:
+                if name not in sources and name in agent:
+                    sources[name] = agent[name]
+        settings = cls._validated(env, sources)
+        if settings.url is not None and not settings.name:
+            wanted = f"{prefix}NAME"
+            url_from = sources.get("url", f"{prefix}URL")
+            if url_from != f"{prefix}URL":
+                wanted += " or ASSAY_MODEL_NAME"
+            raise SettingsInvalid(f"missing settings: {wanted} (required when {url_from} is set)")
+        return settings
+
     def _chat_model(self) -> ChatCompletionsModel:
         """The chat-completions model at the URL (the caller checked URL and name)."""
         assert self.url is not None
@@ -264,7 +290,6 @@ class JudgeSettings(_EndpointSettings):
         ge=1,
         description="Characters a prompt's rubric criteria may take; a longer rubric fails.",
     )
-    _url_from: str = PrivateAttr("ASSAY_JUDGE_URL")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JudgeSettings:
@@ -274,26 +299,7 @@ class JudgeSettings(_EndpointSettings):
             SettingsInvalid: a value does not parse or is out of range (the message
                 names the variable), or a URL is set without a model name.
         """
-        env = os.environ if environ is None else environ
-        sources = cls._set_in(env, "ASSAY_JUDGE_")
-        if "url" not in sources and env.get("ASSAY_MODEL_URL"):
-            agent = ModelSettings._set_in(env, "ASSAY_MODEL_")
-            for name in _SHARED_WITH_THE_AGENT:
-                if name not in sources and name in agent:
-                    sources[name] = agent[name]
-        settings = cls._validated(env, sources)
-        settings._url_from = sources.get("url", "ASSAY_JUDGE_URL")
-        settings._check()
-        return settings
-
-    def _check(self) -> None:
-        if self.url is not None and not self.name:
-            wanted = "ASSAY_JUDGE_NAME"
-            if self._url_from != "ASSAY_JUDGE_URL":
-                wanted += " or ASSAY_MODEL_NAME"
-            raise SettingsInvalid(
-                f"missing settings: {wanted} (required when {self._url_from} is set)"
-            )
+        return cls._beside_the_agent(os.environ if environ is None else environ, "ASSAY_JUDGE_")
 
     def build(self) -> StubJudge | ChatJudge:
         """The judge these settings describe: the stub without a URL.
@@ -305,10 +311,59 @@ class JudgeSettings(_EndpointSettings):
         """
         if self.url is None:
             return StubJudge()
-        self._check()
         return ChatJudge(
             self._chat_model(), episode_chars=self.episode_chars, rubric_chars=self.rubric_chars
         )
+
+
+class ProposerSettings(_EndpointSettings):
+    """The slow loop's proposer (§12.1); each field reads `ASSAY_PROPOSER_<FIELD>`.
+
+    With `ASSAY_PROPOSER_URL` (or, without it, `ASSAY_MODEL_URL`: the agent's model,
+    as for the judge) the proposer is a `ChatProposer` on that endpoint; with neither,
+    the deterministic `CatalogProposer`. `ungated` lists the tenants (UUIDs, comma
+    separated) whose proposals are registered without an operator's approval.
+    """
+
+    max_tokens: int = Field(4096, ge=1, description="Completion tokens one draft may take.")
+    ungated: str = Field(
+        "", description="Tenants whose proposals skip approval: UUIDs, comma separated."
+    )
+
+    @field_validator("ungated")
+    @classmethod
+    def _tenants(cls, value: str) -> str:
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            try:
+                tenant_id(part)
+            except ValueError as exc:
+                raise ValueError(f"{part!r} is not a tenant UUID") from exc
+        return value
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProposerSettings:
+        """Read `ASSAY_PROPOSER_*` variables, falling back to `ASSAY_MODEL_*` ones.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (the message
+                names the variable), or a URL is set without a model name.
+        """
+        env = os.environ if environ is None else environ
+        return cls._beside_the_agent(env, "ASSAY_PROPOSER_")
+
+    def policy(self) -> ProposalPolicy:
+        """Who is ungated."""
+        tenants = (p.strip() for p in self.ungated.split(","))
+        return ProposalPolicy(ungated=frozenset(str(tenant_id(t)) for t in tenants if t))
+
+    def build(self) -> CatalogProposer | ChatProposer:
+        """The proposer these settings describe: the catalog without a URL.
+
+        The caller owns the result and closes it with `aclose()`.
+        """
+        if self.url is None:
+            return CatalogProposer()
+        return ChatProposer(self._chat_model(), max_answer_tokens=self.max_tokens)
 
 
 _DEFAULT_LIMITS = Limits()

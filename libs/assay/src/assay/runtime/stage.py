@@ -22,6 +22,7 @@ from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
+from assay.grading.proposers import CatalogProposer, ProposalPolicy, Proposer
 from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy
@@ -112,6 +113,10 @@ class StageDeps:
     """Grading's capacity, per-tenant judge-call ceilings and order-check sampling."""
     replay: ReplayPolicy = field(default_factory=ReplayPolicy)
     """Per-tenant ceilings on the model calls shadow runs reserve (§12.4, §14.1)."""
+    proposer: Proposer = field(default_factory=CatalogProposer)
+    """The slow loop's generator: drafts a new version when a challenger's time ends."""
+    proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
+    """Which tenants' proposals skip the operator's approval."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:

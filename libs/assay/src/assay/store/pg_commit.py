@@ -3,8 +3,9 @@
 A commit that finds the writer idle is written at once, on the caller's task, as
 one statement of its shape (`pg_batch_sql`). Commits that arrive while a write
 is in flight form the next group: one call of the server-side `assay_commit`,
-one transaction, each batch under its own savepoint. A batch that fails on the
-server (a duplicate message, a stale guess) never takes the others down; a later
+one transaction, each batch under its own savepoint (`assay_commit_fenced` when
+some are fenced: each checks its lease there). A batch that fails on the server
+(a duplicate message, a stale guess, a stale fence) never takes the others down; a later
 batch that built on it in the same group is not attempted and goes again with
 the next group, with fresh guesses, so LSNs stay dense. A batch that deletes
 branches (tiering, rare) goes alone, as one explicit transaction (`pg_deleting`).
@@ -33,7 +34,7 @@ from assay.store.pg_schema import (
     outbox_channel,
     quoted,
 )
-from assay.store.ports import CommitBatch, DuplicateMessage, StaleFence
+from assay.store.ports import CommitBatch, DuplicateMessage, Lease, StaleFence
 from assay.store.sqlite import encode_headers
 
 _MAX_GROUP = 500
@@ -70,6 +71,10 @@ class GroupCommitter:
             f" {s}.assay_commit($1::{s}.commit_batch[], $2::{s}.log_row[],"
             f" $3::{s}.state_row[], $4::{s}.outbox_row[])"
         )
+        self._fenced_group_sql = (
+            f"SELECT {s}.assay_commit_fenced($1::{s}.commit_batch[], $2::{s}.log_row[],"
+            f" $3::{s}.state_row[], $4::{s}.outbox_row[], $5::{s}.fence_row[])"
+        )
         self._statements: dict[Shape, str] = {}
         self._conn: PoolConnectionProxy | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -102,10 +107,11 @@ class GroupCommitter:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Lsn]] = loop.create_future()
         self._order += 1
-        # A fenced batch goes alone: its fence check is part of its own statement; so
-        # does one that deletes branches (its own transaction), and one that expects
-        # branches to end somewhere (checked just before its statement).
-        alone = batch.fence is not None or bool(batch.deletions) or bool(batch.expect)
+        # A batch that deletes branches goes alone (its own transaction), and so does
+        # one that expects branches to end somewhere (checked just before its
+        # statement). A fenced batch joins the group: its fence is checked in its own
+        # savepoint, so a stale one fails alone (§9.4).
+        alone = bool(batch.deletions) or bool(batch.expect)
         self._queue.append(_Pending(batch, fut, self._order, alone=alone))
         return await fut
 
@@ -149,8 +155,10 @@ class GroupCommitter:
             try:
                 if batch.expect:
                     await view.check_ends(conn, batch)
-                if unknown := view.unknown_branches([batch]):
-                    await view.learn_lsns(conn, unknown)
+                if (unknown := view.unknown_branches([batch])) and (
+                    learn := view.guess_new(unknown)
+                ):
+                    await view.learn_lsns(conn, learn)
                 try:
                     f = view.fold(batch, {})
                 except Exception as exc:
@@ -253,8 +261,10 @@ class GroupCommitter:
                 return
             conn = await self._connection()
             view = self._view
-            if unknown := view.unknown_branches([p.batch for p in group]):
-                await view.learn_lsns(conn, unknown)
+            if (unknown := view.unknown_branches([p.batch for p in group])) and (
+                learn := view.guess_new(unknown)
+            ):
+                await view.learn_lsns(conn, learn)
             folded, refused = self._fold_all(group)
             if missing := view.unknown_docs([f for f, _ in folded]):
                 await view.learn_docs(conn, missing)
@@ -327,6 +337,8 @@ class GroupCommitter:
         except asyncpg.PostgresError as exc:
             if exc.sqlstate == DUPLICATE_MESSAGE:
                 p.fut.set_exception(_duplicate(p.batch))
+            elif exc.sqlstate == STALE_FENCE:
+                p.fut.set_exception(_stale(p.batch))
             elif exc.sqlstate in _AGAIN and p.tries < _MAX_TRIES:
                 if exc.sqlstate in _STALE:
                     self._view.forget(f)
@@ -348,6 +360,7 @@ class GroupCommitter:
         logs: list[tuple[Any, ...]] = []
         states: list[tuple[Any, ...]] = []
         outs: list[tuple[Any, ...]] = []
+        fences: list[tuple[Any, Any, Any]] = []
         guessed_from: dict[object, int] = {}  # the last batch to write a branch or document
         after: dict[object, int] = {}  # the last batch to write the outbox, a position, an inbox
         for i, (f, _) in enumerate(sent, start=1):
@@ -361,13 +374,22 @@ class GroupCommitter:
             logs += f.logs
             states += f.states
             outs += out
-        outcomes = await conn.fetchval(self._commit_sql, batches, logs, states, outs)
+            lease = f.batch.fence
+            fences.append((None, None, None) if lease is None else _fence_row(lease))
+        if any(f.batch.fence is not None for f, _ in sent):
+            outcomes = await conn.fetchval(
+                self._fenced_group_sql, batches, logs, states, outs, fences
+            )
+        else:
+            outcomes = await conn.fetchval(self._commit_sql, batches, logs, states, outs)
         for (f, p), outcome in zip(sent, outcomes, strict=True):
             match outcome:
                 case Outcome.COMMITTED:
                     self._landed(f, p, landed)
                 case Outcome.DUPLICATE:
                     p.fut.set_exception(_duplicate(p.batch))
+                case Outcome.STALE_FENCE:
+                    p.fut.set_exception(_stale(p.batch))
                 case Outcome.STALE:  # again alone, where tries are counted
                     self._view.forget(f)
                     p.alone = True
@@ -416,6 +438,11 @@ def _batch_row(f: Folded, n_out: int, deps: list[int], follows: list[int]) -> tu
     p = b.position
     pos = (p.topic, p.partition, p.next_offset) if p is not None else (None, None, None)
     return (inbox_t, inbox_id, *pos, len(f.logs), len(f.states), n_out, deps, follows)
+
+
+def _fence_row(lease: Lease) -> tuple[Any, Any, Any]:
+    """The `fence_row` composite of a fenced batch."""
+    return (lease.tenant, lease.stream, lease.fence)
 
 
 def _stale(batch: CommitBatch) -> StaleFence:

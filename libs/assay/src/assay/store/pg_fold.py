@@ -1,7 +1,9 @@
 """The Postgres writer's side of a commit: the fold, run in the client (§8.3).
 
-The writer assigns LSNs from a per-branch cache of the next LSN (learnt with one
-`max(lsn)` query the first time a branch is seen) and merges a patch onto a
+The writer assigns LSNs from a per-branch cache of the next LSN (a branch it has
+not seen is taken to be new, at LSN 0, as most are: a run's or a task's first
+record; one `max(lsn)` query learns it once the server refused that guess) and
+merges a patch onto a
 cached copy of the document it patches (read once when unknown). These are
 guesses: the server refuses a stale one (the log's primary key; a patched
 document must still hold the base it was merged onto), and the writer then
@@ -108,6 +110,8 @@ class WriterView:
         self._fold = fold
         self.next_lsn: dict[Branch, int] = {}
         self.docs: dict[Doc, bytes | None] = {}
+        self.suspect: set[Branch] = set()
+        """Branches a refused batch wrote: learnt, not taken to be new, next time."""
         self._lsn_sql = (
             f"SELECT k.i, (SELECT max(l.lsn) FROM {s}.log l"
             " WHERE l.tenant = k.t AND l.stream = k.s AND l.branch = k.b)"
@@ -132,6 +136,20 @@ class WriterView:
                     unknown[row] = (key.tenant, key.stream, key.branch)
         return unknown
 
+    def guess_new(
+        self, unknown: dict[Branch, tuple[Any, str, int]]
+    ) -> dict[Branch, tuple[Any, str, int]]:
+        """Take the unknown branches to be new (next LSN 0) and return those that must
+        be learnt instead: the ones a refused batch wrote. A wrong guess costs one
+        refused statement (the log's primary key) and then one `learn_lsns`."""
+        learn: dict[Branch, tuple[Any, str, int]] = {}
+        for row, key in unknown.items():
+            if row in self.suspect:
+                learn[row] = key
+            else:
+                self.next_lsn[row] = 0
+        return learn
+
     async def learn_lsns(
         self, conn: PoolConnectionProxy, unknown: dict[Branch, tuple[Any, str, int]]
     ) -> None:
@@ -140,6 +158,7 @@ class WriterView:
         columns = (list(c) for c in zip(*unknown.values(), strict=True))
         for i, top in await conn.fetch(self._lsn_sql, *columns):
             self.next_lsn[rows[i - 1]] = 0 if top is None else top + 1
+        self.suspect.difference_update(rows)
 
     async def check_ends(self, conn: PoolConnectionProxy, batch: CommitBatch) -> None:
         """Check that each branch the batch expects ends where it expects, from the
@@ -268,6 +287,7 @@ class WriterView:
         """Another writer moved on: drop what this batch guessed from."""
         for row in f.next_lsn:
             self.next_lsn.pop(row, None)
+        self.suspect.update(f.next_lsn)
         for d in f.deltas:
             self.docs.pop(doc_key(d.at), None)
 

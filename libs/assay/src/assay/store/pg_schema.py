@@ -37,6 +37,7 @@ class Outcome:
     STALE = 2
     FAILED = 3
     SKIPPED = 4  # an earlier batch it built on failed; it was not attempted
+    STALE_FENCE = 5  # its lease was taken over: it wrote nothing, and is not tried again
 
 
 _TABLES = """
@@ -259,7 +260,83 @@ END
 $fn$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_TABLES, _COMMIT, _LEASES)
+# Fenced batches in a group (§9.4): `assay_commit_fenced` is `assay_commit` with one
+# fence per batch (a NULL tenant: none). Inside its batch's savepoint, before any
+# write, a fenced batch reads its lease row FOR SHARE at its fence (the lock is kept
+# to the end of the transaction, as the single statement keeps it); a stale fence
+# refuses that batch alone (`5`), and the batches built on it are not attempted.
+_FENCED_GROUPS = """
+CREATE TYPE {s}.fence_row AS (tenant uuid, stream text, fence bigint);
+
+CREATE FUNCTION {s}.assay_commit_fenced(
+    batches {s}.commit_batch[], logs {s}.log_row[], states {s}.state_row[],
+    outs {s}.outbox_row[], fences {s}.fence_row[]
+) RETURNS smallint[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    b {s}.commit_batch;
+    f {s}.fence_row;
+    i integer := 0;
+    li integer := 1;
+    si integer := 1;
+    oi integer := 1;
+    outcome smallint[] := '{{}}';
+    failed integer[] := '{{}}';   -- batches that wrote nothing
+    again integer[] := '{{}}';    -- batches that will be tried again
+    notify boolean := false;
+BEGIN
+    FOREACH b IN ARRAY batches LOOP
+        i := i + 1;
+        f := fences[i];
+        IF b.deps && failed OR b.follows && again THEN
+            outcome := outcome || 4::smallint;
+            failed := failed || i;
+            again := again || i;
+        ELSE
+            BEGIN  -- a savepoint per batch: a failing batch never takes the others down
+                IF f.tenant IS NOT NULL THEN
+                    PERFORM FROM {s}.leases
+                    WHERE tenant = f.tenant AND stream = f.stream AND fence = f.fence
+                    FOR SHARE;
+                    IF NOT FOUND THEN
+                        RAISE EXCEPTION 'stale fence: the run was taken over'
+                            USING ERRCODE = 'AS003';
+                    END IF;
+                END IF;
+                PERFORM {s}.assay_apply(
+                    b, logs[li:li + b.n_log - 1], states[si:si + b.n_state - 1],
+                    outs[oi:oi + b.n_out - 1]);
+                outcome := outcome || 0::smallint;
+                notify := notify OR b.n_out > 0;
+            EXCEPTION
+                WHEN SQLSTATE 'AS001' THEN
+                    outcome := outcome || 1::smallint;
+                    failed := failed || i;
+                WHEN SQLSTATE 'AS003' THEN
+                    outcome := outcome || 5::smallint;
+                    failed := failed || i;
+                WHEN unique_violation OR SQLSTATE 'AS002' THEN
+                    outcome := outcome || 2::smallint;
+                    failed := failed || i;
+                    again := again || i;
+                WHEN OTHERS THEN
+                    outcome := outcome || 3::smallint;
+                    failed := failed || i;
+                    again := again || i;
+            END;
+        END IF;
+        li := li + b.n_log;
+        si := si + b.n_state;
+        oi := oi + b.n_out;
+    END LOOP;
+    IF notify THEN
+        PERFORM pg_notify('{channel}', '');
+    END IF;
+    RETURN outcome;
+END
+$fn$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_TABLES, _COMMIT, _LEASES, _FENCED_GROUPS)
 """The event log's migrations, in order: version n is `MIGRATIONS[n - 1]`."""
 
 

@@ -1,0 +1,157 @@
+"""`assay proposals`: the slow loop's proposed versions, and an operator's verdict on them.
+
+- `assay proposals [--all]` lists proposals (pending ones, or every one) and, per
+  workflow, why the last request for a proposal yielded none;
+- `assay proposals show ID` prints one whole: its definition, rationale and the
+  selection-set failures it was drafted from;
+- `assay proposals approve ID` / `reject ID --reason R` put a `ReviewProposal` on
+  `assay.workflows`. Approving registers the version (decide admits it to shadow);
+  rejecting asks the proposer for the next one, with the reason as feedback.
+
+Read from the decide stage's state (the data directory's SQLite file, or the
+`decide` schema with `ASSAY_DATABASE_URL` set). A review goes to the Kafka cluster
+`ASSAY_KAFKA_BOOTSTRAP` names; without it, the embedded pipeline runs in this
+process on the data directory until decide has recorded the review.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from assay.bus.topics import WORKFLOWS, dlq, producer_entry
+from assay.cli.logs import stage_state
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId
+from assay.messages import ReviewProposal
+from assay.messages.envelope import open_envelope
+from assay.record import StateKey
+from assay.runtime.settings import Settings
+from assay.store.ports import EventLog
+
+MISSING = "no workflow was registered there"
+_POLL_S = 0.05
+SUMMARY = (
+    "proposal_id",
+    "tenant",
+    "workflow_id",
+    "status",
+    "workflow_version",
+    "parent",
+    "after",
+    "proposer",
+    "rationale",
+    "gated",
+    "review",
+)
+
+
+class ReviewRefused(AssayError):
+    """Decide refused the review (the reason says why)."""
+
+
+async def _proposals(log: EventLog, tenant: TenantId | None) -> list[dict[str, Any]]:
+    found = [
+        doc for who, _, doc in await log.scan_kind("proposal") if tenant is None or who == tenant
+    ]
+    return sorted(found, key=lambda d: (d["tenant"], d["workflow_id"], d["proposal_id"]))
+
+
+async def list_command(data_dir: Path, tenant: TenantId | None, every: bool) -> int:
+    """Print proposals (pending, or every one with `every`) and the loop's last word per
+    workflow as JSON."""
+    async with stage_state(data_dir, "decide", MISSING) as log:
+        found = await _proposals(log, tenant)
+        idle = [
+            {"tenant": str(who), "workflow_id": workflow, "reason": doc["reason"]}
+            for who, workflow, doc in await log.scan_kind("unproposed")
+            if tenant is None or who == tenant
+        ]
+    shown = [{k: d.get(k) for k in SUMMARY} for d in found if every or d["status"] == "pending"]
+    print(json.dumps({"proposals": shown, "not_proposed": idle}, indent=2))
+    return 0
+
+
+async def find(data_dir: Path, proposal: str, tenant: TenantId | None) -> dict[str, Any]:
+    """The proposal `proposal` (of `tenant`, when given).
+
+    Raises:
+        AssayError: no such proposal, or the id names proposals of several tenants.
+    """
+    async with stage_state(data_dir, "decide", MISSING) as log:
+        found = [d for d in await _proposals(log, tenant) if d["proposal_id"] == proposal]
+    if not found:
+        whose = f" of tenant {tenant}" if tenant is not None else ""
+        raise AssayError(f"no proposal {proposal}{whose}")
+    if len(found) > 1:
+        raise AssayError(
+            f"proposal {proposal} exists under several tenants: name one with --tenant"
+        )
+    return found[0]
+
+
+async def show_command(data_dir: Path, proposal: str, tenant: TenantId | None) -> int:
+    """Print one proposal whole as JSON."""
+    print(json.dumps(await find(data_dir, proposal, tenant), indent=2))
+    return 0
+
+
+async def review_command(
+    data_dir: Path, proposal: str, tenant: TenantId | None, approve: bool, reason: str
+) -> int:
+    """Approve or reject a proposal; print what decide made of it."""
+    doc = await find(data_dir, proposal, tenant)
+    msg = ReviewProposal(
+        tenant=TenantId(doc["tenant"]),
+        workflow_id=doc["workflow_id"],
+        proposal_id=proposal,
+        approve=approve,
+        reason=reason,
+    )
+    verb = "approve" if approve else "reject"
+    if Settings.from_env().kafka_bootstrap:
+        from assay.cli.distributed import produce
+
+        await produce([producer_entry(WORKFLOWS, msg, msg.tenant, f"review:{proposal}:{verb}")])
+        print(f"asked to {verb} proposal {proposal}")
+        return 0
+    after = await _embedded(data_dir, msg, f"review:{proposal}:{verb}")
+    print(json.dumps({k: after.get(k) for k in SUMMARY}, indent=2))
+    return 0
+
+
+async def _embedded(data_dir: Path, msg: ReviewProposal, idem: str) -> dict[str, Any]:
+    """Run the embedded pipeline until decide recorded the review or refused it."""
+    from assay.runtime.embedded import Embedded
+
+    async with Embedded(data_dir) as rt:
+        log = rt.logs["decide"]
+        start = await rt.bus.end_offsets(dlq("decide"))
+        entry = producer_entry(WORKFLOWS, msg, msg.tenant, idem)
+        rt.start()
+        await rt.bus.publish([entry])
+        wanted = "approved" if msg.approve else "rejected"
+        deadline = time.monotonic() + 30.0
+        while True:
+            doc = next(
+                (
+                    d
+                    for d in await _proposals(log, msg.tenant)
+                    if d["proposal_id"] == msg.proposal_id
+                ),
+                None,
+            )
+            if doc is not None and doc["status"] == wanted:
+                # approved: wait for decide to hold (or turn away) the registered version too
+                held = await log.get(StateKey(msg.tenant, "known", doc["workflow_version"]))
+                if not msg.approve or held is not None:
+                    return doc
+            why = await rt.refusal("decide", start, open_envelope(entry.value).id)
+            if why is not None:
+                raise ReviewRefused(f"review refused: {why}")
+            if time.monotonic() > deadline:
+                raise AssayError(f"decide recorded no review of proposal {msg.proposal_id} in 30s")
+            await asyncio.sleep(_POLL_S)
