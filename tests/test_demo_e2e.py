@@ -72,6 +72,9 @@ async def test_rebuild_check_fails_on_state_not_derived_from_the_log(
     assert health["judge_calls_total"] == sum(health["judge_calls_by_purpose"].values()) > 0
     assert health["scores"]["ungraded:no_reference"] > 0  # the current version's first episodes
     assert not health["budget_exhausted"]
+    replay = health["replay"]  # the demo's challengers start on shadow: their replays spent
+    assert (replay["calls_ceiling"], replay["runs_cut_total"]) == (None, 0)  # no ceiling set
+    assert replay["model_calls_total"] > 0
     with sqlite3.connect(data / "aggregate.sqlite") as db:
         db.execute("UPDATE state SET value = ? WHERE kind = 'version'", (json.dumps({}),))
     assert await rebuild(data, check=True) == 1

@@ -73,3 +73,11 @@ def test_a_v1_task_was_a_selection_task_served_by_its_work_run() -> None:
     work = next(r for r in event.runs if r.purpose.value == "work")
     assert event.arm is work.role
     assert (event.held_out, event.held_out_draw, event.rung) == (False, None, None)
+
+
+def test_a_v2_task_had_nothing_cut_and_reserved_nothing_for_replay() -> None:
+    v2 = fixture("events/ingest/TaskAccepted.v2.json")
+    event = INGEST_EVENTS.decode("TaskAccepted", 2, v2)
+    assert isinstance(event, TaskAccepted)
+    assert (event.cut, event.replay_calls) == ([], 0)
+    assert [r.purpose.value for r in event.runs] == ["work", "shadow"]  # spawned as recorded

@@ -788,6 +788,7 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
                 score=ungraded,
                 usage=usage,
                 termination="succeeded",
+                held_out=False,
             ),
             f"{t}:{RUN}",
         ),

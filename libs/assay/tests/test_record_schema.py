@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -129,6 +130,7 @@ from assay_decide import DECIDE_EVENTS
 from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
+from assay_ingest.replay import CutReason, CutRun, ReplayMetered
 from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
 from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
@@ -139,6 +141,7 @@ from assay_tournament.events import (
     GroupJoined,
     JudgeAnswered,
     ReferenceSet,
+    ReplaySpent,
     RolloutSelected,
     RunScored,
     SiblingWaiting,
@@ -639,6 +642,7 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         termination="succeeded",
         output="4",
         step_credit=[CREDIT],
+        held_out=True,
     ),
     VariantAggregate(
         tenant=TENANT,
@@ -838,6 +842,28 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 rung=Rung.SHADOW,
                 held_out=True,
                 held_out_draw=0.07,
+                cut=[
+                    CutRun(
+                        run_id=OTHER_RUN,
+                        workflow_version=V1,
+                        role=Role.CURRENT,
+                        purpose=Purpose.SHADOW,
+                        reason=CutReason.REPLAY_BUDGET_EXHAUSTED,
+                        calls=50,
+                    )
+                ],
+                replay_calls=50,
+            ),
+            ReplayMetered(
+                meter={
+                    "day": "2026-11-29",
+                    "calls_today": 50,
+                    "runs_today": 1,
+                    "cut_today": 1,
+                    "calls_total": 50,
+                    "runs_total": 1,
+                    "cut_total": 1,
+                }
             ),
             RolloutAdmitted(group="order-18", input={"question": "17 * 23", "answer": "391"}),
             RolloutUpdated(
@@ -896,6 +922,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             RolloutSelected(group="order-18", result={"winner": RUN, "passes": 1}),
             JudgeAnswered(key=f"order-18/{RUN}/{OTHER_RUN}", verdict="b"),
             JudgeAnswered(key=f"order-18/{RUN}", violations=[]),
+            ReplaySpent(run_id=OTHER_RUN, day="2026-11-29", model_calls=1, tokens=12),
         ],
     ),
     "aggregate": (
@@ -1113,3 +1140,14 @@ def test_every_registered_type_writes_a_schema_version_of_at_least_one() -> None
             assert isinstance(model.version, int)
             assert model.version >= 1
             assert registry.versions(name)[-1] == model.version
+
+
+def test_a_run_result_v3_upcasts_to_v4_not_saying_whether_its_task_was_held_out() -> None:
+    v3 = json.loads(
+        (Path(__file__).parents[3] / "tests/fixtures/messages/RunResult.v3.json").read_text()
+    )
+    decoded = MESSAGES.decode("RunResult", 3, v3)
+    assert isinstance(decoded, RunResult)
+    assert decoded.held_out is None  # unknown, never guessed as a selection task
+    with pytest.raises(UnknownSchema, match="held_out"):
+        MESSAGES.decode("RunResult", 4, v3)  # v4 says, one way or the other

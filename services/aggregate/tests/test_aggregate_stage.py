@@ -28,6 +28,7 @@ from assay.kernel.scores import (
 from assay.messages import Purpose, Role, RunGraded, RunRef, VariantAggregate, VerifierResult
 from assay.messages.proposals import EVIDENCE_CHARS, FAILURES_KEPT
 from assay.runtime import StageDeps, StageHarness
+from assay.runtime.metrics import StageCollector, stage_registry
 from assay.store import FsBlobStore
 from assay_aggregate import create_stage
 
@@ -194,6 +195,29 @@ async def test_anchored_deltas_count_in_the_record_by_their_sign(stage: StageHar
     assert last.record == WinRecord(judge_wins=1, judge_losses=1, draws=1)
     assert last.strength is not None
     assert (last.strength.episodes, last.strength.unanchored) == (3, 1)
+
+
+async def test_metrics_export_the_held_out_gap_per_version(stage: StageHarness) -> None:
+    assert stage.runner is not None
+    collector = StageCollector(stage.runner)
+    registry = stage_registry(stage.runner, collector)
+    await collector.refresh()
+    assert registry.get_sample_value("assay_held_out_gap", {"tenant": str(TENANT)}) is None
+    win = rel(Outcome.WIN, DecidedBy.JUDGE)
+    for passed in (True, True, True, False):  # selection: 3 of 4 pass
+        await stage.deliver(GRADED, graded(win, passed=passed), TENANT)
+    await stage.deliver(GRADED, graded(win, held_out=True, passed=False), TENANT)
+    await collector.refresh()
+    labels = {"tenant": str(TENANT), "workflow": "arith", "version": str(V2)}
+    # held-out: 0 of 1 pass; a baseline without held-out runs has no gap yet
+    assert registry.get_sample_value("assay_held_out_gap", labels) == pytest.approx(0.75)
+    assert registry.get_sample_value("assay_graded_runs", {**labels, "split": "held_out"}) == 1
+    assert registry.get_sample_value("assay_graded_runs", {**labels, "split": "selection"}) == 4
+    await stage.deliver(GRADED, graded(win, held_out=True, passed=True), TENANT)
+    await collector.refresh()
+    assert registry.get_sample_value("assay_held_out_gap", labels) == pytest.approx(0.25)
+    v1 = {**labels, "version": str(V1)}
+    assert registry.get_sample_value("assay_held_out_gap", v1) is None
 
 
 def failing(*, role: Role = Role.CHALLENGER, held_out: bool = False, check: str) -> RunGraded:

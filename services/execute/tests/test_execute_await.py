@@ -202,6 +202,7 @@ async def test_a_suspended_run_can_be_cancelled(store: EventLog, tmp_path: Path)
         assert statuses(out)[-1] is RunState.CANCELLED
         (result,) = [m for m in out if isinstance(m, RunResult)]
         assert result.status == "cancelled"
+        assert result.held_out is msg.run.held_out  # a cancelled result says its split too
         assert await stage.state(TENANT, "await", msg.run.run_id) is None
 
 

@@ -210,6 +210,7 @@ def result_of(msg: RunSpawned, status: str = "ungraded") -> RunResult:
             else Ungraded(reason=UngradedReason.NO_REFERENCE),
             "usage": {"model_calls": 1},
             "termination": "cancelled" if status == "cancelled" else "succeeded",
+            "held_out": msg.run.held_out,
         }
     )
 

@@ -582,6 +582,7 @@ async def test_results_are_emitted_only_for_work_runs(stage: Stage) -> None:
     assert result.output == "5"
     assert result.usage.prompt_tokens == 10
     assert [v.verifier for v in result.verification] == ["correct"]
+    assert result.held_out is False
     (entry,) = [e for e in out.entries if e.topic == RESULTS]
     assert entry.key == f"{TENANT}:{cur.run_id}"
 
@@ -599,6 +600,12 @@ async def test_results_are_emitted_only_for_work_runs(stage: Stage) -> None:
     assert result.status == "graded"
     assert result.output == "five"
     assert isinstance(result.score, Relative)
+
+
+async def test_a_result_says_whether_its_task_was_held_out(stage: Stage) -> None:
+    held = current(task_id(2)).model_copy(update={"held_out": True})
+    (result,) = (await stage.verified(held)).results()
+    assert result.held_out is True
 
 
 async def test_shadow_run_of_the_current_version_has_no_result(stage: Stage) -> None:
@@ -909,6 +916,23 @@ async def test_the_ceiling_counts_every_partitions_calls(tmp_path: Path) -> None
         assert isinstance(first.graded()[0].score, Relative)
         second = await stage.verified(challenger(t2), partition=2)  # another partition's call
         assert second.graded()[0].score == Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED)
+
+
+async def test_what_shadow_runs_spent_is_recorded_once_and_work_runs_are_not_replay(
+    stage: Stage,
+) -> None:
+    t = task_id(12)
+    work = current(t)
+    await stage.verified(work)  # the work run: not replay
+    stage.judge.verdicts = [Verdict.A]
+    shadow = challenger(t)
+    await stage.verified(shadow)
+    await stage.verified(shadow)  # redelivered: its grading ended once, its spend counts once
+    reference = current(task_id(13), purpose=Purpose.SHADOW)  # a reference run is replay too
+    await stage.verified(reference)
+    spent = dict(await stage.log.scan(TENANT, "replay"))
+    assert set(spent) == {shadow.run_id, reference.run_id}
+    assert [(d["model_calls"], d["tokens"]) for d in spent.values()] == [(1, 12), (1, 12)]
 
 
 async def test_a_sampled_order_check_records_consistency(tmp_path: Path) -> None:

@@ -46,7 +46,8 @@ from assay.messages import (
 )
 from assay.messages.proposals import FAILURES_KEPT, FailureEvidence, as_evidence
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
-from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork
+from assay.store import EventLog
 
 SCREENED_CLEAN = frozenset(
     {
@@ -312,7 +313,39 @@ def create_stage(deps: StageDeps) -> StageSpec:
         events=AGGREGATE_EVENTS,
         fold=fold_aggregate,
         handlers={GRADED: {RunGraded.type: on_graded}},
+        gauges=held_out_gauges,
     )
+
+
+async def held_out_gauges(log: EventLog) -> list[Gauge]:
+    """§12.5's overfitting alarm, per (tenant, workflow, version): the verifier pass rate
+    on selection tasks minus that on held-out tasks (once both have a graded run), and
+    the graded runs on each side it is measured over."""
+    gaps: list[tuple[tuple[str, ...], float]] = []
+    runs: list[tuple[tuple[str, ...], float]] = []
+    for tenant, version, doc in sorted(await log.scan_kind("version"), key=lambda r: r[:2]):
+        labels = (str(tenant), str(doc["workflow_id"]), version)
+        sel_runs, sel_passes = selection_runs(doc)
+        held = doc.get("held_out") or {}
+        held_runs, held_passes = int(held.get("runs", 0)), int(held.get("passes", 0))
+        runs += [((*labels, "selection"), sel_runs), ((*labels, "held_out"), held_runs)]
+        if sel_runs and held_runs:
+            gaps.append((labels, sel_passes / sel_runs - held_passes / held_runs))
+    return [
+        Gauge(
+            "assay_held_out_gap",
+            "Verifier pass rate on selection tasks minus on held-out tasks, per version "
+            "(positive: held-out tasks do worse; a widening gap is the overfitting alarm).",
+            ("tenant", "workflow", "version"),
+            tuple(gaps),
+        ),
+        Gauge(
+            "assay_graded_runs",
+            "Graded runs of a version, on selection and on held-out tasks.",
+            ("tenant", "workflow", "version", "split"),
+            tuple(runs),
+        ),
+    ]
 
 
 async def _failures(uow: UnitOfWork, version: WorkflowVersion) -> list[FailureEvidence]:

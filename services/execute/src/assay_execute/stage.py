@@ -422,5 +422,6 @@ def _cancelled(
             score=None,
             usage=episode.usage,
             termination="cancelled",
+            held_out=run.held_out,
         ),
     )

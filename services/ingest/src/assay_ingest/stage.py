@@ -7,6 +7,12 @@ allocation (`routing.py`): the challenger serves a deterministic
 `challenger_share` of tasks; a `shadow_rate` share is also run under the other
 version for comparison. Every draw is recorded.
 
+Each shadow run reserves its workflow's model-call budget against the tenant's
+replay ceiling (`assay.grading.replay`); one that does not fit is cut — recorded
+in `TaskAccepted.cut` and announced as `Cancelled` on `assay.run-status` — and
+never spawned. The tenant's replay meter is one stream, compare-and-swapped, so
+concurrent tasks never reserve the same calls twice.
+
 Workflow versions form a DAG (§12.2): content-addressed (the version is the hash
 of the IR), parent-pointered (each stored version names the versions it derives
 from) and never edited (a re-registration of a stored version changes nothing).
@@ -14,7 +20,10 @@ from) and never edited (a re-registration of a stored version changes nothing).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import defaultdict
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +36,7 @@ from assay.kernel import (
     RunId,
     RunState,
     TaskId,
+    TenantId,
     WorkflowId,
     WorkflowVersion,
     content_hash,
@@ -60,8 +70,16 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.replay import (
+    REPLAY_EVENTS,
+    CutRun,
+    announce_cut,
+    fold_replay,
+    metered,
+    replay_gauges,
+)
 from assay_ingest.rollouts import ROLLOUT_EVENTS, Rollouts, fold_rollout
-from assay_ingest.routing import held_out, route
+from assay_ingest.routing import PlannedRun, Route, held_out, route
 
 
 class WorkflowStored(Event):
@@ -105,11 +123,12 @@ class TaskAccepted(Event):
     """A task was admitted and its runs spawned, with the routing draws.
 
     Version 2 adds the arm that served the task, the challenger's rung, and the
-    task's held-out split with its draw.
+    task's held-out split with its draw. Version 3 adds the shadow runs the replay
+    ceiling cut (`cut`) and the model calls its shadow runs reserved.
     """
 
     type: ClassVar[str] = "TaskAccepted"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     idempotency_key: str = Field(description="Producer's key.")
     task_id: TaskId = Field(description="Task id.")
     workflow_id: WorkflowId = Field(description="Workflow.")
@@ -123,9 +142,15 @@ class TaskAccepted(Event):
     held_out_draw: float | None = Field(
         description="v2: uniform draw compared with the held-out fraction (None before v2)."
     )
+    cut: list[CutRun] = Field(description="v3: planned shadow runs cut and never spawned.")
+    replay_calls: int = Field(
+        ge=0, description="v3: model calls its spawned shadow runs reserved (replay ceiling)."
+    )
 
 
-INGEST_EVENTS = EventRegistry([WorkflowStored, AllocationApplied, TaskAccepted, *ROLLOUT_EVENTS])
+INGEST_EVENTS = EventRegistry(
+    [WorkflowStored, AllocationApplied, TaskAccepted, *REPLAY_EVENTS, *ROLLOUT_EVENTS]
+)
 
 
 @INGEST_EVENTS.upcaster("WorkflowStored", 1)
@@ -140,6 +165,12 @@ def _task_accepted_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 knew no held-out set (every task was a selection task) and kept no rung."""
     served = next(r["role"] for r in payload["runs"] if r["purpose"] == Purpose.WORK.value)
     return {**payload, "arm": served, "rung": None, "held_out": False, "held_out_draw": None}
+
+
+@INGEST_EVENTS.upcaster("TaskAccepted", 2)
+def _task_accepted_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 knew no replay ceiling: nothing was cut, nothing reserved."""
+    return {**payload, "cut": [], "replay_calls": 0}
 
 
 def fold_ingest(record: LogRecord) -> list[StateDelta]:
@@ -163,7 +194,7 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [Put(StateKey(t, "allocation", a["workflow_id"]), a)]
         case TaskAccepted() as e:
             return [Put(StateKey(t, "task", e.idempotency_key), e.model_dump(mode="json"))]
-    return fold_rollout(record)
+    return fold_replay(record) or fold_rollout(record)
 
 
 def task_id_for(task: TaskSubmitted) -> TaskId:
@@ -176,6 +207,8 @@ def task_id_for(task: TaskSubmitted) -> TaskId:
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the ingest stage."""
     known_tools = frozenset(deps.tools)
+    replay_locks: defaultdict[TenantId, asyncio.Lock] = defaultdict(asyncio.Lock)
+    """Per tenant: held while a task reserves replay, until that reservation commits."""
 
     async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
         try:
@@ -251,13 +284,36 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if msg.rollout is not None:
             await rollouts.admit(uow, msg, task_id, alloc)
             return
-        split, split_draw = held_out(task_id, deps.ladder.held_out_fraction)
         plan = route(alloc, task_id)
+        if not any(p.purpose is Purpose.SHADOW for p in plan.runs):
+            await spawn(msg, uow, alloc, task_id, plan)
+            return
+        # A tenant's shadow-spawning tasks reserve replay one at a time in this process, each
+        # committed before the next reads the meter: the meter's compare-and-swap then meets
+        # only writers in other processes, instead of losing, again and again, to this
+        # process's own partitions.
+        async with replay_locks[uow.tenant]:
+            await spawn(msg, uow, alloc, task_id, plan)
+            await uow.commit()
+
+    async def spawn(
+        msg: TaskSubmitted, uow: UnitOfWork, alloc: dict[str, Any], task_id: TaskId, route_: Route
+    ) -> None:
+        """Spawn the task's runs (its shadow runs as the replay ceiling admits) and record it."""
+        split, split_draw = held_out(task_id, deps.ladder.held_out_fraction)
         at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
-        spawned = []
+
+        def run_id_of(planned: PlannedRun) -> RunId:
+            return run_id_from(
+                at_ms, f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}"
+            )
+
+        admitted = await metered(uow, deps.replay, route_, alloc["definitions"], run_id_of)
+        plan = admitted.plan
+        spawned, refs = [], []
         for planned in plan.runs:
             role, purpose, version = planned.role, planned.purpose, planned.version
-            run_id = run_id_from(at_ms, f"{uow.envelope.id}:{role.value}:{purpose.value}")
+            run_id = run_id_of(planned)
             ref = RunRef(
                 tenant=msg.tenant,
                 run_id=run_id,
@@ -281,6 +337,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             spawned.append(
                 SpawnedRun(run_id=run_id, workflow_version=version, role=role, purpose=purpose)
             )
+            refs.append(ref)
         uow.record(
             BranchKey.main(uow.tenant, f"task:{msg.idempotency_key}"),
             TaskAccepted(
@@ -295,8 +352,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 rung=alloc.get("rung") if alloc.get("challenger") else None,
                 held_out=split,
                 held_out_draw=split_draw,
+                cut=list(admitted.cut),
+                replay_calls=admitted.reserved,
             ),
         )
+        for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
+            announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
 
     rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}))
 
@@ -314,6 +375,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             DECISIONS: {AllocationChanged.type: on_allocation},
         },
         background=(timer("rollout", Rollouts.deadline, time.time),),
+        gauges=lambda log: replay_gauges(log, deps.replay, datetime.now(UTC).date().isoformat()),
     )
 
 

@@ -6,7 +6,9 @@ version (order alternation); `group` per (task, outcome class) — the open
 tournament group's epoch and clock; `member` per (task, outcome, run) — its
 members; `meter` — judge calls today, by purpose, and the judge's health;
 `sibling` per (rollout group, run) — a verified sibling waiting for its group;
-`rollout` per group — its selection, once.
+`rollout` per group — its selection, once; `replay` per shadow run — what its
+execution spent, by the day its grading ended (one document per run, so runs of a
+tenant graded at once on different partitions never overwrite each other's spend).
 """
 
 from __future__ import annotations
@@ -117,6 +119,17 @@ class RolloutSelected(Event):
     result: dict[str, Any] = Field(description="The RolloutResult payload.")
 
 
+class ReplaySpent(Event):
+    """A shadow run's grading ended: what its execution spent is replay spend (§12.4)."""
+
+    type: ClassVar[str] = "ReplaySpent"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="The shadow run.")
+    day: str = Field(description="UTC day its grading ended (YYYY-MM-DD).")
+    model_calls: int = Field(ge=0, description="Model calls it made.")
+    tokens: int = Field(ge=0, description="Prompt and completion tokens it used.")
+
+
 class JudgeAnswered(Event):
     """One judge answer given during a rollout selection, kept so a redelivered selection
     asks it again of no one: a verdict (`compare`) or violations (`screen`)."""
@@ -139,6 +152,7 @@ TOURNAMENT_EVENTS = EventRegistry(
         SiblingWaiting,
         RolloutSelected,
         JudgeAnswered,
+        ReplaySpent,
     ]
 )
 
@@ -210,6 +224,9 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
             return [Put(StateKey(t, "sibling", f"{e.group}/{run}"), e.verified)]
         case RolloutSelected() as e:
             return [Put(StateKey(t, "rollout", e.group), e.result)]
+        case ReplaySpent() as e:
+            spent = {"day": e.day, "model_calls": e.model_calls, "tokens": e.tokens}
+            return [Put(StateKey(t, "replay", e.run_id), spent)]
         case JudgeAnswered() as e:
             return [
                 Put(

@@ -4,7 +4,9 @@
 (UTC, by when the graded fact occurred) against the tenant's ceiling, calls by
 purpose, and the judge's health (order checks, failures). The calls it saw are
 emitted as `UsageRecorded` (purpose `grading`) attributed to the run they
-served, and the meter is recorded, in the same commit as the scores.
+served, and the meter is recorded, in the same commit as the scores. A shadow
+run's own spend (its execution's model calls and tokens) is recorded once, as
+`ReplaySpent`, when its grading ends (§12.4).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from assay.messages import (
 from assay.record import BranchKey
 from assay.runtime import StageDeps, UnitOfWork
 from assay.workflow import GradingSpec, RubricItem
-from assay_tournament.events import METER_STREAM, GradingMetered, RunScored
+from assay_tournament.events import METER_STREAM, GradingMetered, ReplaySpent, RunScored
 
 ATTEMPTS_KEY = "attempt_grades"
 """Where a waiting run's attempt grades are kept beside its RunVerified payload."""
@@ -306,6 +308,16 @@ class Grading:
         calls = judge_calls + (attempts.judge_calls if attempts is not None else 0)
         meter.scored(score)
         self.flush(uow, meter)
+        if r.purpose is Purpose.SHADOW:
+            uow.record(
+                BranchKey.main(uow.tenant, f"task:{r.task_id}"),
+                ReplaySpent(
+                    run_id=r.run_id,
+                    day=meter.day,
+                    model_calls=msg.usage.model_calls,
+                    tokens=msg.usage.prompt_tokens + msg.usage.completion_tokens,
+                ),
+            )
         uow.record(
             BranchKey.main(uow.tenant, f"task:{r.task_id}"),
             RunScored(
@@ -359,5 +371,6 @@ class Grading:
                     termination="succeeded" if msg.executed else "failed",
                     output=episode.output if episode else None,
                     step_credit=credit,
+                    held_out=r.held_out,
                 ),
             )

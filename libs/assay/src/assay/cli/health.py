@@ -5,24 +5,32 @@ Per tenant: judge calls today against the tenant's ceiling and by purpose
 order-inconsistency rate on sampled order checks and both-order tournament
 pairs, judge failures and the last one — and how grading ended, by score kind
 and `Ungraded` by reason (§11.6: a tenant whose loop never engages must see a
-stated reason, not a silence). Where the state is: with `ASSAY_DATABASE_URL`
-set, the `tournament` schema in Postgres; otherwise the data directory's
-`tournament.sqlite`.
+stated reason, not a silence). Beside it, replay's spend (§12.4): the tenant's
+replay ceiling, the model calls its shadow runs reserved today and the shadow
+runs admitted and cut (the ingest stage's meter), and what the shadow runs whose
+grading ended spent (runs, model calls, tokens). Where the state is: with
+`ASSAY_DATABASE_URL` set, the `tournament` and `ingest` schemas in Postgres;
+otherwise the data directory's `tournament.sqlite` and `ingest.sqlite`.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from assay.cli.logs import stage_state
+from assay.grading.replay import meter_of
 from assay.kernel.ids import TenantId
-from assay.runtime.settings import GradingSettings
+from assay.runtime.settings import GradingSettings, ReplaySettings, Settings
 from assay.store.ports import EventLog
 
 PG_SCHEMA = "tournament"
+INGEST_LOG = "ingest.sqlite"
+INGEST_SCHEMA = "ingest"
 
 
 def report(tenant: TenantId, meter: dict[str, Any], ceiling: int) -> dict[str, Any]:
@@ -62,15 +70,63 @@ def merged(shards: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def _reports(log: EventLog, tenant: TenantId | None) -> list[dict[str, Any]]:
+def replay_report(
+    reserved: dict[str, Any] | None,
+    spent: list[dict[str, Any]],
+    ceiling: int | None,
+    today: str,
+) -> dict[str, Any]:
+    """One tenant's replay spend: reserved at admission (ingest's meter, for `today`;
+    None where that state is not there) and spent by its shadow runs whose grading
+    ended (`spent`: one document per run)."""
+    admitted = None if reserved is None else meter_of(today, reserved)
+
+    def of(key: str) -> int | None:
+        return None if admitted is None else int(admitted[key])
+
+    done_today = [d for d in spent if d["day"] == today]
+    return {
+        "calls_ceiling": ceiling,
+        "calls_reserved_today": of("calls_today"),
+        "runs_admitted_today": of("runs_today"),
+        "runs_cut_today": of("cut_today"),
+        "runs_cut_total": of("cut_total"),
+        "runs_graded_today": len(done_today),
+        "model_calls_today": sum(int(d["model_calls"]) for d in done_today),
+        "tokens_today": sum(int(d["tokens"]) for d in done_today),
+        "model_calls_total": sum(int(d["model_calls"]) for d in spent),
+        "tokens_total": sum(int(d["tokens"]) for d in spent),
+    }
+
+
+async def _reports(
+    log: EventLog, ingest: EventLog | None, tenant: TenantId | None
+) -> list[dict[str, Any]]:
     policy = GradingSettings.from_env().policy()
+    replay = ReplaySettings.from_env().policy()
+    reserved: dict[TenantId, dict[str, Any]] = {}
+    if ingest is not None:
+        reserved = {who: m for who, k, m in await ingest.scan_kind("meter") if k == "replay"}
+    spent: dict[TenantId, list[dict[str, Any]]] = defaultdict(list)
+    for who, _, doc in await log.scan_kind("replay"):
+        spent[who].append(doc)
+    today = datetime.now(UTC).date().isoformat()
     shards: dict[TenantId, list[dict[str, Any]]] = defaultdict(list)
-    for who, key, meter in await log.scan_kind("meter"):
+    for who, key, doc in await log.scan_kind("meter"):
         if key.startswith("grading") and (tenant is None or who == tenant):
-            shards[who].append(meter)
+            shards[who].append(doc)
+    meters = {who: merged(docs) for who, docs in shards.items()}
     return [
-        report(who, merged(docs), policy.ceiling_for(str(who)))
-        for who, docs in sorted(shards.items(), key=lambda kv: str(kv[0]))
+        {
+            **report(who, meter, policy.ceiling_for(str(who))),
+            "replay": replay_report(
+                reserved.get(who, {}) if ingest is not None else None,
+                spent[who],
+                replay.ceiling_for(str(who)),
+                today,
+            ),
+        }
+        for who, meter in sorted(meters.items(), key=lambda kv: str(kv[0]))
     ]
 
 
@@ -80,7 +136,15 @@ async def health_command(data_dir: Path, tenant: TenantId | None) -> int:
     Raises:
         AssayError: no tournament state where this environment points, or it cannot be read.
     """
-    async with stage_state(data_dir, PG_SCHEMA, "nothing was graded there") as log:
-        found = await _reports(log, tenant)
+    async with AsyncExitStack() as stack:
+        log = await stack.enter_async_context(
+            stage_state(data_dir, PG_SCHEMA, "nothing was graded there")
+        )
+        ingest: EventLog | None = None  # replay's admission meter, when ingest ran here
+        if Settings.from_env().database_url or (data_dir / INGEST_LOG).is_file():
+            ingest = await stack.enter_async_context(
+                stage_state(data_dir, INGEST_SCHEMA, "no task was submitted there")
+            )
+        found = await _reports(log, ingest, tenant)
     print(json.dumps(found, indent=2))
     return 0

@@ -63,6 +63,7 @@ from assay.messages.models import (
     run_ref_v2_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
+    run_result_v3_to_v4,
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
     task_submitted_v2_to_v3,
@@ -132,6 +133,7 @@ MESSAGES.upcaster("RunVerified", 1)(run_ref_unchanged)
 MESSAGES.upcaster("RunGraded", 2)(run_ref_unchanged)
 MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
 MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
+MESSAGES.upcaster("RunResult", 3)(run_result_v3_to_v4)
 MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
 MESSAGES.upcaster("RunGraded", 3)(run_graded_v3_to_v4)
 MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)

@@ -294,11 +294,12 @@ class RunResult(Versioned):
 
     Version 2 adds cancelled runs: `status` and `termination` may be
     `cancelled`, and such a run has no score (it was never graded). Version 3
-    adds `step_credit` and the score changes of RunGraded v2.
+    adds `step_credit` and the score changes of RunGraded v2. Version 4 adds
+    `held_out`: whether the task was in the held-out set (§12.5).
     """
 
     type: ClassVar[str] = "RunResult"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run that served the task.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -319,6 +320,13 @@ class RunResult(Versioned):
     step_credit: list[StepCredit] = Field(
         default_factory=list,
         description="v3: each fail-then-pass retry, with what differed, attributed to its step.",
+    )
+    held_out: bool | None = Field(
+        description=(
+            "v4: the task is in the held-out set (§12.5): its result is reported apart and "
+            "never read by a promotion gate; False: a selection task. None only for a result "
+            "recorded before v4, which did not say."
+        ),
     )
 
 
@@ -399,6 +407,11 @@ def run_result_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 def run_result_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
     """RunResult v2 -> v3: v2 results credited no steps."""
     return {**payload, "step_credit": []}
+
+
+def run_result_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunResult v3 -> v4: a v3 result did not say whether its task was held out."""
+    return {**payload, "held_out": None}
 
 
 def run_graded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

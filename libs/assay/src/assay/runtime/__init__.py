@@ -14,12 +14,20 @@ from assay.runtime.embedded import (
 from assay.runtime.harness import StageHarness
 from assay.runtime.plugins import PluginInvalid, load_tools, load_verifiers
 from assay.runtime.settings import SandboxSettings
-from assay.runtime.stage import Handler, StageDeps, StageFactory, StageSpec, UnitOfWork
+from assay.runtime.stage import (
+    Gauge,
+    Handler,
+    StageDeps,
+    StageFactory,
+    StageSpec,
+    UnitOfWork,
+)
 
 __all__ = [
     "STAGES",
     "DataDirBusy",
     "Embedded",
+    "Gauge",
     "Handler",
     "PluginInvalid",
     "RedeliveringSource",

@@ -28,13 +28,14 @@ from assay.runtime.embedded import (
     sprt_from_env,
 )
 from assay.runtime.http import StatusServer
-from assay.runtime.metrics import stage_registry
+from assay.runtime.metrics import StageCollector, stage_registry
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import (
     GradingSettings,
     JudgeSettings,
     ModelSettings,
     ProposerSettings,
+    ReplaySettings,
     RetentionSettings,
     SandboxSettings,
     Settings,
@@ -108,6 +109,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             verifiers=load_verifiers(),
             retention=retention,
             grading=GradingSettings.from_env().policy(),
+            replay=ReplaySettings.from_env().policy(),
             proposer=proposer,
             proposals=proposer_settings.policy(),
         )
@@ -145,7 +147,10 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
                 "dead_lettered": runner.dead_lettered,
             }
 
-        status = StatusServer(stage_registry(runner), health, settings.http_port)
+        collector = StageCollector(runner)
+        status = StatusServer(
+            stage_registry(runner, collector), health, settings.http_port, collector.refresh
+        )
         await status.start()
         stack.push_async_callback(status.close)
         log.info("stage %s serving; status on port %d", stage, status.port)

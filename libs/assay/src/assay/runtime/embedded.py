@@ -38,6 +38,7 @@ from assay.runtime.settings import (
     JudgeSettings,
     ModelSettings,
     ProposerSettings,
+    ReplaySettings,
     RetentionSettings,
     SandboxSettings,
     Settings,
@@ -200,6 +201,7 @@ class Embedded:
             verifiers=load_verifiers(),
             retention=RetentionSettings.from_env().policy(),
             grading=GradingSettings.from_env().policy(),
+            replay=ReplaySettings.from_env().policy(),
             proposer=self._own_proposer,
             proposals=proposing.policy(),
         )

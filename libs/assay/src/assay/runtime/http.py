@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -22,10 +22,18 @@ Health = Callable[[], dict[str, object]]
 class StatusServer:
     """Serves /healthz and /metrics until closed."""
 
-    def __init__(self, registry: CollectorRegistry, health: Health, port: int) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        health: Health,
+        port: int,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.registry = registry
         self.health = health
         self.port = port
+        self.refresh = refresh
+        """Called before each /metrics answer (gauges read from the stage's state)."""
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str = "0.0.0.0") -> int:
@@ -53,6 +61,8 @@ class StatusServer:
                 code = "200 OK" if status.get("ok") else "503 Service Unavailable"
                 ctype = "application/json"
             elif path == "/metrics":
+                if self.refresh is not None:
+                    await self.refresh()
                 body, code, ctype = generate_latest(self.registry), "200 OK", CONTENT_TYPE_LATEST
             else:
                 body, code, ctype = b"not found\n", "404 Not Found", "text/plain"

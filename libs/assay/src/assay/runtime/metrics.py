@@ -1,11 +1,13 @@
 """Prometheus metrics of one stage process, read from the runner at scrape time.
 
 Nothing is added to the commit path: a collector reads the counters the runner
-and relay already keep.
+and relay already keep, and the gauges its stage derives from committed state
+(`StageSpec.gauges`), which `refresh` reads just before a scrape.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
@@ -13,6 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from assay.runtime.consumer import StageRunner
+from assay.runtime.stage import Gauge
+
+log = logging.getLogger(__name__)
 
 
 class StageCollector(Collector):
@@ -20,9 +25,26 @@ class StageCollector(Collector):
 
     def __init__(self, runner: StageRunner) -> None:
         self.runner = runner
+        self.derived: tuple[Gauge, ...] = ()
+        """The stage's gauges as `refresh` last read them."""
+
+    async def refresh(self) -> None:
+        """Read the stage's derived gauges from its committed state (none if it has none)."""
+        read = self.runner.spec.gauges
+        if read is None:
+            return
+        try:
+            self.derived = tuple(await read(self.runner.log))
+        except Exception:  # a scrape still answers with the counters and the last reading
+            log.warning("stage %s: reading its gauges failed", self.runner.spec.name, exc_info=True)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stage = self.runner.spec.name
+        for gauge in self.derived:
+            family = GaugeMetricFamily(gauge.name, gauge.help, labels=list(gauge.labels))
+            for labels, value in gauge.samples:
+                family.add_metric(list(labels), value)
+            yield family
         handled = CounterMetricFamily(
             "assay_messages_handled", "Messages a stage handled and committed.", labels=["stage"]
         )
@@ -82,8 +104,11 @@ class StageCollector(Collector):
             yield lag
 
 
-def stage_registry(runner: StageRunner) -> CollectorRegistry:
-    """A registry exposing one runner's metrics."""
+def stage_registry(
+    runner: StageRunner, collector: StageCollector | None = None
+) -> CollectorRegistry:
+    """A registry exposing one runner's metrics (through `collector`, if given: the one
+    whose `refresh` the status server calls before a scrape)."""
     registry = CollectorRegistry()
-    registry.register(StageCollector(runner))
+    registry.register(collector or StageCollector(runner))
     return registry

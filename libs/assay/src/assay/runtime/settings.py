@@ -31,6 +31,7 @@ from assay.grading.judge_prompts import (
 )
 from assay.grading.judges import StubJudge
 from assay.grading.proposers import CatalogProposer, ProposalPolicy
+from assay.grading.replay import ReplayPolicy
 from assay.grading.strategies import GradingCapacity, GradingPolicy
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, tenant_id
@@ -601,4 +602,46 @@ class GradingSettings(BaseModel):
             calls_per_day=self.calls_per_day,
             ceilings={str(t): n for t, n in self.ceilings.items()},
             order_check=self.order_check,
+        )
+
+
+class ReplaySettings(BaseModel):
+    """Replay's spend ceiling (§12.4, §14.1); each field reads `ASSAY_REPLAY_<FIELD>`.
+
+    Model calls shadow runs may reserve per tenant per UTC day (each reserves its
+    workflow's `budget.max_model_calls` when ingest admits it); unset: no ceiling.
+    `ceilings` is a per-tenant map written `<tenant-uuid>=<calls>,...`; a tenant not
+    in it has `calls_per_day`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    calls_per_day: int | None = Field(
+        None,
+        ge=0,
+        description="Model calls shadow runs may reserve per tenant per UTC day (unset: no limit).",
+    )
+    ceilings: dict[TenantId, int] = Field(
+        default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<calls>,...`."
+    )
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _tenant_map(cls, value: object) -> object:
+        return tenant_map(value, "calls")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ReplaySettings:
+        """Read `ASSAY_REPLAY_*` variables.
+
+        Raises:
+            SettingsInvalid: a value does not parse or is out of range (named).
+        """
+        return _from_env(cls, "ASSAY_REPLAY_", environ)
+
+    def policy(self) -> ReplayPolicy:
+        """The replay policy these settings describe."""
+        return ReplayPolicy(
+            calls_per_day=self.calls_per_day,
+            ceilings={str(t): n for t, n in self.ceilings.items()},
         )

@@ -23,6 +23,7 @@ from assay.engine.tools import Tool
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.proposers import CatalogProposer, ProposalPolicy, Proposer
+from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy
 from assay.kernel.canonical import content_hash
@@ -44,6 +45,21 @@ Background = Callable[[EventLog, asyncio.Event], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
+class Gauge:
+    """One gauge a stage derives from its state for `/metrics`: name, help, label
+    names, and a value per label tuple."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: tuple[tuple[tuple[str, ...], float], ...]
+
+
+Gauges = Callable[[EventLog], Awaitable[Sequence[Gauge]]]
+"""Reads a stage's committed state (every tenant's) into gauges, when `/metrics` is read."""
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """A stage: its name, its log's event types and fold, and its handlers.
 
@@ -56,6 +72,8 @@ class StageSpec:
     handlers: dict[str, dict[str, Handler]]
     background: tuple[Background, ...] = ()
     """Housekeeping that runs beside the consumers while the stage runs (timers)."""
+    gauges: Gauges | None = None
+    """Gauges derived from the stage's state, exported on `/metrics` (read when scraped)."""
 
     @property
     def topics(self) -> list[str]:
@@ -93,6 +111,8 @@ class StageDeps:
     """When finished runs are reduced and tiered (§8.6)."""
     grading: GradingPolicy = field(default_factory=GradingPolicy)
     """Grading's capacity, per-tenant judge-call ceilings and order-check sampling."""
+    replay: ReplayPolicy = field(default_factory=ReplayPolicy)
+    """Per-tenant ceilings on the model calls shadow runs reserve (§12.4, §14.1)."""
     proposer: Proposer = field(default_factory=CatalogProposer)
     """The slow loop's generator: drafts a new version when a challenger's time ends."""
     proposals: ProposalPolicy = field(default_factory=ProposalPolicy)

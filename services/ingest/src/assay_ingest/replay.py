@@ -1,0 +1,191 @@
+"""Replay's spend ceiling at admission (§12.4, §14.1; `assay.grading.replay`).
+
+Every shadow run a task's route plans reserves its workflow's model-call budget
+against the tenant's replay meter for the UTC day the task arrived. One that does
+not fit under the tenant's ceiling is cut: never spawned, recorded in
+`TaskAccepted.cut` with its reason, and announced as `Cancelled` on
+`assay.run-status`, so it is never a silent gap and never evidence either way. A
+challenger run whose reference run was cut is spawned not expecting one.
+
+The tenant's meter is one stream, compare-and-swapped in the commit that spawns
+the runs: two tasks of a tenant handled at once on different partitions never
+reserve the same calls, and a redelivered task (the same message, or the same
+idempotency key) never reserves again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from assay.bus.topics import RUN_STATUS
+from assay.grading.replay import METER_STREAM, ReplayPolicy, admit, meter_of
+from assay.kernel import Lsn, RunId, RunState, WorkflowVersion
+from assay.messages import Purpose, Role, RunRef, RunStatusChanged
+from assay.record import BranchKey, Event, LogRecord, Put, StateDelta, StateKey
+from assay.runtime import Gauge, UnitOfWork
+from assay.store import EventLog
+from assay.workflow import WorkflowDef
+from assay_ingest.routing import PlannedRun, Route
+
+
+class CutReason(enum.Enum):
+    """Why a planned run was not spawned."""
+
+    REPLAY_BUDGET_EXHAUSTED = "replay_budget_exhausted"
+    """A shadow run whose budget did not fit under the tenant's replay ceiling that day."""
+
+
+class CutRun(BaseModel):
+    """A run planned for a task and not spawned (part of `TaskAccepted` v3)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    run_id: RunId = Field(description="The run id it would have had.")
+    workflow_version: WorkflowVersion = Field(description="Version it would have run.")
+    role: Role = Field(description="Current or challenger.")
+    purpose: Purpose = Field(description="Shadow: only shadow runs are ever cut.")
+    reason: CutReason = Field(description="Why it was cut.")
+    calls: int = Field(ge=0, description="Model calls it would have reserved (its budget).")
+
+
+class ReplayMetered(Event):
+    """The tenant's replay meter after a task's shadow runs reserved (or were cut),
+    recorded in the commit that spawns them."""
+
+    type: ClassVar[str] = "ReplayMetered"
+    version: ClassVar[int] = 1
+    meter: dict[str, Any] = Field(
+        description=(
+            "`day` (UTC), `calls_today` (reserved), `runs_today` (admitted), `cut_today`, and "
+            "the same since the meter began (`calls_total`, `runs_total`, `cut_total`)."
+        )
+    )
+
+
+REPLAY_EVENTS = (ReplayMetered,)
+
+
+def fold_replay(record: LogRecord) -> list[StateDelta]:
+    """The tenant's replay meter, with where its stream ends (`next`: what the next
+    reservation's compare-and-swap expects)."""
+    match record.event:
+        case ReplayMetered(meter=m):
+            at = StateKey(record.key.tenant, "meter", "replay")
+            return [Put(at, {**m, "next": record.lsn + 1})]
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Metered:
+    """A route after the replay ceiling: the runs to spawn, those cut, and the calls the
+    spawned shadow runs reserved."""
+
+    plan: Route
+    cut: tuple[CutRun, ...]
+    reserved: int
+
+
+async def metered(
+    uow: UnitOfWork,
+    policy: ReplayPolicy,
+    plan: Route,
+    definitions: dict[str, Any],
+    run_id_of: Callable[[PlannedRun], RunId],
+) -> Metered:
+    """Reserve each planned shadow run's budget, cutting those that do not fit.
+
+    A plan without shadow runs leaves the meter alone: work runs are never metered.
+    """
+    if not any(p.purpose is Purpose.SHADOW for p in plan.runs):
+        return Metered(plan, (), 0)
+    doc = await uow.get("meter", "replay")
+    head = Lsn(int(doc["next"]) if doc else 0)
+    meter = meter_of(uow.envelope.occurred_at.date().isoformat(), doc)
+    ceiling = policy.ceiling_for(str(uow.tenant))
+    kept: list[PlannedRun] = []
+    cut: list[CutRun] = []
+    reserved = 0
+    for planned in plan.runs:
+        if planned.purpose is not Purpose.SHADOW:
+            kept.append(planned)
+            continue
+        definition = WorkflowDef.model_validate(definitions[planned.version])
+        calls = definition.budget.max_model_calls
+        if admit(meter, calls, ceiling):
+            kept.append(planned)
+            reserved += calls
+            continue
+        cut.append(
+            CutRun(
+                run_id=run_id_of(planned),
+                workflow_version=planned.version,
+                role=planned.role,
+                purpose=planned.purpose,
+                reason=CutReason.REPLAY_BUDGET_EXHAUSTED,
+                calls=calls,
+            )
+        )
+    key = BranchKey.main(uow.tenant, METER_STREAM)
+    uow.expect(key, head)  # another task of the tenant reserved first: read it again
+    uow.record(key, ReplayMetered(meter=meter))
+    return Metered(dataclasses.replace(plan, runs=tuple(kept)), tuple(cut), reserved)
+
+
+def announce_cut(uow: UnitOfWork, gone: CutRun, like: RunRef, ceiling: int | None) -> None:
+    """Tell observers a cut run ended before it began (`like`: the task's run reference,
+    whose identity the cut run would have shared)."""
+    ref = like.model_copy(
+        update={
+            "run_id": gone.run_id,
+            "workflow_version": gone.workflow_version,
+            "role": gone.role,
+            "purpose": gone.purpose,
+            "baseline_version": like.baseline_version if gone.role is Role.CHALLENGER else None,
+            "reference_expected": False,
+        }
+    )
+    detail = (
+        f"{gone.reason.value}: not run; its budget of {gone.calls} model calls does not fit "
+        f"under the tenant's replay ceiling of {ceiling} a day"
+    )
+    uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.CANCELLED, detail=detail))
+
+
+async def replay_gauges(log: EventLog, policy: ReplayPolicy, today: str) -> list[Gauge]:
+    """Each tenant's replay meter for `today` (UTC), and its ceiling."""
+    calls: list[tuple[tuple[str, ...], float]] = []
+    runs: list[tuple[tuple[str, ...], float]] = []
+    ceilings: list[tuple[tuple[str, ...], float]] = []
+    for tenant, key, doc in sorted(await log.scan_kind("meter"), key=lambda r: r[:2]):
+        if key != "replay":
+            continue
+        who, meter = (str(tenant),), meter_of(today, doc)
+        calls.append((who, float(meter["calls_today"])))
+        runs += [((*who, "admitted"), meter["runs_today"]), ((*who, "cut"), meter["cut_today"])]
+        ceiling = policy.ceiling_for(str(tenant))
+        if ceiling is not None:
+            ceilings.append((who, float(ceiling)))
+    return [
+        Gauge(
+            "assay_replay_calls_reserved",
+            "Model calls reserved today (UTC) by the tenant's shadow runs (their budgets).",
+            ("tenant",),
+            tuple(calls),
+        ),
+        Gauge(
+            "assay_replay_runs",
+            "The tenant's shadow runs today (UTC): admitted, or cut by its replay ceiling.",
+            ("tenant", "outcome"),
+            tuple(runs),
+        ),
+        Gauge(
+            "assay_replay_calls_ceiling",
+            "The tenant's replay ceiling: model calls shadow runs may reserve per UTC day.",
+            ("tenant",),
+            tuple(ceilings),
+        ),
+    ]
