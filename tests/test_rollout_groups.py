@@ -291,12 +291,8 @@ async def test_a_token_budget_is_never_exceeded(tmp_path: Path) -> None:
 
 @pytest.fixture
 def endpoint() -> Iterator[ChatServer]:
-    chat = ChatServer()
-    chat.start()
-    try:
+    with ChatServer() as chat:
         yield chat
-    finally:
-        chat.stop()
 
 
 async def usage_costs(rt: Embedded) -> dict[str, list[float]]:

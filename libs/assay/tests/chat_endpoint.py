@@ -70,7 +70,8 @@ OK = json_reply(completion())
 
 
 class ChatServer:
-    """A chat-completions endpoint on a free loopback port.
+    """A chat-completions endpoint on a free loopback port, serving while used as a
+    context manager (or between `start()` and `stop()`).
 
     Replies are taken from the script in order; the last one repeats forever.
     """
@@ -105,6 +106,13 @@ class ChatServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
+
+    def __enter__(self) -> ChatServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _handler(chat: ChatServer) -> type[BaseHTTPRequestHandler]:

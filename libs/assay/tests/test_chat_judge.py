@@ -33,12 +33,8 @@ from libs.assay.tests.judge_episodes import RUBRIC, make_episode
 
 @pytest.fixture
 def server() -> Iterator[ChatServer]:
-    chat = ChatServer()
-    chat.start()
-    try:
+    with ChatServer() as chat:
         yield chat
-    finally:
-        chat.stop()
 
 
 FAST = RetryPolicy(max_retries=2, backoff_base_s=0.01, backoff_cap_s=0.02)

@@ -56,12 +56,8 @@ from libs.assay.tests.chat_endpoint import OK, ChatServer, Reply, completion, js
 
 @pytest.fixture
 def server() -> Iterator[ChatServer]:
-    chat = ChatServer()
-    chat.start()
-    try:
+    with ChatServer() as chat:
         yield chat
-    finally:
-        chat.stop()
 
 
 FAST = RetryPolicy(max_retries=2, backoff_base_s=0.01, backoff_cap_s=0.02)

@@ -187,12 +187,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 
 @pytest.fixture
 def server() -> Iterator[ChatServer]:
-    chat = ChatServer()
-    chat.start()
-    try:
+    with ChatServer() as chat:
         yield chat
-    finally:
-        chat.stop()
 
 
 def test_calibrate_prints_the_report_as_json(

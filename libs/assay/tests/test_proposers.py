@@ -125,12 +125,8 @@ async def test_without_failures_nothing_is_proposed() -> None:
 
 @pytest.fixture
 def server() -> Iterator[ChatServer]:
-    chat = ChatServer()
-    chat.start()
-    try:
+    with ChatServer() as chat:
         yield chat
-    finally:
-        chat.stop()
 
 
 @pytest.fixture
