@@ -35,10 +35,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from assay.bus.topics import RUN_COMMANDS, dlq, producer_entry
+from assay.bus.topics import RUN_COMMANDS, producer_entry
 from assay.cli.logs import postgres_log, tenant_arg
 from assay.engine.events import WORK_EVENTS, BranchTreeRecorded, commands_stream, fold_work
-from assay.kernel.errors import AssayError
+from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import RunId, StepId, TenantId, is_run_id
 from assay.kernel.schema import one_line
 from assay.messages import BranchChild, BranchRun, open_envelope
@@ -51,7 +51,6 @@ from assay.store.ports import EventLog, OutboxEntry
 KINDS = ("prompt", "model_params", "tool_unavailable", "inject_plan")
 _DELTA: TypeAdapter[AnyDelta] = TypeAdapter(BranchDelta)
 _CHILDREN: TypeAdapter[list[BranchChild]] = TypeAdapter(list[BranchChild])
-_POLL_S = 0.05
 
 
 class BranchRefused(AssayError):
@@ -212,20 +211,15 @@ async def _embedded(
         log = rt.logs["execute"]
         who = await _tenant_of(log, run, tenant_arg(tenant) if tenant else None, str(data_dir))
         entry, command = _command(run, at, children, branch, who, reason)
-        start = await rt.bus.end_offsets(dlq("execute"))
-        rt.start()
-        await rt.bus.publish([entry])
-        deadline = time.monotonic() + timeout_s
-        while True:
-            found = await _tree(log, who, run, command)
-            if found is not None:
-                return found, who
-            why = await rt.refusal("execute", start, command)
-            if why is not None:
-                raise BranchRefused(f"branch refused: {why}")
-            if time.monotonic() > deadline:
-                raise AssayError(f"no tree for run {run} within {timeout_s:g}s")
-            await asyncio.sleep(_POLL_S)
+        try:
+            found = await rt.command(
+                "execute", entry, lambda: _tree(log, who, run, command), timeout_s
+            )
+        except Refused as exc:
+            raise BranchRefused(f"branch refused: {exc.reason}") from exc
+        except TimeoutError as exc:
+            raise AssayError(f"no tree for run {run} within {timeout_s:g}s") from exc
+        return found, who
 
 
 async def _tenant_of(log: EventLog, run: str, tenant: TenantId | None, where: str) -> TenantId:

@@ -16,24 +16,21 @@ process on the data directory until decide has recorded the review.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from assay.bus.topics import WORKFLOWS, dlq, producer_entry
+from assay.bus.topics import WORKFLOWS, producer_entry
 from assay.cli.logs import stage_state
-from assay.kernel.errors import AssayError
+from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import TenantId
 from assay.messages import ReviewProposal
-from assay.messages.envelope import open_envelope
 from assay.record import StateKey
 from assay.runtime.settings import Settings
 from assay.store.ports import EventLog
 
 MISSING = "no workflow was registered there"
-_POLL_S = 0.05
+REVIEW_TIMEOUT_S = 30.0
 SUMMARY = (
     "proposal_id",
     "tenant",
@@ -129,29 +126,22 @@ async def _embedded(data_dir: Path, msg: ReviewProposal, idem: str) -> dict[str,
 
     async with Embedded(data_dir) as rt:
         log = rt.logs["decide"]
-        start = await rt.bus.end_offsets(dlq("decide"))
-        entry = producer_entry(WORKFLOWS, msg, msg.tenant, idem)
-        rt.start()
-        await rt.bus.publish([entry])
         wanted = "approved" if msg.approve else "rejected"
-        deadline = time.monotonic() + 30.0
-        while True:
-            doc = next(
-                (
-                    d
-                    for d in await _proposals(log, msg.tenant)
-                    if d["proposal_id"] == msg.proposal_id
-                ),
-                None,
-            )
-            if doc is not None and doc["status"] == wanted:
-                # approved: wait for decide to hold (or turn away) the registered version too
-                held = await log.get(StateKey(msg.tenant, "known", doc["workflow_version"]))
-                if not msg.approve or held is not None:
-                    return doc
-            why = await rt.refusal("decide", start, open_envelope(entry.value).id)
-            if why is not None:
-                raise ReviewRefused(f"review refused: {why}")
-            if time.monotonic() > deadline:
-                raise AssayError(f"decide recorded no review of proposal {msg.proposal_id} in 30s")
-            await asyncio.sleep(_POLL_S)
+
+        async def reviewed() -> dict[str, Any] | None:
+            doc = await log.get(StateKey(msg.tenant, "proposal", msg.proposal_id))
+            if doc is None or doc["status"] != wanted:
+                return None
+            # approved: wait for decide to hold (or turn away) the registered version too
+            held = await log.get(StateKey(msg.tenant, "known", doc["workflow_version"]))
+            return doc if not msg.approve or held is not None else None
+
+        entry = producer_entry(WORKFLOWS, msg, msg.tenant, idem)
+        try:
+            return await rt.command("decide", entry, reviewed, REVIEW_TIMEOUT_S)
+        except Refused as exc:
+            raise ReviewRefused(f"review refused: {exc.reason}") from exc
+        except TimeoutError as exc:
+            raise AssayError(
+                f"decide recorded no review of proposal {msg.proposal_id} in {REVIEW_TIMEOUT_S:g}s"
+            ) from exc

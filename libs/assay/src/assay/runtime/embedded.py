@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -27,7 +28,7 @@ from assay.grading.judges import Judge, StubJudge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
-from assay.kernel.errors import AssayError
+from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.messages.envelope import open_envelope
@@ -47,10 +48,11 @@ from assay.runtime.settings import (
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.sandbox.port import SandboxError, SandboxProvider
 from assay.store.fs_blobs import FsBlobStore
-from assay.store.ports import BlobStore
+from assay.store.ports import BlobStore, OutboxEntry
 from assay.store.sqlite import SqliteEventLog
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
 """The pipeline's stages, in pipeline order."""
@@ -263,16 +265,37 @@ class Embedded:
             await self._task
             self._task = None
 
-    async def refusal(self, stage: str, since: dict[int, int], message: str) -> str | None:
-        """Why `stage` dead-lettered the message with id `message`, if it did since the
-        offsets `since` (per partition of its dead letter topic; advanced as read)."""
+    async def command(
+        self,
+        stage: str,
+        entry: OutboxEntry,
+        outcome: Callable[[], Awaitable[T | None]],
+        timeout_s: float,
+        poll_s: float = 0.05,
+    ) -> T:
+        """Start the pipeline, produce `entry` as an outside producer would, and return
+        `outcome()` once it is not None.
+
+        Raises:
+            Refused: `stage` dead-lettered the entry (with the reason it gave).
+            TimeoutError: no outcome within `timeout_s`.
+        """
         refusals = dlq(stage)
-        for p, offset in since.items():
-            for m in await self.bus.fetch(refusals, p, offset, 1000, 0.0):
-                since[p] = m.offset + 1
-                if open_envelope(m.value).id == message:
-                    return dict(m.headers).get("assay-dlq-reason", b"").decode()
-        return None
+        since = await self.bus.end_offsets(refusals)
+        message = open_envelope(entry.value).id
+        self.start()
+        await self.bus.publish([entry])
+        deadline = time.monotonic() + timeout_s
+        while (found := await outcome()) is None:
+            for p, offset in since.items():
+                for m in await self.bus.fetch(refusals, p, offset, 1000, 0.0):
+                    since[p] = m.offset + 1
+                    if open_envelope(m.value).id == message:
+                        raise Refused(dict(m.headers).get("assay-dlq-reason", b"").decode())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no outcome of {message} within {timeout_s:g}s")
+            await asyncio.sleep(poll_s)
+        return found
 
     async def publish(
         self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str = ""
