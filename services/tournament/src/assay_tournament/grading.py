@@ -245,6 +245,40 @@ class Grading:
             )
             meter.dirty = False
 
+    @staticmethod
+    def graded(
+        uow: UnitOfWork,
+        msg: RunVerified,
+        score: Score,
+        calls: int,
+        ranks: list[AttemptRank] | None = None,
+        credit: list[StepCredit] | None = None,
+    ) -> bool:
+        """Emit the run's `RunGraded` and its `Graded`/`Ungraded` status; whether it was
+        graded (any score but `Ungraded`)."""
+        uow.emit(
+            GRADED,
+            RunGraded(
+                run=msg.run,
+                passed=msg.passed,
+                score=score,
+                judge_calls=calls,
+                attempt_ranks=ranks or [],
+                step_credit=credit or [],
+                failed_checks=failed_checks(msg),
+            ),
+        )
+        graded = not isinstance(score, Ungraded)
+        uow.emit(
+            RUN_STATUS,
+            RunStatusChanged(
+                run=msg.run,
+                state=RunState.GRADED if graded else RunState.UNGRADED,
+                detail=score.reason.value if isinstance(score, Ungraded) else score.kind,
+            ),
+        )
+        return graded
+
     def finish_sibling(
         self, uow: UnitOfWork, msg: RunVerified, score: Score, *, meter: Meter
     ) -> None:
@@ -264,25 +298,7 @@ class Grading:
                 judge_calls=calls,
             ),
         )
-        uow.emit(
-            GRADED,
-            RunGraded(
-                run=r,
-                passed=msg.passed,
-                score=score,
-                judge_calls=calls,
-                failed_checks=failed_checks(msg),
-            ),
-        )
-        graded = not isinstance(score, Ungraded)
-        uow.emit(
-            RUN_STATUS,
-            RunStatusChanged(
-                run=r,
-                state=RunState.GRADED if graded else RunState.UNGRADED,
-                detail=score.reason.value if isinstance(score, Ungraded) else score.kind,
-            ),
-        )
+        self.graded(uow, msg, score, calls)
 
     def finish(
         self,
@@ -332,27 +348,7 @@ class Grading:
         )
         ranks = list(attempts.ranks) if attempts else []
         credit = list(attempts.credit) if attempts else []
-        uow.emit(
-            GRADED,
-            RunGraded(
-                run=r,
-                passed=msg.passed,
-                score=score,
-                judge_calls=calls,
-                attempt_ranks=ranks,
-                step_credit=credit,
-                failed_checks=failed_checks(msg),
-            ),
-        )
-        graded = not isinstance(score, Ungraded)
-        uow.emit(
-            RUN_STATUS,
-            RunStatusChanged(
-                run=r,
-                state=RunState.GRADED if graded else RunState.UNGRADED,
-                detail=score.reason.value if isinstance(score, Ungraded) else score.kind,
-            ),
-        )
+        graded = self.graded(uow, msg, score, calls, ranks, credit)
         if r.purpose is Purpose.WORK:
             uow.emit(
                 RESULTS,
