@@ -133,7 +133,7 @@ def test_every_stage_is_a_scalable_service_of_one_image(compose_model: dict[str,
         assert build["dockerfile"] == "deploy/Dockerfile"
         builds.add(json.dumps(build, sort_keys=True))
         assert service["depends_on"]["init"]["condition"] == "service_completed_successfully"
-        assert "/healthz" in " ".join(service["healthcheck"]["test"])
+        assert "/readyz" in " ".join(service["healthcheck"]["test"])
     assert len(builds) == 1
     assert services["init"]["image"] == IMAGE
     assert json.dumps(services["init"]["build"], sort_keys=True) in builds
@@ -267,9 +267,13 @@ def test_one_deployment_per_stage(overlay: str) -> None:
         assert container["args"] == ["serve", stage]
         assert "command" not in container, "the image's entrypoint is `assay`"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        for probe, path in [
+            ("livenessProbe", "/healthz"),
+            ("readinessProbe", "/readyz"),
+            ("startupProbe", "/healthz"),
+        ]:
             get = container[probe]["httpGet"]
-            assert get["path"] == "/healthz", f"{stage} {probe}"
+            assert get["path"] == path, f"{stage} {probe}"
             assert ports.get(get["port"], get["port"]) == 8080, f"{stage} {probe}"
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from aiokafka.errors import IllegalStateError, KafkaError, TopicAlreadyExistsErr
 
 from assay.bus.transport import BusMessage, Handle, Positions
 from assay.kernel.errors import AssayError
+from assay.store.faults import Outage
 from assay.store.ports import OutboxEntry
 
 log = logging.getLogger(__name__)
@@ -205,6 +207,7 @@ class KafkaSource:
     poll_ms: int = 500
     fetch_max_wait_ms: int = 20
     retry_backoff_s: float = 0.5
+    _member: _Member | None = field(default=None, init=False, repr=False)
 
     async def consume(
         self, topics: list[str], handle: Handle, positions: Positions, stop: asyncio.Event
@@ -217,6 +220,7 @@ class KafkaSource:
         if consumer is None:
             return
         member = _Member(consumer, handle, positions, stop, self.retry_backoff_s)
+        self._member = member
         try:
             consumer.subscribe(topics, listener=member)
             await member.run(self.poll_ms)
@@ -225,6 +229,15 @@ class KafkaSource:
                 await member.shutdown()
             finally:
                 await consumer.stop()
+
+    def status(self, stalled_after_s: float) -> dict[str, object]:
+        """For readiness: whether the consumer has joined its group, its partitions, and
+        those with records waiting (by the last fetched high watermark) that have made
+        no progress for `stalled_after_s`."""
+        member = self._member
+        if member is None:
+            return {"joined": False, "partitions": 0, "lag": 0, "stalled": []}
+        return member.status(time.monotonic(), stalled_after_s)
 
     async def _connect(self, stop: asyncio.Event) -> Any:
         backoff = self.retry_backoff_s
@@ -289,6 +302,28 @@ class _Member(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is u
     committing: asyncio.Task[None] | None = None
     positioning: asyncio.Lock = field(default_factory=asyncio.Lock)
     closing: bool = False
+    joined: bool = False
+    """An assignment has been received (possibly empty: more members than partitions)."""
+    progressed: dict[TopicPartition, float] = field(default_factory=dict)
+    """When each assigned partition was positioned or last handled a record (monotonic)."""
+
+    def status(self, now: float, stalled_after_s: float) -> dict[str, object]:
+        """See `KafkaSource.status`."""
+        lag = 0
+        stalled = []
+        for tp in sorted(self.ready | self.unpositioned):
+            high = self.consumer.highwater(tp) if tp in self.ready else None
+            behind = 0 if high is None else max(0, high - (self.next.get(tp) or 0))
+            lag += behind
+            waiting = behind > 0 or tp in self.unpositioned
+            if waiting and now - self.progressed.get(tp, now) > stalled_after_s:
+                stalled.append(f"{tp.topic}/{tp.partition}")
+        return {
+            "joined": self.joined,
+            "partitions": len(self.ready | self.unpositioned),
+            "lag": lag,
+            "stalled": stalled,
+        }
 
     # -- the rebalance listener (called by the group coordinator) ------------------------
 
@@ -310,8 +345,11 @@ class _Member(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is u
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         """Seek each assigned partition to the stage's stored position (or the beginning)."""
         self.generation += 1
+        self.joined = True
         self.ready.clear()
         self.unpositioned = set(assigned)
+        now = time.monotonic()
+        self.progressed = {tp: self.progressed.get(tp, now) for tp in assigned}
         if assigned:
             # before any await: nothing of these partitions may be fetched until positioned
             self.consumer.pause(*assigned)
@@ -398,6 +436,10 @@ class _Member(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is u
                     return
                 try:
                     await self.handle(_message(record))
+                except Outage as exc:  # a service is away: no traceback for each retry
+                    log.warning("%s; retrying from there", exc)
+                    await self._rewind(tp, record.offset, generation)
+                    return
                 except Exception:
                     log.exception(
                         "handler raised on %s/%d@%d; retrying from there",
@@ -405,17 +447,22 @@ class _Member(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is u
                         tp.partition,
                         record.offset,
                     )
-                    if generation == self.generation:
-                        self.next[tp] = record.offset
-                        await self._seek([tp])
-                        self._back_off(tp)
+                    await self._rewind(tp, record.offset, generation)
                     return
                 self.next[tp] = self.hints[tp] = record.offset + 1
+                self.progressed[tp] = time.monotonic()
                 self.failures.pop(tp, None)
         finally:
             del self.busy[tp]
             if generation == self.generation:
                 self._release(tp)
+
+    async def _rewind(self, tp: TopicPartition, offset: int, generation: int) -> None:
+        """Read `tp` again from `offset`, after a backoff."""
+        if generation == self.generation:
+            self.next[tp] = offset
+            await self._seek([tp])
+            self._back_off(tp)
 
     def _back_off(self, tp: TopicPartition) -> None:
         n = self.failures[tp] = self.failures.get(tp, 0) + 1

@@ -13,11 +13,13 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Protocol
 
 from assay.bus.transport import Transport
 from assay.crash import crash_point
+from assay.kernel.health import Failing
 from assay.store.ports import EventLog
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class OutboxRelay:
         self._poll_s = poll_s
         self.wake = asyncio.Event()
         self.shipped = 0
+        self.health = Failing()
+        """Publishing: failing while the transport refuses what this leader ships."""
         self._after_drain = f"{stage}.relay.after_drain"
         self._after_publish = f"{stage}.relay.after_publish"
         self._after_ack = f"{stage}.relay.after_ack"
@@ -134,6 +138,7 @@ class OutboxRelay:
         """
         while True:
             while not await self._leading():
+                self.health.ok()  # a replica that does not lead has nothing to ship
                 if stop.is_set():
                     return  # never led: the leader ships what is committed
                 await _sleep_or(stop, 1.0)
@@ -157,12 +162,14 @@ class OutboxRelay:
             self.wake.clear()
             try:
                 shipped = await self.ship_once()
+                self.health.ok()
                 if shipped:
                     backoff = self._poll_s
                 if shipped >= self._batch:
                     continue
-            except Exception:  # the transport is down: keep the rows, retry later
-                log.warning("relay %s: publish failed; retrying", self.stage, exc_info=True)
+            except Exception as exc:  # the transport is down: keep the rows, retry later
+                self.health.failed(f"{type(exc).__name__}: {exc}", time.monotonic())
+                log.warning("relay %s: shipping failed (%r); retrying", self.stage, exc)
                 await _sleep_or(stop, backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -178,8 +185,8 @@ class OutboxRelay:
         """Whether this relay leads (taking the lock if free); False when that is unknown."""
         try:
             return await self._lock.try_acquire()
-        except Exception:  # the lock's server is unreachable: not leading, try again later
-            log.warning("relay %s: leadership unknown", self.stage, exc_info=True)
+        except Exception as exc:  # the lock's server is unreachable: not leading, try later
+            log.warning("relay %s: leadership unknown (%r)", self.stage, exc)
             return False
 
 

@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING if args.verbose else logging.ERROR,
-        format="%(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
         code = asyncio.run(_dispatch(args))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -35,8 +37,14 @@ from assay.workflow import load_workflow
 
 
 async def serve_command(stage: str) -> int:
-    """`assay serve STAGE`: run until SIGTERM or SIGINT, then stop cleanly."""
-    from assay.runtime.distributed import serve
+    """`assay serve STAGE`: run until SIGTERM or SIGINT, then stop cleanly.
+
+    A stop that takes longer than `ASSAY_SHUTDOWN_GRACE_S` ends the process at once
+    (status 1): whatever it was waiting for, the protocol makes a restart safe. A stage
+    that gave up on a service it needs exits with status 3, for its supervisor to
+    restart it.
+    """
+    from assay.runtime.distributed import StageGaveUp, serve
 
     settings = Settings.from_env()
     logging.getLogger().setLevel(settings.log_level.upper())
@@ -44,8 +52,34 @@ async def serve_command(stage: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await serve(stage, settings, stop)
+    grace = asyncio.create_task(_grace(stage, stop, settings.shutdown_grace_s))
+    try:
+        await serve(stage, settings, stop)
+    except StageGaveUp as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        grace.cancel()
     return 0
+
+
+async def _grace(stage: str, stop: asyncio.Event, seconds: float) -> None:
+    """Once the stage is asked to stop (a signal, or it gave up), give it `seconds`."""
+    await stop.wait()
+    # A thread, so that even a loop that no longer turns is ended.
+    timer = threading.Timer(seconds, _out_of_grace, [stage])
+    timer.daemon = True
+    timer.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        timer.cancel()
+
+
+def _out_of_grace(stage: str) -> None:
+    print(f"error: stage {stage} did not stop within its grace period; exiting", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 async def provision_command() -> int:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
@@ -96,6 +97,32 @@ class Deployment:
                     pass
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{name} not healthy: {self.log(name)[-2000:]}")
+                time.sleep(0.1)
+
+    def readiness(self, name: str) -> tuple[bool, dict[str, Any]]:
+        """A process's `/readyz`: whether it is ready, and the document it answered."""
+        url = f"http://127.0.0.1:{self.ports[name]}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return True, dict(json.loads(r.read()))
+        except urllib.error.HTTPError as exc:
+            return False, dict(json.loads(exc.read() or b"{}"))
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        """Block until every started process answers /readyz with ready."""
+        deadline = time.monotonic() + timeout_s
+        for name in self.ports:
+            while True:
+                if self.procs[name].poll() is not None:
+                    raise AssertionError(f"{name} exited: {self.log(name)[-2000:]}")
+                try:
+                    ready, doc = self.readiness(name)
+                except OSError as exc:
+                    ready, doc = False, {"error": repr(exc)}
+                if ready:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{name} not ready: {doc}")
                 time.sleep(0.1)
 
     def kill(self, name: str) -> None:

@@ -238,32 +238,69 @@ def start_cluster(workdir: Path) -> Service:
     reason = ""
     for _ in range(3):  # the free port can be taken before the server binds it: try another
         port = free_port()
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                [bindir / "postgres", "-D", data, "-p", str(port), "-k", home, *_SETTINGS],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                user=uid,
-                group=gid,
-                extra_groups=groups,
-            )
         try:
-            wait_for_port("127.0.0.1", port, _START_TIMEOUT_S, process)
-            _wait_accepting(bindir, port, process)  # listening is not yet accepting
+            process = _serve(bindir, data, home, port, log, as_user)
         except InfraUnavailable as exc:
-            _fast_shutdown(process)
-            reason = f"{exc} (log: {log})"
+            reason = str(exc)
             continue
-        dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        service = Service(
+            "postgres",
+            f"postgresql://postgres@127.0.0.1:{port}/postgres",
+            process=process,
+            details={"bindir": str(bindir), "data": str(data), "home": str(home), "log": str(log)},
+        )
 
-        def stop(process: subprocess.Popen[bytes] = process) -> None:
-            _fast_shutdown(process)
-            shutil.rmtree(home, ignore_errors=True)
+        def stop(service: Service = service) -> None:
+            if service.process is not None:
+                _fast_shutdown(service.process)
+            shutil.rmtree(service.details["home"], ignore_errors=True)
 
-        return Service("postgres", dsn, process=process, stop_hook=stop)
+        service.stop_hook = stop
+        return service
     shutil.rmtree(home, ignore_errors=True)
     raise InfraUnavailable(reason)
+
+
+def _serve(
+    bindir: Path, data: Path, home: Path, port: int, log: Path, as_user: pwd.struct_passwd | None
+) -> subprocess.Popen[bytes]:
+    """Start the server on `data` and wait until it accepts connections."""
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [bindir / "postgres", "-D", data, "-p", str(port), "-k", home, *_SETTINGS],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            user=as_user.pw_uid if as_user else None,
+            group=as_user.pw_gid if as_user else None,
+            extra_groups=[] if as_user else None,
+        )
+    try:
+        wait_for_port("127.0.0.1", port, _START_TIMEOUT_S, process)
+        _wait_accepting(bindir, port, process)  # listening is not yet accepting
+    except InfraUnavailable as exc:
+        _fast_shutdown(process)
+        raise InfraUnavailable(f"{exc} (log: {log})") from exc
+    return process
+
+
+@contextlib.contextmanager
+def cluster_down(service: Service) -> Iterator[None]:
+    """Shut a cluster made by `start_cluster` down (fast: clients are cut off) for the
+    block, then start it again on the same port and data, as a server restart does."""
+    if service.process is None or "data" not in service.details:
+        raise InfraUnavailable("only a cluster this process started can be restarted")
+    _fast_shutdown(service.process)
+    try:
+        yield
+    finally:
+        port = urlsplit(service.address).port
+        assert port is not None
+        as_user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        d = service.details
+        service.process = _serve(
+            Path(d["bindir"]), Path(d["data"]), Path(d["home"]), port, Path(d["log"]), as_user
+        )
 
 
 def _wait_accepting(bindir: Path, port: int, process: subprocess.Popen[bytes]) -> None:

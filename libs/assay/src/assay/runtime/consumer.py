@@ -9,6 +9,7 @@ retry — goes to `assay.dlq.<stage>` with the reason, and the position moves on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -23,7 +24,9 @@ from assay.kernel.errors import Refused
 from assay.kernel.schema import UnknownSchema, one_line
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
-from assay.runtime.stage import StageSpec, UnitOfWork
+from assay.runtime.stage import Background, StageSpec, UnitOfWork
+from assay.runtime.vitals import Vitals
+from assay.store.faults import Outage, is_outage
 from assay.store.ports import (
     BlobStore,
     CommitBatch,
@@ -100,8 +103,10 @@ class StageRunner:
         blobs: BlobStore,
         relay: OutboxRelay,
         source: Source | None = None,
+        vitals: Vitals | None = None,
     ) -> None:
         self.spec = spec
+        self.vitals = vitals or Vitals(unready_after_s=15.0, exit_after_s=0.0)
         self.log = log_
         self.blobs = blobs
         self.relay = relay
@@ -127,7 +132,7 @@ class StageRunner:
         crash_point(self._started)
         relay = asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")
         chores = [
-            asyncio.create_task(task(self.log, stop), name=f"{self.spec.name}-background")
+            asyncio.create_task(self._keep(task, stop), name=f"{self.spec.name}-background")
             for task in self.spec.background
         ]
         try:
@@ -137,8 +142,40 @@ class StageRunner:
             await relay
             await asyncio.gather(*chores, return_exceptions=True)
 
+    async def _keep(self, task: Background, stop: asyncio.Event) -> None:
+        """Run a background task until `stop`; if a service it needs is away, run it
+        again after a backoff (a timer that died would never fire again)."""
+        backoff = 0.5
+        while not stop.is_set():
+            try:
+                await task(self.log, stop)
+                return
+            except Exception as exc:
+                log.warning("stage %s: background task failed (%r); again", self.spec.name, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, 10.0)
+
     async def handle(self, m: BusMessage) -> None:
-        """Handle one record exactly once at the fold; never raises for bad input."""
+        """Handle one record exactly once at the fold; never raises for bad input.
+
+        Raises:
+            Outage: a service the stage needs could not be reached; the record was not
+                handled and goes again (the consumer rewinds to it and backs off).
+        """
+        try:
+            await self._handle(m)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            what = f"{type(exc).__name__}: {exc}"
+            self.vitals.handling.failed(what, self.vitals.clock())
+            raise Outage(
+                f"stage {self.spec.name}: {m.topic}/{m.partition}@{m.offset}: {what}"
+            ) from exc
+        self.vitals.handling.ok()
+
+    async def _handle(self, m: BusMessage) -> None:
         position = ConsumerPosition(m.topic, m.partition, m.offset + 1)
         try:
             env, msg = decode(m)
@@ -210,6 +247,9 @@ class StageRunner:
                 attempt -= 1
                 log.info("stage %s: %s; handling %s again", self.spec.name, exc, env.type)
             except Exception as exc:
+                if is_outage(exc):  # not the message's fault: it goes again, uncounted
+                    uow.discard()
+                    raise
                 log.warning(
                     "stage %s: handler failed on %s/%d@%d (attempt %d/%d)",
                     self.spec.name,

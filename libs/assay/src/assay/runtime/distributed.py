@@ -8,6 +8,7 @@ stage, an S3 bucket for blobs, and an outbox relay led by one replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -41,6 +42,7 @@ from assay.runtime.settings import (
     Settings,
 )
 from assay.runtime.stage import StageDeps
+from assay.runtime.vitals import Vitals
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
 
@@ -135,24 +137,49 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
             member_timeout_ms=settings.kafka_member_timeout_ms,
             heartbeat_interval_ms=min(3_000, settings.kafka_member_timeout_ms // 3),
         )
-        runner = StageRunner(spec, event_log, blobs, relay, source)
-        started = asyncio.Event()
+        vitals = Vitals(
+            unready_after_s=settings.unready_after_s,
+            exit_after_s=settings.exit_after_s,
+            relay=relay.health,
+        )
+        runner = StageRunner(spec, event_log, blobs, relay, source, vitals)
 
         def health() -> dict[str, object]:
             return {
-                "ok": started.is_set() and not stop.is_set(),
+                "ok": True,  # liveness: the event loop answers
                 "stage": stage,
                 "handled": runner.handled,
                 "duplicates": runner.duplicates,
                 "dead_lettered": runner.dead_lettered,
             }
 
+        def readiness() -> dict[str, object]:
+            consumer = source.status(settings.unready_after_s)
+            return {"stage": stage, **vitals.readiness(consumer, stopping=stop.is_set())}
+
         collector = StageCollector(runner)
         status = StatusServer(
-            stage_registry(runner, collector), health, settings.http_port, collector.refresh
+            stage_registry(runner, collector),
+            health,
+            settings.http_port,
+            collector.refresh,
+            readiness=readiness,
         )
         await status.start()
         stack.push_async_callback(status.close)
         log.info("stage %s serving; status on port %d", stage, status.port)
-        started.set()
+        watch = asyncio.create_task(vitals.watch(event_log.ping, stop), name=f"{stage}-vitals")
+        stack.push_async_callback(_cancelled, watch)
         await runner.run(stop)
+        if vitals.gave_up is not None:
+            raise StageGaveUp(f"stage {stage} gave up: {vitals.gave_up}")
+
+
+class StageGaveUp(AssayError):
+    """A stage stopped itself because a service it needs stayed away too long."""
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

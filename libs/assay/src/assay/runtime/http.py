@@ -1,6 +1,7 @@
-"""`/healthz` and Prometheus `/metrics` for one stage process, on plain asyncio.
+"""`/healthz` (liveness), `/readyz` (readiness) and Prometheus `/metrics` for one stage
+process, on plain asyncio.
 
-Two read-only endpoints do not justify a web framework; this serves HTTP/1.0
+Three read-only endpoints do not justify a web framework; this serves HTTP/1.0
 style request/response and closes the connection.
 """
 
@@ -28,9 +29,13 @@ class StatusServer:
         health: Health,
         port: int,
         refresh: Callable[[], Awaitable[None]] | None = None,
+        *,
+        readiness: Health | None = None,
     ) -> None:
         self.registry = registry
         self.health = health
+        self.readiness = readiness
+        """`/readyz`: `"ready": False` answers 503 (absent: the same as /healthz)."""
         self.port = port
         self.refresh = refresh
         """Called before each /metrics answer (gauges read from the stage's state)."""
@@ -59,6 +64,12 @@ class StatusServer:
                 status = self.health()
                 body = json.dumps(status).encode()
                 code = "200 OK" if status.get("ok") else "503 Service Unavailable"
+                ctype = "application/json"
+            elif path == "/readyz":
+                status = (self.readiness or self.health)()
+                body = json.dumps(status).encode()
+                ready = status.get("ready", status.get("ok"))
+                code = "200 OK" if ready else "503 Service Unavailable"
                 ctype = "application/json"
             elif path == "/metrics":
                 if self.refresh is not None:

@@ -95,6 +95,33 @@ class Settings(_FromEnv):
         None,
         description="Password of every stage role at provisioning (or ASSAY_<STAGE>_PASSWORD).",
     )
+    unready_after_s: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description=(
+            "A stage whose store, message handling or relay has failed this long (seconds) "
+            "answers /readyz with 503."
+        ),
+    )
+    exit_after_s: float = Field(
+        120.0,
+        ge=0,
+        le=86_400,
+        description=(
+            "A stage whose store or message handling has failed this long (seconds) exits "
+            "with status 3 so that its supervisor restarts it; 0 never exits."
+        ),
+    )
+    shutdown_grace_s: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        description=(
+            "After SIGTERM, a stage that has not finished stopping in this many seconds "
+            "exits at once (status 1); keep it below the orchestrator's grace period."
+        ),
+    )
 
     def require(self, *names: str) -> None:
         """Raise `SettingsInvalid` naming every missing `ASSAY_*` variable of `names`."""

@@ -24,6 +24,7 @@ from asyncpg.pool import PoolConnectionProxy
 from assay.kernel.ids import Lsn
 from assay.record.state import Fold
 from assay.store.pg_batch_sql import FENCE_CHECK, Shape, fence_cte, one_batch, statement
+from assay.store.pg_connections import alive, discard
 from assay.store.pg_deleting import commit_deleting
 from assay.store.pg_fold import Branch, Doc, Folded, WriterView
 from assay.store.pg_schema import (
@@ -122,9 +123,12 @@ class GroupCommitter:
     async def close(self) -> None:
         """Write what is queued, then give the connection back."""
         await self._idle.wait()
-        if self._conn is not None:
-            await self._pool.release(self._conn)
-            self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            if alive(conn):
+                await self._pool.release(conn)
+            else:
+                await discard(self._pool, conn)
 
     def _resume(self) -> None:
         """After a write: the next group if commits queued meanwhile, else idle."""
@@ -149,9 +153,7 @@ class GroupCommitter:
         view = self._view
         f: Folded | None = None
         for tries in range(_MAX_TRIES + 1):
-            conn = self._conn
-            if conn is None or conn.is_closed():
-                conn = await self._connection()
+            conn = await self._connection()
             try:
                 if batch.expect:
                     await view.check_ends(conn, batch)
@@ -408,7 +410,7 @@ class GroupCommitter:
 
     async def _connection(self) -> PoolConnectionProxy:
         conn = self._conn
-        if conn is not None and not conn.is_closed():
+        if conn is not None and alive(conn):
             return conn
         await self._drop_connection()
         self._conn = await self._pool.acquire()
@@ -423,8 +425,7 @@ class GroupCommitter:
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.terminate()
-            await self._pool.release(conn)
+            await discard(self._pool, conn)
 
 
 def _outbox_rows(batch: CommitBatch) -> list[tuple[Any, ...]]:

@@ -12,6 +12,7 @@ outbox rows notifies `<schema>_outbox`; polling stays the fallback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -109,8 +110,9 @@ class PgAdvisoryLeader:
         try:
             if held:
                 await conn.fetchval("SELECT pg_advisory_unlock($1)", self._key)
-        finally:
-            await conn.close()
+            await asyncio.wait_for(conn.close(), 5)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            conn.terminate()  # the server frees the lock with the connection
 
     def _lost(self, _conn: object) -> None:
         if self._held:
@@ -131,7 +133,12 @@ are `classid` and `objid`) that have been idle for more than `$2` seconds."""
 
 
 class OutboxListener:
-    """A LISTEN on `<schema>_outbox` that sets an `asyncio.Event` on every notification."""
+    """A LISTEN on `<schema>_outbox` that sets an `asyncio.Event` on every notification.
+
+    If the server ends the connection, the listener reconnects in the background with
+    backoff, LISTENs again and sets the event once (commits made meanwhile notified no
+    one); until then the relay's poll is the fallback.
+    """
 
     def __init__(self, dsn: str, schema: str, wake: asyncio.Event) -> None:
         self._dsn = dsn
@@ -139,7 +146,15 @@ class OutboxListener:
         self._channel = outbox_channel(schema)
         self._wake = wake
         self._conn: asyncpg.Connection | None = None
+        self._again: asyncio.Task[None] | None = None
+        self._closed = False
         self.notified = 0
+        self.reconnects = 0
+
+    @property
+    def listening(self) -> bool:
+        """Whether a LISTEN is in place now."""
+        return self._conn is not None and not self._conn.is_closed()
 
     async def open(self) -> OutboxListener:
         """Connect and listen.
@@ -147,21 +162,55 @@ class OutboxListener:
         Raises:
             OSError, asyncpg.PostgresError: the server cannot be reached.
         """
-        self._conn = await asyncpg.connect(
+        conn = await asyncpg.connect(
             self._dsn, server_settings={"application_name": f"assay:{self._schema}:listen"}
         )
-        await self._conn.add_listener(self._channel, self._notified)
+        try:
+            await conn.add_listener(self._channel, self._notified)
+        except BaseException:
+            conn.terminate()
+            raise
+        conn.add_termination_listener(self._lost)
+        self._conn = conn
         return self
 
     def _notified(self, _conn: object, _pid: int, _channel: str, _payload: object) -> None:
         self.notified += 1
         self._wake.set()
 
+    def _lost(self, _conn: object) -> None:
+        if self._closed or (self._again is not None and not self._again.done()):
+            return
+        log.warning("outbox listener on %s lost its connection; reconnecting", self._schema)
+        self._again = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            try:
+                await self.open()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.info("outbox listener on %s: %r; trying again", self._schema, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self.reconnects += 1
+            self._wake.set()  # commits made while nobody listened notified no one
+            return
+
     async def close(self) -> None:
         """Stop listening and close the connection."""
+        self._closed = True
+        if self._again is not None:
+            self._again.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._again
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
-            await conn.close()
+            try:
+                await asyncio.wait_for(conn.close(), 5)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                conn.terminate()
 
 
 async def listen_for_outbox(dsn: str, schema: str, wake: asyncio.Event) -> OutboxListener:

@@ -141,6 +141,10 @@ class PostgresEventLog:
         """See `EventLog.commit`."""
         return await self.writer.commit(batch)
 
+    async def ping(self) -> None:
+        """Ask the server for nothing; raises if it cannot be reached (readiness)."""
+        await self._db.fetchval("SELECT 1")
+
     # -- reads ------------------------------------------------------------------
 
     async def read(
