@@ -1,24 +1,38 @@
 """`assay up` / `assay down` (`make up` / `make down`): a complete local distributed
 deployment without Docker — Postgres, a Kafka-protocol broker, an S3 API and the six
-stages as separate processes that outlive the command."""
+stages as separate processes that outlive the command.
+
+`assay down` signals only processes that are still the ones `up` started
+(`processes`): a pid alone may have passed to another process since.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import time
 from pathlib import Path
 
 from assay.devstack.base import Service
 from assay.devstack.deployment import Deployment, deploy
 from assay.devstack.postgres import create_database, resolve_postgres
+from assay.devstack.processes import (
+    IdentityInvalid,
+    ProcessIdentity,
+    Stop,
+    identify,
+    terminate_all,
+)
 from assay.devstack.s3 import resolve_s3
 
 DATABASE = "assay"
 STATE = "stack.json"
+"""The running stack: its settings, addresses, and each process it started."""
+
+
+def _identity(pid: int | None) -> dict[str, object] | None:
+    found = identify(pid) if pid is not None else None
+    return None if found is None else found.to_json()
 
 
 def _state(d: Deployment, s3: Service, postgres: Service) -> dict[str, object]:
@@ -26,10 +40,18 @@ def _state(d: Deployment, s3: Service, postgres: Service) -> dict[str, object]:
         "settings": {k: v for k, v in d.env.items() if k.startswith("ASSAY_")},
         "database": d.admin_dsn.rpartition("@")[2],
         "stages": {
-            stage: {"pid": proc.pid, "port": d.ports[stage], "log": str(d.workdir / f"{stage}.log")}
+            stage: {
+                "pid": proc.pid,
+                "process": _identity(proc.pid),
+                "port": d.ports[stage],
+                "log": str(d.workdir / f"{stage}.log"),
+            }
             for stage, proc in d.procs.items()
         },
-        "infra": {s.name: {"address": s.address, "pid": s.pid} for s in (d.broker, s3, postgres)},
+        "infra": {
+            s.name: {"address": s.address, "pid": s.pid, "process": _identity(s.pid)}
+            for s in (d.broker, s3, postgres)
+        },
     }
 
 
@@ -71,35 +93,48 @@ async def up(workdir: Path) -> int:
     return 0
 
 
-def _terminate(pid: int | None, timeout_s: float = 10) -> None:
-    if pid is None:
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+def _stop_recorded(state: dict[str, object]) -> int:
+    """Stop every recorded process that is still the one `up` started: the stages
+    together, then the services under them. A pid that now names another process is
+    left alone and reported. 1 if one of ours outlived SIGKILL."""
+    code = 0
+    for group in (state.get("stages"), state.get("infra")):
+        if not isinstance(group, dict):
+            continue
+        names: list[str] = []
+        recorded: list[ProcessIdentity] = []
+        for name, info in group.items():
+            pid = info.get("pid") if isinstance(info, dict) else None
+            if pid is None:
+                continue  # borrowed: not ours to stop
+            try:
+                recorded.append(ProcessIdentity.from_json(info.get("process")))
+            except IdentityInvalid:
+                print(
+                    f"{name}: pid {pid} was recorded without its identity, so it is left"
+                    " alone; stop it yourself if it is still Assay's"
+                )
+                continue
+            names.append(name)
+        for name, (outcome, line) in zip(names, terminate_all(recorded), strict=True):
+            if outcome in (Stop.NOT_OURS, Stop.SURVIVED):
+                print(f"{name}: {line}")
+            code |= outcome is Stop.SURVIVED
+    return code
 
 
 async def down(workdir: Path) -> int:
-    """Stop the stages, then the services `up` started (a borrowed Postgres stays)."""
+    """Stop the processes `up` started (a borrowed Postgres stays), checking each pid
+    still names the process that was started.
+
+    Returns:
+        0, or 1 when a process of ours survived SIGKILL.
+    """
     path = workdir.resolve() / STATE
     if not path.exists():
         print("nothing to stop")
         return 0
-    state = json.loads(path.read_text())
-    for info in state["stages"].values():
-        _terminate(info["pid"])
-    for info in state["infra"].values():
-        _terminate(info.get("pid"))
+    code = _stop_recorded(json.loads(path.read_text()))
     path.unlink()
     print("Assay is down")
-    return 0
+    return code
