@@ -43,8 +43,8 @@ bench: sync  ## figures beside their baselines -> bench/results/latest.json
 up: sync  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
 	$(VENV)/bin/assay up
 
-down:  ## stop what `make up` started
-	@if [ -x $(VENV)/bin/assay ]; then $(VENV)/bin/assay down; else echo "nothing to stop"; fi
+down:  ## stop what `make up` started; PURGE=1 also drops the database and roles it created
+	@if [ -x $(VENV)/bin/assay ]; then $(VENV)/bin/assay down $(if $(PURGE),--purge); else echo "nothing to stop"; fi
 
 schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas

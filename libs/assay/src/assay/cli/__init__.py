@@ -169,6 +169,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     down = sub.add_parser("down", help="stop what `assay up` started")
     down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also drop the database and roles this stack created (only those)",
+    )
     grade = sub.add_parser(
         "grade", help="grading: Bradley-Terry fits, SPRT costs, judge health and calibration"
     )
@@ -401,7 +406,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         if args.command == "up":
             return await stack.up(args.dir)
-        return await stack.down(args.dir)
+        return await stack.down(args.dir, purge_objects=args.purge)
     if args.command == "grade" and args.grade_command in ("bt", "sprt"):
         from assay.cli import grade
 

@@ -2,8 +2,11 @@
 deployment without Docker — Postgres, a Kafka-protocol broker, an S3 API and the six
 stages as separate processes that outlive the command.
 
-`assay down` signals only processes that are still the ones `up` started
-(`processes`): a pid alone may have passed to another process since.
+A stack touches only what it made. On a Postgres server it did not start it uses a
+database and roles named for the stack, created by it and recorded in `owned.json`
+(`ownership`); `assay down` signals only processes that are still the ones `up`
+started (`processes`); `assay down --purge` also drops the recorded database and
+roles.
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ from pathlib import Path
 
 from assay.devstack.base import Service
 from assay.devstack.deployment import Deployment, deploy
+from assay.devstack.ownership import (
+    StackObjects,
+    claim,
+    load_objects,
+    purge,
+    server_name,
+)
 from assay.devstack.postgres import create_database, resolve_postgres
 from assay.devstack.processes import (
     IdentityInvalid,
@@ -24,8 +34,8 @@ from assay.devstack.processes import (
     terminate_all,
 )
 from assay.devstack.s3 import resolve_s3
+from assay.runtime.embedded import STAGES
 
-DATABASE = "assay"
 STATE = "stack.json"
 """The running stack: its settings, addresses, and each process it started."""
 
@@ -35,10 +45,18 @@ def _identity(pid: int | None) -> dict[str, object] | None:
     return None if found is None else found.to_json()
 
 
-def _state(d: Deployment, s3: Service, postgres: Service) -> dict[str, object]:
+def _state(
+    d: Deployment, s3: Service, postgres: Service, objects: StackObjects, borrowed: bool
+) -> dict[str, object]:
     return {
+        "stack": objects.stack,
         "settings": {k: v for k, v in d.env.items() if k.startswith("ASSAY_")},
         "database": d.admin_dsn.rpartition("@")[2],
+        "postgres": {
+            "database": objects.database_name,
+            "roles": {stage: objects.role(stage) for stage in STAGES},
+            "server_started": not borrowed,
+        },
         "stages": {
             stage: {
                 "pid": proc.pid,
@@ -56,34 +74,49 @@ def _state(d: Deployment, s3: Service, postgres: Service) -> dict[str, object]:
 
 
 async def up(workdir: Path) -> int:
-    """Start everything, wait until every stage is healthy, print the addresses."""
+    """Start everything, wait until every stage is healthy, print the addresses.
+
+    On a Postgres server it did not start, the stack's database and roles are its own
+    (`ownership.claim`); returns 2 when a stack is already recorded in `workdir`.
+
+    Raises:
+        StackConflict: the server holds a database or role of the stack's names that
+            this stack did not create (nothing is touched; the message says what to do).
+        InfraUnavailable: a service could not be found or started.
+    """
     workdir = workdir.resolve()
     if (workdir / STATE).exists():
         print(f"a stack is already recorded in {workdir / STATE}; run `assay down` first")
         return 2
+    objects = load_objects(workdir)
     postgres = await asyncio.to_thread(resolve_postgres, workdir / "postgres")
     s3 = await asyncio.to_thread(resolve_s3, workdir / "s3")
+    borrowed = postgres.process is None and postgres.stop_hook is None
     try:
         # The local broker keeps its log in memory, so every `up` starts with empty
         # topics; stage positions from an earlier stack would point past their ends
         # and skip records. The database starts empty too.
-        await create_database(postgres.address, DATABASE)
+        if borrowed:
+            await claim(postgres.address, workdir, objects, STAGES)
+        else:  # a server of our own: nobody else's objects are on it
+            await create_database(postgres.address, objects.database_name)
         d = await deploy(
             workdir,
             postgres,
             s3,
             int(os.environ.get("ASSAY_PARTITIONS", "12")),
-            database=DATABASE,
-            bucket="assay",
+            database=objects.database_name,
+            bucket=f"assay-{objects.stack}",
             detached=True,
+            roles={stage: objects.role(stage) for stage in STAGES},
         )
     except BaseException:
         s3.stop()
         postgres.stop()
         raise
-    state = _state(d, s3, postgres)
+    state = _state(d, s3, postgres, objects, borrowed)
     (workdir / STATE).write_text(json.dumps(state, indent=2))
-    print("Assay is up (distributed, local processes):")
+    print(f"Assay is up (distributed, local processes; stack {objects.stack}):")
     print(f"  kafka bootstrap   {d.bootstrap}")
     print(f"  postgres          {state['database']}")
     print(f"  s3 endpoint       {s3.address}")
@@ -123,18 +156,37 @@ def _stop_recorded(state: dict[str, object]) -> int:
     return code
 
 
-async def down(workdir: Path) -> int:
+async def down(workdir: Path, *, purge_objects: bool = False) -> int:
     """Stop the processes `up` started (a borrowed Postgres stays), checking each pid
-    still names the process that was started.
+    still names the process that was started; with `purge_objects`, also drop the
+    database and roles the stack created on a server it did not start.
 
     Returns:
-        0, or 1 when a process of ours survived SIGKILL.
+        0, or 1 when a process of ours survived or a recorded object could not be dropped.
+
+    Raises:
+        AssayError: `purge_objects` and the server cannot be reached, or its record is
+            unreadable.
     """
-    path = workdir.resolve() / STATE
-    if not path.exists():
+    workdir = workdir.resolve()
+    path = workdir / STATE
+    code = 0
+    if path.exists():
+        code = _stop_recorded(json.loads(path.read_text()))
+        path.unlink()
+        print("Assay is down")
+    else:
         print("nothing to stop")
-        return 0
-    code = _stop_recorded(json.loads(path.read_text()))
-    path.unlink()
-    print("Assay is down")
+    if purge_objects:
+        objects = load_objects(workdir)
+        report = await purge(workdir)
+        for what in report.dropped:
+            print(f"dropped {what}")
+        for what in report.kept:
+            print(f"kept {what}")
+        if not report.dropped and not report.kept:
+            print("nothing to purge: no database or role of this stack is recorded")
+        elif objects.server is not None:
+            print(f"purged stack {objects.stack} from {server_name(objects.server)}")
+        code |= bool(report.kept)
     return code
