@@ -21,10 +21,11 @@ $(VENV)/.synced: $(UV) uv.lock pyproject.toml libs/assay/pyproject.toml $(wildca
 
 sync: $(VENV)/.synced
 
+# `rebuild --check` checks the demo's data directory even where ASSAY_DATABASE_URL is set.
 run: sync  ## the embedded demo on a freshly emptied data directory
 	rm -rf "$(ASSAY_DATA_DIR)"
 	$(VENV)/bin/assay demo
-	$(VENV)/bin/assay rebuild --check
+	ASSAY_DATABASE_URL= $(VENV)/bin/assay rebuild --check
 
 test: sync  ## the whole suite
 	$(VENV)/bin/pytest

@@ -1,5 +1,6 @@
 """`assay up` on a Postgres server it did not start touches only what it created, and
-`assay down --purge` removes only that.
+`assay down --purge` removes only that; `assay rebuild --check` checks a distributed
+deployment's stage schemas read-only.
 
 The server is a throwaway cluster of this module's own (`own_postgres`): the names
 under test — a database `assay`, a role `assay_execute` — are server-wide, and tests
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -171,6 +173,137 @@ async def test_up_on_a_server_it_did_not_start_leaves_the_users_database_and_rol
     owned = load_objects(stack.workdir)
     assert (owned.stack, owned.database) == (stack_id, stack.database)
     assert sorted(owned.roles) == sorted(stack.state["postgres"]["roles"].values())
+
+
+async def wait_for_allocation(dsn: str, tenant: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await fetch(
+        dsn,
+        "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'",
+        uuid.UUID(tenant),
+    ):
+        assert time.monotonic() < deadline, "the workflow never reached ingest"
+        await asyncio.sleep(0.1)
+
+
+def run_tasks(stack: Stack, tenant: str, count: int, timeout_s: float = 90) -> None:
+    """Register the arithmetic workflow for `tenant`, submit `count` tasks, and return
+    once each has its result."""
+    env = {**stack.env, "ASSAY_KAFKA_BOOTSTRAP": stack.state["settings"]["ASSAY_KAFKA_BOOTSTRAP"]}
+    workflow = str(ROOT / "examples/workflows/arith-v1.yaml")
+    registered = assay("register", workflow, "--tenant", tenant, env=env)
+    assert registered.returncode == 0, registered.stderr
+    admin = with_database(stack.env["ASSAY_TEST_DATABASE_URL"], stack.database)
+    asyncio.run(wait_for_allocation(admin, tenant))
+    tasks = stack.workdir / f"tasks-{tenant}.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "idempotency_key": f"k{i}",
+                    "input": {"question": f"{i} + 1", "answer": str(i + 1)},
+                }
+            )
+            + "\n"
+            for i in range(count)
+        )
+    )
+    submitted = assay("submit", str(tasks), "--tenant", tenant, "--workflow", "arith", env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    deadline = time.monotonic() + timeout_s
+    while True:  # each `assay results` reads the topic to its end: it paces the loop
+        results = assay("results", "--tenant", tenant, env=env)
+        assert results.returncode == 0, results.stderr
+        if len(results.stdout.splitlines()) >= count:
+            return
+        assert time.monotonic() < deadline, f"results: {results.stdout}"
+
+
+def rebuild_check(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return assay("rebuild", "--check", *args, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.s3
+@pytest.mark.timeout(300)
+def test_rebuild_check_passes_after_a_run_and_names_a_tampered_document(stack: Stack) -> None:
+    tenant = str(uuid.uuid4())
+    run_tasks(stack, tenant, 3)
+    admin = with_database(stack.env["ASSAY_TEST_DATABASE_URL"], stack.database)
+
+    check = rebuild_check("--database-url", admin, env=stack.env)
+
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = check.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(STAGES)
+    assert all(line.endswith("identical") for line in lines), check.stdout
+
+    (t, kind, key, value) = asyncio.run(
+        fetch(
+            admin,
+            "SELECT tenant, kind, key, value FROM verify.state"
+            " WHERE tenant = $1 AND value IS NOT NULL ORDER BY kind, key LIMIT 1",
+            uuid.UUID(tenant),
+        )
+    )[0]
+    tampered = value + b" "
+    update = "UPDATE verify.state SET value = $4 WHERE tenant = $1 AND kind = $2 AND key = $3"
+    asyncio.run(fetch(admin, update, t, kind, key, tampered))
+    try:
+        check = rebuild_check("--database-url", admin, env=stack.env)
+
+        assert check.returncode == 1, check.stdout + check.stderr
+        assert f"    {tenant}/{kind}/{key}: differs" in check.stdout.splitlines()
+        verify = next(line for line in check.stdout.splitlines() if line.startswith("verify"))
+        assert verify.endswith("1 difference(s)")
+        others = [line for line in check.stdout.splitlines() if line.split()[0] in STAGES]
+        assert sum(line.endswith("identical") for line in others) == len(STAGES) - 1
+        stored = asyncio.run(
+            fetch(
+                admin,
+                "SELECT value FROM verify.state WHERE tenant = $1 AND kind = $2 AND key = $3",
+                t,
+                kind,
+                key,
+            )
+        )
+        assert stored[0][0] == tampered, "the check changed the state it checked"
+    finally:
+        asyncio.run(fetch(admin, update, t, kind, key, value))
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.s3
+@pytest.mark.timeout(300)
+def test_rebuild_check_with_a_role_that_reads_one_stage_checks_it_alone(
+    users: Users, stack: Stack
+) -> None:
+    """A role that may only read the verify schema (no write, so no lock either) checks
+    verify from `ASSAY_DATABASE_URL` and names every other stage as skipped."""
+    reader = f"reader_{uuid.uuid4().hex[:8]}"
+    admin = with_database(users.server.address, stack.database)
+    for sql in (
+        f"CREATE ROLE {reader} LOGIN",
+        f"GRANT USAGE ON SCHEMA verify TO {reader}",
+        f"GRANT SELECT ON verify.log, verify.state TO {reader}",
+    ):
+        asyncio.run(fetch(admin, sql))
+    env = {**stack.env, "ASSAY_DATABASE_URL": role_dsn(admin, reader, "")}
+
+    check = rebuild_check(env=env)
+
+    assert check.returncode == 0, check.stdout + check.stderr
+    lines = dict(line.split(None, 1) for line in check.stdout.splitlines())
+    assert set(lines) == set(STAGES)
+    assert lines["verify"].endswith("identical")
+    assert all(lines[s].startswith(f"skipped: role {reader}") for s in STAGES if s != "verify")
+
+    named = rebuild_check("--stage", "ingest", env=env)
+
+    assert named.returncode == 2
+    assert f"role {reader} may not read the ingest schema" in named.stderr
 
 
 @pytest.mark.slow

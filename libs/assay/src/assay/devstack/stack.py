@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from assay.devstack.base import Service
 from assay.devstack.deployment import Deployment, deploy
@@ -43,6 +44,14 @@ STATE = "stack.json"
 def _identity(pid: int | None) -> dict[str, object] | None:
     found = identify(pid) if pid is not None else None
     return None if found is None else found.to_json()
+
+
+def _without_password(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    user, _, at = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{at}"))
 
 
 def _state(
@@ -123,6 +132,7 @@ async def up(workdir: Path) -> int:
     for stage, proc in d.procs.items():
         print(f"  {stage:<17} http://127.0.0.1:{d.ports[stage]}/healthz  (pid {proc.pid})")
     print(f"  export ASSAY_KAFKA_BOOTSTRAP={d.bootstrap}")
+    print(f"  check: assay rebuild --check --database-url {_without_password(d.admin_dsn)}")
     return 0
 
 
