@@ -21,10 +21,11 @@ $(VENV)/.synced: $(UV) uv.lock pyproject.toml libs/assay/pyproject.toml $(wildca
 
 sync: $(VENV)/.synced
 
+# `rebuild --check` checks the demo's data directory even where ASSAY_DATABASE_URL is set.
 run: sync  ## the embedded demo on a freshly emptied data directory
 	rm -rf "$(ASSAY_DATA_DIR)"
 	$(VENV)/bin/assay demo
-	$(VENV)/bin/assay rebuild --check
+	ASSAY_DATABASE_URL= $(VENV)/bin/assay rebuild --check
 
 test: sync  ## the whole suite
 	$(VENV)/bin/pytest
@@ -43,8 +44,8 @@ bench: sync  ## figures beside their baselines -> bench/results/latest.json
 up: sync  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
 	$(VENV)/bin/assay up
 
-down:  ## stop what `make up` started
-	@if [ -x $(VENV)/bin/assay ]; then $(VENV)/bin/assay down; else echo "nothing to stop"; fi
+down:  ## stop what `make up` started; PURGE=1 also drops the database and roles it created
+	@if [ -x $(VENV)/bin/assay ]; then $(VENV)/bin/assay down $(if $(PURGE),--purge); else echo "nothing to stop"; fi
 
 schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas

@@ -56,6 +56,18 @@ def postgres(infra_dir: Path) -> Iterator[Service]:
     yield from _service("Postgres", resolve_postgres, infra_dir)
 
 
+@pytest.fixture(scope="module")
+def own_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A throwaway Postgres cluster of the module's own (its superuser DSN in `.address`),
+    for tests of server-wide names — roles, database names — that other tests sharing a
+    server would create, alter or drop meanwhile."""
+    from assay.devstack.postgres import start_cluster
+
+    yield from _service(
+        "a throwaway Postgres cluster", start_cluster, tmp_path_factory.mktemp("pg")
+    )
+
+
 @pytest.fixture(scope="session")
 def kafka(infra_dir: Path) -> Iterator[Service]:
     """A Kafka-protocol broker (its bootstrap address in `.address`)."""

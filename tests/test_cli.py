@@ -88,6 +88,8 @@ def _cases(root: Path) -> dict[str, list[str]]:
         "input_not_json": ["run", v2, "--input", "{question: 2 + 3}"],
         "input_list": ["run", v2, "--input", '["2 + 3", "5"]'],
         "rebuild_empty": ["rebuild", "--check"],
+        "rebuild_live": ["rebuild", "--database-url", "postgresql://postgres@127.0.0.1:9/x"],
+        "rebuild_bad_stage": ["rebuild", "--check", "--stage", "judge"],
         "runs_show_unknown": ["runs", "show", "01NOSUCHRUN0000000000000000"],
         "demo_bad_tasks": ["demo", "--tasks", str(bad_tasks), "--no-progress"],
         "demo_no_input": ["demo", "--tasks", str(no_input), "--no-progress"],
@@ -236,6 +238,15 @@ def test_run_with_input_that_is_a_json_list_is_one_line(runs: Runs) -> None:
 
 def test_rebuild_check_on_an_empty_data_dir_is_one_line(runs: Runs) -> None:
     assert_usage_error(runs["rebuild_empty"], "no stage stores", str(runs.data("rebuild_empty")))
+
+
+def test_rebuild_of_a_distributed_deployment_only_checks(runs: Runs) -> None:
+    """Re-folding a live deployment's state in place is refused before connecting."""
+    assert_usage_error(runs["rebuild_live"], "only checked, never rebuilt in place")
+
+
+def test_rebuild_of_an_unknown_stage_is_one_line(runs: Runs) -> None:
+    assert_usage_error(runs["rebuild_bad_stage"], "no such stage: judge")
 
 
 # -- assay runs show ------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_up_serves_every_stage_and_down_stops_everything_it_started(tmp_path: Pa
         assert again.returncode == 2, "a second up over a recorded stack must refuse"
     finally:
         down = subprocess.run(
-            [ASSAY, "down", "--dir", str(tmp_path)],
+            [ASSAY, "down", "--purge", "--dir", str(tmp_path)],
             env=env,
             capture_output=True,
             text=True,
@@ -117,57 +117,69 @@ def test_a_second_up_starts_clean_and_loses_nothing(tmp_path: Path) -> None:
     env["ASSAY_PARTITIONS"] = "2"
     tenant = "6f1c2b9e-8d0a-4c4e-9a57-0e1d2c3b4a59"
     root = Path(__file__).resolve().parents[1]
-    for round_ in range(2):
-        up = subprocess.run(
-            [ASSAY, "up", "--dir", str(tmp_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        try:
-            assert up.returncode == 0, up.stdout + up.stderr
-            state = json.loads((tmp_path / "stack.json").read_text())
-            run_env = {**env, "ASSAY_KAFKA_BOOTSTRAP": state["settings"]["ASSAY_KAFKA_BOOTSTRAP"]}
-            subprocess.run(
-                [
-                    ASSAY,
-                    "register",
-                    str(root / "examples/workflows/arith-v1.yaml"),
-                    "--tenant",
-                    tenant,
-                ],
-                env=run_env,
-                check=True,
+    stacks: list[str] = []
+    try:
+        for round_ in range(2):
+            up = subprocess.run(
+                [ASSAY, "up", "--dir", str(tmp_path)],
+                env=env,
                 capture_output=True,
-                timeout=60,
+                text=True,
+                timeout=240,
             )
-            admin = with_database(state["infra"]["postgres"]["address"], "assay")
-            asyncio.run(_wait_for_allocation(admin, tenant))
-            tasks = tmp_path / f"tasks-{round_}.jsonl"
-            tasks.write_text(
-                "".join(
-                    json.dumps(
-                        {
-                            "idempotency_key": f"r{round_}-{i}",
-                            "input": {"question": f"{i} + 1", "answer": str(i + 1)},
-                        }
-                    )
-                    + "\n"
-                    for i in range(6)
+            try:
+                assert up.returncode == 0, up.stdout + up.stderr
+                state = json.loads((tmp_path / "stack.json").read_text())
+                stacks.append(state["stack"])
+                run_env = {
+                    **env,
+                    "ASSAY_KAFKA_BOOTSTRAP": state["settings"]["ASSAY_KAFKA_BOOTSTRAP"],
+                }
+                subprocess.run(
+                    [
+                        ASSAY,
+                        "register",
+                        str(root / "examples/workflows/arith-v1.yaml"),
+                        "--tenant",
+                        tenant,
+                    ],
+                    env=run_env,
+                    check=True,
+                    capture_output=True,
+                    timeout=60,
                 )
-            )
-            subprocess.run(
-                [ASSAY, "submit", str(tasks), "--tenant", tenant, "--workflow", "arith"],
-                env=run_env,
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
-            deadline = time.monotonic() + 60
-            while len(_results(run_env, tenant)) < 6 and time.monotonic() < deadline:
-                time.sleep(1)
-            keys = sorted(str(r["idempotency_key"]) for r in _results(run_env, tenant))
-            assert keys == [f"r{round_}-{i}" for i in range(6)]
-        finally:
-            subprocess.run([ASSAY, "down", "--dir", str(tmp_path)], env=env, timeout=120)
+                admin = with_database(
+                    state["infra"]["postgres"]["address"], state["postgres"]["database"]
+                )
+                asyncio.run(_wait_for_allocation(admin, tenant))
+                tasks = tmp_path / f"tasks-{round_}.jsonl"
+                tasks.write_text(
+                    "".join(
+                        json.dumps(
+                            {
+                                "idempotency_key": f"r{round_}-{i}",
+                                "input": {"question": f"{i} + 1", "answer": str(i + 1)},
+                            }
+                        )
+                        + "\n"
+                        for i in range(6)
+                    )
+                )
+                subprocess.run(
+                    [ASSAY, "submit", str(tasks), "--tenant", tenant, "--workflow", "arith"],
+                    env=run_env,
+                    check=True,
+                    capture_output=True,
+                    timeout=60,
+                )
+                deadline = time.monotonic() + 60
+                while len(_results(run_env, tenant)) < 6 and time.monotonic() < deadline:
+                    time.sleep(1)
+                keys = sorted(str(r["idempotency_key"]) for r in _results(run_env, tenant))
+                assert keys == [f"r{round_}-{i}" for i in range(6)]
+            finally:
+                subprocess.run([ASSAY, "down", "--dir", str(tmp_path)], env=env, timeout=120)
+        # Each up in a directory is the same stack, emptying the database it made.
+        assert len(set(stacks)) == 1
+    finally:
+        subprocess.run([ASSAY, "down", "--purge", "--dir", str(tmp_path)], env=env, timeout=120)

@@ -63,11 +63,34 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("workflow", type=Path, help="workflow file (YAML or JSON)")
     run.add_argument("--input", required=True, help="task input as a JSON object")
 
-    rebuild = sub.add_parser("rebuild", help="re-fold every stage's derived state from its log")
+    rebuild = sub.add_parser(
+        "rebuild",
+        help="re-fold every stage's derived state from its log",
+        description=(
+            "Re-fold each stage's derived state from its log: the data directory's stores,"
+            " or, given --database-url or ASSAY_DATABASE_URL, each stage's schema in that"
+            " Postgres database (--check only: read in one read-only snapshot)."
+        ),
+    )
     rebuild.add_argument(
         "--check",
         action="store_true",
         help="compare byte for byte and change nothing; exit 1 on a difference",
+    )
+    rebuild.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="check the stage schemas of this Postgres database (default: $ASSAY_DATABASE_URL;"
+        " an admin URL reads every stage, a stage's own role its schema alone)",
+    )
+    rebuild.add_argument(
+        "--stage",
+        dest="stages",
+        action="append",
+        default=None,
+        metavar="STAGE",
+        help="only this stage (repeat for more; default: every stage found)",
     )
     runs = sub.add_parser("runs", help="inspect runs in the execute stage's log")
     runs_sub = runs.add_subparsers(dest="runs_command", required=True)
@@ -169,6 +192,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     down = sub.add_parser("down", help="stop what `assay up` started")
     down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also drop the database and roles this stack created (only those)",
+    )
     grade = sub.add_parser(
         "grade", help="grading: Bradley-Terry fits, SPRT costs, judge health and calibration"
     )
@@ -326,9 +354,17 @@ async def _dispatch(args: argparse.Namespace) -> int:
             raise UsageError("--input must be a JSON object")
         return await run_once(data_dir, args.workflow, task_input)
     if args.command == "rebuild":
-        from assay.cli.rebuild import rebuild
+        from assay.cli.rebuild import check_postgres, rebuild
+        from assay.runtime.settings import Settings
 
-        return await rebuild(data_dir, check=args.check)
+        if args.database_url:
+            return await check_postgres(args.database_url, check=args.check, stages=args.stages)
+        from_env = Settings.from_env().database_url
+        if from_env:
+            return await check_postgres(
+                from_env, check=args.check, stages=args.stages, source="$ASSAY_DATABASE_URL"
+            )
+        return await rebuild(data_dir, check=args.check, stages=args.stages)
     if args.command == "runs":
         from assay.cli.runs import show_command
 
@@ -401,7 +437,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         if args.command == "up":
             return await stack.up(args.dir)
-        return await stack.down(args.dir)
+        return await stack.down(args.dir, purge_objects=args.purge)
     if args.command == "grade" and args.grade_command in ("bt", "sprt"):
         from assay.cli import grade
 

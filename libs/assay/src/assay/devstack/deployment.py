@@ -172,6 +172,7 @@ async def deploy(
     detached: bool = False,
     stages: Sequence[str] = STAGES,
     extra_env: dict[str, str] | None = None,
+    roles: Mapping[str, str] | None = None,
 ) -> Deployment:
     """Start a broker, provision a database and a bucket, and start the six stages.
 
@@ -183,6 +184,8 @@ async def deploy(
         stages: the stages started here (every stage is provisioned); a test that
             needs fewer, or replicas, starts them with `Deployment.start`.
         extra_env: more environment for every stage process (settings, PYTHONPATH).
+        roles: each stage's login role (default `assay_<stage>`, created or altered by
+            provisioning: roles are the server's, not the database's).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
@@ -210,7 +213,12 @@ async def deploy(
     from assay.runtime.distributed import create_topics
 
     await create_topics(Settings.from_env(env))
-    dsns = {s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}") for s in STAGES}
+    dsns = {
+        s: await provision_stage(
+            admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=(roles or {}).get(s)
+        )
+        for s in STAGES
+    }
     d = Deployment(workdir, broker, admin, env, dsns, detached=detached, owned_database=owned)
     for stage in stages:
         d.start(stage)

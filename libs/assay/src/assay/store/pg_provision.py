@@ -14,7 +14,7 @@ import asyncpg
 from assay.store.pg_schema import checked_schema, lock_key
 
 ROLE_PREFIX = "assay_"
-"""Stage roles are `assay_<stage>`; provisioning isolates each from the others."""
+"""Stage roles start with `assay_`; provisioning isolates each from the others."""
 
 _GRANTABLE = (
     "SCHEMA",
@@ -24,13 +24,23 @@ _GRANTABLE = (
 )
 
 
-def stage_role(stage: str) -> str:
-    """The login role of a stage."""
-    return f"{ROLE_PREFIX}{checked_schema(stage)}"
+def stage_role(stage: str, stack: str | None = None) -> str:
+    """The login role of a stage: `assay_<stage>`, or `assay_<stack>_<stage>` for a stage
+    of the stack `stack` (roles are the server's, shared by all its databases, so two
+    stacks on one server need roles of their own).
+
+    Raises:
+        ValueError: `stage` or `stack` is not a plain lower-case identifier.
+    """
+    if stack is None:
+        return f"{ROLE_PREFIX}{checked_schema(stage)}"
+    return f"{ROLE_PREFIX}{checked_schema(stack)}_{checked_schema(stage)}"
 
 
-async def provision_stage(admin_dsn: str, stage: str, password: str) -> str:
-    """Create or update the role `assay_<stage>` and the schema `<stage>` it owns.
+async def provision_stage(
+    admin_dsn: str, stage: str, password: str, *, role: str | None = None
+) -> str:
+    """Create or update the stage's login role and the schema `<stage>` it owns.
 
     Idempotent: a second call sets the password again and re-applies the grants.
     Revokes every privilege this role and `PUBLIC` hold on the schemas of other
@@ -41,16 +51,25 @@ async def provision_stage(admin_dsn: str, stage: str, password: str) -> str:
         admin_dsn: a superuser (or CREATEROLE and schema-owning) DSN of the database.
         stage: the stage's name, also its schema's (a plain lower-case identifier).
         password: the role's login password.
+        role: the login role (default `stage_role(stage)`, `assay_<stage>`); an existing
+            role of that name is altered, so a caller that must not touch roles it did
+            not make creates the role first (`assay up` does).
 
     Returns:
         A DSN of the same server and database that logs in as the stage's role.
 
     Raises:
-        ValueError: `stage` is not a plain lower-case identifier.
+        ValueError: `stage` is not a plain lower-case identifier, or `role` is not one
+            that starts with `assay_` (the prefix stage isolation looks for).
         asyncpg.PostgresError: the admin DSN lacks the privileges to do this.
     """
     schema = checked_schema(stage)
-    role = stage_role(stage)
+    if role is None:
+        role = stage_role(stage)
+    elif not role.startswith(ROLE_PREFIX):
+        raise ValueError(f"a stage role starts with {ROLE_PREFIX!r}: {role!r}")
+    else:
+        checked_schema(role)  # a plain identifier, as the stage's own name is
     conn = await asyncpg.connect(admin_dsn)
     try:
         async with conn.transaction():

@@ -328,29 +328,24 @@ class PostgresEventLog:
     # -- rebuild ----------------------------------------------------------------
 
     async def rebuild(self, *, keep: bool) -> RebuildReport:
-        """See `EventLog.rebuild`. Commits wait while it runs (the log and the state are
-        locked against writers); reads go on."""
-        async with self._db.acquire() as conn, conn.transaction():
-            await conn.execute(
-                f"LOCK TABLE {self._s}.log, {self._s}.state IN SHARE ROW EXCLUSIVE MODE"
-            )
-            before = await _state_rows(conn, self._s)
-            docs: dict[StateKey, bytes | None] = {}
-            n = 0
-            async for tenant, stream, branch, lsn, typ, ver, at, payload in conn.cursor(
-                "SELECT tenant, stream, branch, lsn, type, schema_version, at_ms, payload"
-                f" FROM {self._s}.log ORDER BY seq",
-                prefetch=1000,
-            ):
-                event = self._registry.decode(typ, ver, json.loads(payload))
-                key = BranchKey(tenant_id(tenant), stream, branch)
-                for delta in self._fold(LogRecord(key, Lsn(lsn), ver, at, event)):
-                    apply_to(docs, delta)
-                n += 1
-            after = sorted(
-                (str(k.tenant), k.kind, k.key, v) for k, v in docs.items() if v is not None
-            )
-            if keep:
+        """See `EventLog.rebuild`.
+
+        With `keep`, commits wait while it runs (the log and the state are locked
+        against writers); reads go on. Without it, nothing is locked or written: the
+        log and the state are read in one read-only snapshot (`REPEATABLE READ READ
+        ONLY`, which the server enforces), so a check of a live stage neither stalls its
+        commits nor can change anything, and sees them all or none of each.
+        """
+        async with self._db.acquire() as conn:
+            if not keep:
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    before, after, n = await self._refold(conn)
+                return RebuildReport(n, len(before), len(after), _differences(before, after))
+            async with conn.transaction():
+                await conn.execute(
+                    f"LOCK TABLE {self._s}.log, {self._s}.state IN SHARE ROW EXCLUSIVE MODE"
+                )
+                before, after, n = await self._refold(conn)
                 await conn.execute(f"DELETE FROM {self._s}.state")
                 await conn.copy_records_to_table(
                     "state",
@@ -359,6 +354,25 @@ class PostgresEventLog:
                 )
                 self.writer.forget_documents()
         return RebuildReport(n, len(before), len(after), _differences(before, after))
+
+    async def _refold(self, conn: Connection) -> tuple[list[_StateRow], list[_StateRow], int]:
+        """The stored documents, the documents re-folded from the whole log (both
+        sorted), and the number of records folded; reads only."""
+        before = await _state_rows(conn, self._s)
+        docs: dict[StateKey, bytes | None] = {}
+        n = 0
+        async for tenant, stream, branch, lsn, typ, ver, at, payload in conn.cursor(
+            "SELECT tenant, stream, branch, lsn, type, schema_version, at_ms, payload"
+            f" FROM {self._s}.log ORDER BY seq",
+            prefetch=1000,
+        ):
+            event = self._registry.decode(typ, ver, json.loads(payload))
+            key = BranchKey(tenant_id(tenant), stream, branch)
+            for delta in self._fold(LogRecord(key, Lsn(lsn), ver, at, event)):
+                apply_to(docs, delta)
+            n += 1
+        after = sorted((str(k.tenant), k.kind, k.key, v) for k, v in docs.items() if v is not None)
+        return before, after, n
 
 
 async def _state_rows(conn: Connection, s: str) -> list[_StateRow]:
