@@ -44,7 +44,6 @@ from assay.devstack.base import free_port
 from assay.devstack.deployment import Deployment, deploy
 from assay.kernel import WorkflowId, tenant_id
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
-from assay.store.pg_provision import stage_role
 from assay.workflow import load_workflow
 from tests.crash_checks import POINTS, ExecuteLog, check_recovery
 from tests.crash_processes import start_assay, stop
@@ -321,7 +320,7 @@ async def _await_disconnected(d: Deployment) -> None:
         rows = await d.query(
             "SELECT pid, state, wait_event_type, wait_event, backend_start, query "
             "FROM pg_stat_activity WHERE usename = $1 AND datname = current_database()",
-            stage_role("execute"),
+            d.roles["execute"],
         )
         if not rows:
             return

@@ -9,28 +9,39 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from assay.bus import TASKS as TASKS_TOPIC
 from assay.bus import WORKFLOWS
 from assay.devstack import Service
 from assay.devstack.deployment import ASSAY, Deployment, deploy
-from assay.devstack.kafka import broker_outage
 from assay.kernel import WorkflowId, tenant_id
 from assay.messages import TaskSubmitted, WorkflowRegistered, message_id, seal
 from assay.record import StateKey
 from assay.runtime import Embedded
 from assay.store import OutboxEntry, S3BlobStore
 from assay.workflow import load_workflow
+from tests.pipeline import (
+    ROOT,
+    TASKS,
+    V1,
+    V2,
+    allocation,
+    await_results,
+    produce,
+    read_topic,
+    register,
+    results_by_task,
+    set_up_tenant,
+    task_records,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,13 +51,9 @@ pytestmark = [
     pytest.mark.timeout(420),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
-V1 = ROOT / "examples" / "workflows" / "arith-v1.yaml"
-V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
 V3 = ROOT / "examples" / "workflows" / "arith-v3.yaml"
 RANKED_V1 = ROOT / "examples" / "workflows" / "arith-ranked-v1.yaml"
 RANKED_V2 = ROOT / "examples" / "workflows" / "arith-ranked-v2.yaml"
-TASKS = [json.loads(line) for line in (ROOT / "examples" / "tasks" / "arith.jsonl").open()]
 LADDER = {"ASSAY_LADDER_TRIAL_SHARE": "0.15", "ASSAY_LADDER_MIN_TRIAL_RUNS": "3"}
 """A ladder sized for tests of tens of tasks (the defaults want about a hundred on trial)."""
 
@@ -60,122 +67,6 @@ def deployment(
         yield d
     finally:
         d.stop()
-
-
-def register(d: Deployment, tenant: str, path: Path) -> None:
-    done = subprocess.run(
-        [ASSAY, "register", str(path), "--tenant", tenant],
-        env=d.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-
-
-async def allocation(d: Deployment, tenant: str, workflow: str = "arith") -> dict[str, Any] | None:
-    rows = await d.query(
-        "SELECT value FROM ingest.state WHERE tenant = $1 AND kind = 'allocation' AND key = $2",
-        uuid.UUID(tenant),
-        workflow,
-    )
-    return json.loads(rows[0]["value"]) if rows else None
-
-
-async def wait_for(what: str, check: Any, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
-async def set_up_tenant(
-    d: Deployment, *, challenger: bool, versions: tuple[Path, Path] = (V1, V2)
-) -> str:
-    tenant = str(uuid.uuid4())
-    workflow = str(load_workflow(versions[0]).id)
-    register(d, tenant, versions[0])
-
-    async def current() -> bool:
-        return await allocation(d, tenant, workflow) is not None
-
-    await wait_for("v1 to become current", current)
-    if challenger:
-        register(d, tenant, versions[1])
-
-        async def has_challenger() -> bool:
-            a = await allocation(d, tenant, workflow)
-            return a is not None and a.get("challenger") is not None
-
-        await wait_for("v2 to become the challenger", has_challenger)
-    return tenant
-
-
-async def produce(bootstrap: str, records: list[tuple[str, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for key, value in records:
-            await producer.send("assay.tasks", value, key=key.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-def task_records(
-    tenant: str, tasks: list[dict[str, Any]], workflow: str = "arith"
-) -> list[tuple[str, bytes]]:
-    return [
-        (
-            f"{tenant}:{t['idempotency_key']}",
-            json.dumps({"tenant": tenant, "workflow_id": workflow, **t}).encode(),
-        )
-        for t in tasks
-    ]
-
-
-async def read_topic(bootstrap: str, topic: str, until: Any, timeout_s: float) -> list[Any]:
-    """Every record of a topic from the beginning, until `until(records)` or the timeout."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    records: list[Any] = []
-    try:
-        await consumer.topics()  # fetches the cluster's metadata
-        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        deadline = time.monotonic() + timeout_s
-        while not until(records) and time.monotonic() < deadline:
-            for batch in (await consumer.getmany(timeout_ms=300)).values():
-                records.extend(batch)
-    finally:
-        await consumer.stop()
-    return records
-
-
-def results_by_task(records: list[Any], tenants: set[str]) -> dict[tuple[str, str], set[str]]:
-    """(tenant, idempotency key) -> distinct result ids (a re-publish keeps its id)."""
-    found: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for r in records:
-        body = json.loads(r.value)
-        payload = body["payload"]
-        if payload["tenant"] in tenants:
-            found[(payload["tenant"], payload["idempotency_key"])].add(body["id"])
-    return found
-
-
-async def await_results(
-    d: Deployment, expected: set[tuple[str, str]], timeout_s: float = 180
-) -> list[Any]:
-    tenants = {t for t, _ in expected}
-
-    def complete(records: list[Any]) -> bool:
-        return expected <= set(results_by_task(records, tenants))
-
-    records = await read_topic(d.bootstrap, "assay.results", complete, timeout_s)
-    missing = expected - set(results_by_task(records, tenants))
-    assert not missing, f"{len(missing)} task(s) without a result, e.g. {sorted(missing)[:3]}"
-    return records
 
 
 async def test_two_tenants_each_get_one_result_per_task_and_v2_leaves_shadow(
@@ -579,21 +470,6 @@ async def test_poison_on_the_task_topic_is_dead_lettered_and_the_pipeline_goes_o
     }
     assert "not JSON" in reasons[f"{tenant}:poison-1"]
     assert "TaskSubmitted" in reasons[f"{tenant}:poison-2"]
-
-
-async def test_a_ten_second_broker_outage_loses_and_duplicates_nothing(
-    deployment: Deployment,
-) -> None:
-    d = deployment
-    tenant = await set_up_tenant(d, challenger=False)
-    tasks = TASKS[40:80]
-    await produce(d.bootstrap, task_records(tenant, tasks[:20]))
-    with broker_outage(d.broker):
-        await asyncio.sleep(10)
-    await produce(d.bootstrap, task_records(tenant, tasks[20:]))
-    expected = {(tenant, t["idempotency_key"]) for t in tasks}
-    records = await await_results(d, expected, timeout_s=240)
-    assert all(len(ids) == 1 for ids in results_by_task(records, {tenant}).values())
 
 
 async def test_a_stage_killed_mid_run_resumes_without_loss_or_duplicates(

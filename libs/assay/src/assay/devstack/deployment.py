@@ -23,10 +23,10 @@ import asyncpg
 
 from assay.devstack.base import Service, free_port, run_apart
 from assay.devstack.kafka import start_tansu
-from assay.devstack.postgres import create_database, drop_database, ensure_database
+from assay.devstack.postgres import create_database, drop_database, drop_roles, ensure_database
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import Settings
-from assay.store.pg_provision import provision_stage
+from assay.store.pg_provision import provision_stage, stage_role
 
 ASSAY = str(Path(sys.executable).parent / "assay")
 
@@ -44,6 +44,10 @@ class Deployment:
     """Stage processes outlive the caller (their own session), as `assay up` needs."""
     owned_database: tuple[str, str] | None = None
     """(server admin DSN, name) of a database made for this deployment, dropped at stop."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Each stage's login role."""
+    owned_roles: bool = False
+    """The roles were made for this deployment, and are dropped at stop with its database."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     """Stage processes by name: the stage's, or a replica's (`start(stage, name=...)`)."""
     ports: dict[str, int] = field(default_factory=dict)
@@ -151,6 +155,8 @@ class Deployment:
         if self.owned_database is not None:
             server, name = self.owned_database
             run_apart(drop_database(server, name))
+            if self.owned_roles:
+                run_apart(drop_roles(server, list(self.roles.values())))
 
     async def query(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """Run a query as the database's superuser."""
@@ -184,16 +190,22 @@ async def deploy(
         stages: the stages started here (every stage is provisioned); a test that
             needs fewer, or replicas, starts them with `Deployment.start`.
         extra_env: more environment for every stage process (settings, PYTHONPATH).
-        roles: each stage's login role (default `assay_<stage>`, created or altered by
-            provisioning: roles are the server's, not the database's).
+        roles: each stage's login role (created or altered by provisioning: roles are
+            the server's, not the database's). By default, with a fresh database, roles
+            named for it (`assay_<database>_<stage>`) dropped at stop with it, so that
+            deployments sharing a server never reset each other's passwords; with a
+            given `database`, `assay_<stage>`.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
     owned: tuple[str, str] | None = None
+    owned_roles = False
     if database is None:
         name = f"e2e_{uuid.uuid4().hex[:10]}"
         admin = await create_database(postgres.address, name)
         owned = (postgres.address, name)
+        if roles is None:
+            roles, owned_roles = {s: f"assay_{name}_{s}" for s in STAGES}, True
     else:
         admin = await ensure_database(postgres.address, database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
@@ -213,13 +225,22 @@ async def deploy(
     from assay.runtime.distributed import create_topics
 
     await create_topics(Settings.from_env(env))
+    named = {s: (roles or {}).get(s) or stage_role(s) for s in STAGES}
     dsns = {
-        s: await provision_stage(
-            admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=(roles or {}).get(s)
-        )
+        s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=named[s])
         for s in STAGES
     }
-    d = Deployment(workdir, broker, admin, env, dsns, detached=detached, owned_database=owned)
+    d = Deployment(
+        workdir,
+        broker,
+        admin,
+        env,
+        dsns,
+        detached=detached,
+        owned_database=owned,
+        roles=named,
+        owned_roles=owned_roles,
+    )
     for stage in stages:
         d.start(stage)
     await asyncio.to_thread(d.wait_healthy)

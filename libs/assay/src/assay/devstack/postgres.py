@@ -121,6 +121,16 @@ async def drop_database(admin_dsn: str, name: str) -> None:
         await conn.close()
 
 
+async def drop_roles(admin_dsn: str, roles: list[str]) -> None:
+    """Drop login roles (if they exist) that own nothing any more."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        for role in roles:
+            await conn.execute(f"DROP ROLE IF EXISTS {_checked(role)}")
+    finally:
+        await conn.close()
+
+
 @contextlib.contextmanager
 def scratch_database(server: Service, prefix: str) -> Iterator[str]:
     """A fresh, uniquely named database on `server` for the block; dropped after it."""
