@@ -102,6 +102,12 @@ class ScriptedJudge:
     screened: list[RunId] = field(default_factory=list)
     prefer_longer: bool = False
     fail_with: JudgeFailed | None = None
+    """Every comparison fails with it."""
+    billed: bool = True
+    """A failed comparison was answered (unusably) and billed: its usage is reported,
+    marked failed; False: the endpoint never answered (stopped, timed out)."""
+    screen_usage: bool = False
+    """A screen reports one model call (the stub-like default reports none)."""
     crash_after: int | None = None
     pause_s: float = 0.0
     """How long each comparison takes (lets handlers on two partitions interleave)."""
@@ -119,8 +125,9 @@ class ScriptedJudge:
             raise RuntimeError("the process died mid-selection")
         await asyncio.sleep(self.pause_s)
         self.compared.append((a.run.run_id, b.run.run_id))
-        if on_usage is not None:
-            on_usage(JudgeUsage(self.name, 120, 4, 0.0002))
+        failing = self.fail_with is not None
+        if on_usage is not None and (self.billed or not failing):
+            on_usage(JudgeUsage(self.name, 120, 4, 0.0002, failed=failing))
         if self.fail_with is not None:
             raise self.fail_with
         if self.prefer_longer:
@@ -136,6 +143,8 @@ class ScriptedJudge:
         on_usage: UsageCallback | None = None,
     ) -> list[CoreViolation]:
         self.screened.append(episode.run.run_id)
+        if self.screen_usage and on_usage is not None:
+            on_usage(JudgeUsage(self.name, 80, 3, 0.0001))
         if episode.output in self.violating:
             core = [r.id for r in rubric if r.layer == "core"]
             return [CoreViolation(criterion=core[0], evidence=f"output {episode.output!r}")]

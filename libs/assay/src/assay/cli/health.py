@@ -63,9 +63,15 @@ def merged(shards: list[dict[str, Any]]) -> dict[str, Any]:
         if d.get("day") == day:
             out["calls_today"] += int(d.get("calls_today", 0))
             out["last_failure"] = d.get("last_failure") or out["last_failure"]
-        for k in ("calls_total", "order_checked", "order_inconsistent", "judge_failures"):
+        for k in (
+            "calls_total",
+            "order_checked",
+            "order_inconsistent",
+            "judge_failures",
+            "failures_billed",
+        ):
             out[k] = out.get(k, 0) + int(d.get(k, 0))
-        for k in ("by_purpose", "scores"):
+        for k in ("by_purpose", "failures_by_purpose", "scores"):
             out[k] = dict(Counter(out.get(k, {})) + Counter(d.get(k, {})))
     return out
 
