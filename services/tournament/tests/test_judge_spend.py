@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
+from assay.bus import USAGE
 from assay.cli.health import merged
 from assay.grading.judges import JudgeFailed
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import AttemptState
 from assay.kernel.scores import Ranked, Ungraded, UngradedReason, UnrankedAttempts
-from assay.messages import JudgePurpose, RunGraded, UsageRecorded
+from assay.messages import JudgePurpose, RunGraded, UsageRecorded, open_envelope
 from services.tournament.tests.tournament_harness import (
     T1,
     T2,
@@ -186,3 +187,17 @@ async def test_a_rollout_the_judge_answered_nothing_about_is_decided_by_index(
     graded = outs[-1].graded()
     assert all(g.score == Ungraded(reason=UngradedReason.JUDGE_FAILED) for g in graded)
     agree(await meter_of(stage), outs)
+
+
+async def test_two_calls_that_cost_the_same_are_two_usage_messages(tmp_path: Path) -> None:
+    """A consumer deduplicates by message id: equal usage must not share one."""
+    async with open_stage(tmp_path, GradingPolicy(order_check=1.0)) as stage:
+        t = task_id(45)
+        await stage.verified(current(t))
+        out = await stage.verified(challenger(t))  # compared, then order-checked
+        usage = [e for e in out.entries if e.topic == USAGE]
+        assert len(usage) == 2
+        first, second = (open_envelope(e.value) for e in usage)
+        assert first.payload == second.payload  # the same model, tokens and cost
+        assert first.id != second.id
+        agree(await meter_of(stage), [out])

@@ -107,6 +107,9 @@ class Meter:
     """Calls the endpoint billed, to emit as `UsageRecorded` at the next flush."""
     spent: dict[RunId, JudgeSpend] = field(default_factory=dict)
     """What each run's grading spent in this handler and has not yet reported."""
+    emitted: Counter[str] = field(default_factory=Counter)
+    """Usage messages emitted in this handler, by content: two calls that cost the same
+    are two messages, told apart by their occurrence."""
     dirty: bool = False
 
     @classmethod
@@ -287,20 +290,20 @@ class Grading:
     def flush(self, uow: UnitOfWork, meter: Meter) -> None:
         """Emit the calls the meter saw and record the meter, once per change."""
         for run, purpose, usage in meter.pending:
-            uow.emit(
-                USAGE,
-                UsageRecorded(
-                    tenant=uow.tenant,
-                    run_id=run,
-                    purpose=Purpose.GRADING,
-                    model=usage.model,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    cost_usd=usage.cost_usd,
-                    judge_purpose=purpose,
-                    failed=usage.failed,
-                ),
+            recorded = UsageRecorded(
+                tenant=uow.tenant,
+                run_id=run,
+                purpose=Purpose.GRADING,
+                model=usage.model,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cost_usd=usage.cost_usd,
+                judge_purpose=purpose,
+                failed=usage.failed,
             )
+            content = recorded.model_dump_json()
+            uow.emit(USAGE, recorded, occurrence=meter.emitted[content])
+            meter.emitted[content] += 1
         meter.pending.clear()
         if meter.dirty:
             uow.record(
