@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -65,11 +66,17 @@ async def test_rebuild_check_fails_on_state_not_derived_from_the_log(
 ) -> None:
     data = tmp_path / "data"
     assert await demo(data, tasks=None, workflows=None, limit=20, progress=False) == 0
-    capsys.readouterr()
+    summary = capsys.readouterr().out
     assert await health_command(data, None) == 0  # the grading meter the demo left
     (health,) = json.loads(capsys.readouterr().out)
     assert health["tenant"] == str(DEMO_TENANT)
     assert health["judge_calls_total"] == sum(health["judge_calls_by_purpose"].values()) > 0
+    # the summary's judge figure is the meter's, as `assay grade health` reads it
+    by_purpose = ", ".join(f"{p} {n}" for p, n in health["judge_calls_by_purpose"].items())
+    line = re.search(r"judge calls +(.*)", summary)
+    assert line is not None
+    assert line[1] == f"{health['judge_calls_total']} answered ({by_purpose})"
+    assert health["judge_failures"] == 0  # the stub judge always answers
     assert health["scores"]["ungraded:no_reference"] > 0  # the current version's first episodes
     assert not health["budget_exhausted"]
     replay = health["replay"]  # the demo's challengers start on shadow: their replays spent

@@ -165,7 +165,7 @@ async def test_the_reference_episode_is_rendered_once_across_comparisons(
 # -- failures ------------------------------------------------------------------------------
 
 
-async def test_an_unparseable_answer_fails_but_its_tokens_are_still_reported(
+async def test_an_unparseable_answer_fails_and_its_tokens_are_reported_as_failed(
     server: ChatServer, make_judge: MakeJudge
 ) -> None:
     server.answer(answer("Episode B is clearly better because it is shorter."))
@@ -175,7 +175,46 @@ async def test_an_unparseable_answer_fails_but_its_tokens_are_still_reported(
         await judge.compare(make_episode(["5"]), make_episode(["6"]), RUBRIC, on_usage=usage.append)
     assert failed.value.excerpt.startswith("Episode B is clearly better")
     assert len(server.seen) == 1  # a wrong answer is not retried
-    assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(900, 12)]
+    # spent, but never an answer
+    assert [(u.prompt_tokens, u.completion_tokens, u.failed) for u in usage] == [(900, 12, True)]
+
+
+async def test_an_unusable_screen_is_reported_as_failed_and_a_usable_one_as_answered(
+    server: ChatServer, make_judge: MakeJudge
+) -> None:
+    server.answer(answer('{"violations": [{"criterion": "nope", "evidence": "x"}]}'))
+    judge = make_judge(server.base_url)
+    usage: list[JudgeUsage] = []
+    with pytest.raises(JudgeFailed, match="not a core criterion"):
+        await judge.screen(make_episode(["5"]), RUBRIC, on_usage=usage.append)
+    server.answer(answer('{"violations": []}'))
+    assert await judge.screen(make_episode(["5"]), RUBRIC, on_usage=usage.append) == []
+    assert [u.failed for u in usage] == [True, False]
+
+
+async def test_a_models_refusal_fails_and_what_the_endpoint_billed_is_reported_as_failed(
+    server: ChatServer, make_judge: MakeJudge
+) -> None:
+    body = completion("", prompt_tokens=700, completion_tokens=9, model="judge-model-q4")
+    body["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "refusal": "I can't help with comparing these.",
+    }
+    server.answer(json_reply(body))
+    judge = make_judge(server.base_url, prices=Prices(prompt_per_mtok=1.0))
+    usage: list[JudgeUsage] = []
+    with pytest.raises(JudgeFailed, match="the model refused: I can't help"):
+        await judge.compare(make_episode(["5"]), make_episode(["6"]), RUBRIC, on_usage=usage.append)
+    assert len(server.seen) == 1
+    (billed,) = usage
+    assert (billed.model, billed.prompt_tokens, billed.completion_tokens) == (
+        "judge-model-q4",
+        700,
+        9,
+    )
+    assert billed.failed
+    assert billed.cost_usd == pytest.approx(700 / 1e6)
 
 
 async def test_429_and_5xx_are_retried_by_the_chat_models_policy(

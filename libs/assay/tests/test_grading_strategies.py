@@ -7,6 +7,8 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from assay.grading.attempts import grade_attempts, step_credit
@@ -22,7 +24,7 @@ from assay.grading.strategies import (
 from assay.grading.tournament import Bout, Entrant, run_tournament
 from assay.kernel import AttemptNo, AttemptState, StepId, TaskId, new_run_id
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
-from assay.kernel.scores import CoreViolation, Verdict
+from assay.kernel.scores import CoreViolation, Ranked, Ungraded, UngradedReason, Verdict
 from assay.messages import AttemptView, Episode, Purpose, Role, RunRef, Usage
 from assay.workflow import GradingSpec, RubricItem, from_document
 
@@ -93,9 +95,10 @@ class RankingJudge:
         on_usage: UsageCallback | None = None,
     ) -> Verdict:
         self.calls.append((a.output, b.output))
-        if on_usage is not None:
-            on_usage(JudgeUsage(self.name, 100, 5, 0.001))
-        if "boom" in (a.output, b.output):
+        unusable = "boom" in (a.output, b.output)
+        if on_usage is not None:  # billed either way; an unusable answer is marked failed
+            on_usage(JudgeUsage(self.name, 100, 5, 0.001, failed=unusable))
+        if unusable:
             raise JudgeFailed("unparseable answer: 'I think A, maybe'")
         la, lb = len(a.output or ""), len(b.output or "")
         return Verdict.DRAW if la == lb else (Verdict.A if la > lb else Verdict.B)
@@ -224,7 +227,7 @@ async def test_attempt_tournaments_rank_only_same_outcome_attempts() -> None:
     grades = await grade_attempts(ep, judge, [], prior_precision=1.0, on_usage=seen.append)
     # One same-outcome group (the two failures), both orderings: the pass is never shown.
     assert sorted(judge.calls) == [("x", "xxx"), ("xxx", "x")]
-    assert grades.judge_calls == 2
+    assert (grades.asked, grades.answered, grades.unranked) == (2, 2, ())
     assert len(seen) == 2
     ranks = {r.attempt: r for r in grades.ranks}
     assert set(ranks) == {1, 2}
@@ -244,7 +247,7 @@ async def test_no_retries_no_judge_calls() -> None:
     )
     assert grades.ranks == ()
     assert grades.credit == ()
-    assert grades.judge_calls == 0
+    assert (grades.asked, grades.answered) == (0, 0)
 
 
 # -- one group's tournament --------------------------------------------------------------------
@@ -270,18 +273,21 @@ async def test_a_group_of_eight_plays_three_swiss_rounds_in_both_orderings() -> 
         on_usage=lambda shown, usage: billed.append(shown),
     )
     assert len(outcome.bouts) == 12
-    assert outcome.judge_calls == 24 == len(billed)
+    assert outcome.asked == outcome.answered == 24 == len(billed)
     assert len({frozenset((b.a, b.b)) for b in outcome.bouts}) == 12  # no rematch
     assert all(b.consistent for b in outcome.bouts)
     assert outcome.anchored
-    assert outcome.scores["e0"].strength == 0.0
-    by_strength = sorted(outcome.scores, key=lambda n: outcome.scores[n].strength)
+    ranked = outcome.ranked
+    assert set(ranked) == set(outcome.scores)
+    assert ranked["e0"].strength == 0.0
+    by_strength = sorted(ranked, key=lambda n: ranked[n].strength)
     assert by_strength[0] == "e1"
     assert by_strength[-1] == "e4"
     assert all(
-        s.group_size == 8 and s.interval[0] <= s.strength <= s.interval[1]
-        for s in outcome.scores.values()
+        s.group_size == 8 and s.interval[0] <= s.strength <= s.interval[1] for s in ranked.values()
     )
+    # three rounds, both orderings, no failure: six answered comparisons each
+    assert {(s.comparisons, s.comparisons_failed) for s in ranked.values()} == {(6, 0)}
     again = await run_tournament(
         entrants(outputs), RankingJudge(), [], seed="group-1", prior_precision=1.0
     )
@@ -297,7 +303,7 @@ async def test_a_group_without_control_is_fitted_but_not_anchored() -> None:
         prior_precision=1.0,
     )
     assert not outcome.anchored
-    assert all(not s.anchored for s in outcome.scores.values())
+    assert all(not s.anchored for s in outcome.ranked.values())
 
 
 async def test_a_failing_judge_loses_the_comparison_not_the_tournament() -> None:
@@ -305,11 +311,170 @@ async def test_a_failing_judge_loses_the_comparison_not_the_tournament() -> None
         entrants(["x", "boom", "xxx", "xx"]), RankingJudge(), [], seed="s", prior_precision=1.0
     )
     assert outcome.failures
-    assert all("unparseable" in f for f in outcome.failures)
-    assert set(outcome.scores) == {"e0", "e1", "e2", "e3"}
+    assert all("unparseable" in f.reason for f in outcome.failures)
+    assert outcome.asked == outcome.answered + len(outcome.failures) == 2 * len(outcome.bouts)
     failed = [b for b in outcome.bouts if "e1" in (b.a, b.b)]
     assert failed
     assert all(b.first is None and b.consistent is None for b in failed)
+    # e1 was in every failed comparison: no strength from the prior alone
+    assert outcome.scores["e1"] == Ungraded(reason=UngradedReason.JUDGE_FAILED)
+    assert set(outcome.ranked) == {"e0", "e2", "e3"}
+    for name, score in outcome.ranked.items():
+        mine = [b for b in outcome.bouts if name in (b.a, b.b)]
+        answered = sum(v is not None for b in mine for v in (b.first, b.second))
+        assert (score.comparisons, score.comparisons_failed) == (answered, 2 * len(mine) - answered)
+        assert score.group_size == 4
+
+
+async def test_a_group_the_judge_answered_nothing_about_is_ungraded_judge_failed() -> None:
+    usage: list[str] = []
+    outcome = await run_tournament(
+        entrants(["boom", "boom", "boom"]),
+        RankingJudge(),
+        [],
+        seed="s",
+        prior_precision=1.0,
+        on_usage=lambda shown, _: usage.append(shown),
+    )
+    assert outcome.ranked == {}
+    assert set(outcome.scores.values()) == {Ungraded(reason=UngradedReason.JUDGE_FAILED)}
+    assert (outcome.asked, outcome.answered) == (2 * len(outcome.bouts), 0)
+    assert len(outcome.failures) == outcome.asked > 0
+    assert {f.billed_to for f in outcome.failures} <= {"e0", "e1", "e2"}
+    assert not outcome.anchored
+    assert outcome.tie is None
+
+
+async def test_control_that_no_answer_reached_anchors_nothing() -> None:
+    outcome = await run_tournament(
+        entrants(["boom", "x", "xx", "xxx"]), RankingJudge(), [], seed="s", prior_precision=1.0
+    )
+    assert outcome.scores["e0"] == Ungraded(reason=UngradedReason.JUDGE_FAILED)
+    assert outcome.ranked
+    assert not outcome.anchored
+    assert all(not s.anchored for s in outcome.ranked.values())
+
+
+async def test_an_interval_resting_on_fewer_answered_comparisons_is_wider() -> None:
+    @dataclass
+    class Flaky(RankingJudge):
+        """Fails every call that shows e3's episode as A."""
+
+        async def compare(
+            self,
+            a: Episode,
+            b: Episode,
+            rubric: list[RubricItem],
+            *,
+            on_usage: UsageCallback | None = None,
+        ) -> Verdict:
+            if a.output == "xxxx":
+                raise JudgeFailed("the endpoint stopped")
+            return await super().compare(a, b, rubric, on_usage=on_usage)
+
+    outputs = ["x", "xx", "xxx", "xxxx"]
+    whole = await run_tournament(
+        entrants(outputs), RankingJudge(), [], seed="s", prior_precision=1.0
+    )
+    partial = await run_tournament(entrants(outputs), Flaky(), [], seed="s", prior_precision=1.0)
+    full, half = whole.ranked["e3"], partial.ranked["e3"]
+    assert (full.comparisons, full.comparisons_failed) == (4, 0)
+    assert half.comparisons is not None
+    assert half.comparisons_failed is not None
+    assert half.comparisons + half.comparisons_failed == 4
+    assert half.comparisons_failed > 0
+    assert half.interval[1] - half.interval[0] > full.interval[1] - full.interval[0]
+
+
+async def test_attempts_the_judge_answered_nothing_about_are_unranked_with_the_reason() -> None:
+    ep = episode(
+        [
+            attempt(1, AttemptState.FAILED, output="boom"),
+            attempt(2, AttemptState.FAILED, output="xxx"),
+            attempt(3, AttemptState.SUCCEEDED, output="xx"),
+        ],
+        "xx",
+    )
+    seen: list[JudgeUsage] = []
+    grades = await grade_attempts(ep, RankingJudge(), [], prior_precision=1.0, on_usage=seen.append)
+    assert grades.ranks == ()
+    assert [u.model_dump() for u in grades.unranked] == [
+        {
+            "step": "solve",
+            "iteration": 0,
+            "succeeded": False,
+            "attempts": [1, 2],
+            "reason": UngradedReason.JUDGE_FAILED,
+        }
+    ]
+    assert (grades.asked, grades.answered, len(grades.failures)) == (2, 0, 2)
+    assert len(seen) == 2  # the judge reported its calls; none of them answered
+    assert [(c.failed_attempt, c.passed_attempt) for c in grades.credit] == [(1, 3), (2, 3)]
+
+
+@dataclass
+class ScriptedFailures:
+    """Answers by output length, or fails the call when the script says so (then draws)."""
+
+    fails: list[bool]
+    name: str = "scripted"
+    max_context_tokens: int = 4096
+
+    async def compare(
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> Verdict:
+        if self.fails.pop(0) if self.fails else False:
+            raise JudgeFailed("no answer")
+        if on_usage is not None:
+            on_usage(JudgeUsage(self.name, 1, 1, 0.0))
+        la, lb = len(a.output or ""), len(b.output or "")
+        return Verdict.DRAW if la == lb else (Verdict.A if la > lb else Verdict.B)
+
+    async def screen(
+        self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageCallback | None = None
+    ) -> list[CoreViolation]:
+        return []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=2, max_size=7),
+    fails=st.lists(st.booleans(), max_size=40),
+    control=st.one_of(st.none(), st.integers(0, 6)),
+)
+async def test_no_strength_without_an_answered_comparison_behind_it(
+    lengths: list[int], fails: list[bool], control: int | None
+) -> None:
+    billed: list[str] = []
+    outcome = await run_tournament(
+        entrants(["x" * n for n in lengths], control=control),
+        ScriptedFailures(list(fails)),
+        [],
+        seed="p",
+        prior_precision=1.0,
+        on_usage=lambda shown, _: billed.append(shown),
+    )
+    assert outcome.asked == 2 * len(outcome.bouts) == outcome.answered + len(outcome.failures)
+    assert outcome.answered == len(billed)
+    for name, score in outcome.scores.items():
+        mine = [b for b in outcome.bouts if name in (b.a, b.b)]
+        answered = sum(v is not None for b in mine for v in (b.first, b.second))
+        if answered == 0:
+            assert score == Ungraded(reason=UngradedReason.JUDGE_FAILED)
+        else:
+            assert isinstance(score, Ranked)
+            assert (score.comparisons, score.comparisons_failed) == (
+                answered,
+                2 * len(mine) - answered,
+            )
+            assert score.anchored is outcome.anchored
+    in_fit = {n for n, s in outcome.scores.items() if isinstance(s, Ranked)}
+    assert outcome.anchored == (control is not None and f"e{control}" in in_fit)
 
 
 def test_bout_consistency_is_the_mirror_verdict() -> None:

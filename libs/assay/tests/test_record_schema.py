@@ -1050,7 +1050,7 @@ def test_a_usage_recorded_v1_payload_upcasts_to_v2_costing_nothing() -> None:
     assert isinstance(decoded, UsageRecorded)
     assert decoded.cost_usd == 0.0
     assert (decoded.prompt_tokens, decoded.completion_tokens) == (3, 7)
-    assert MESSAGES.versions("UsageRecorded") == [1, 2]
+    assert MESSAGES.versions("UsageRecorded") == [1, 2, 3]
     with pytest.raises(UnknownSchema, match="cost_usd"):
         MESSAGES.decode("UsageRecorded", 2, v1)  # v2 states its cost; nothing guesses it
 

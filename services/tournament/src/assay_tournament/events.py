@@ -56,7 +56,7 @@ class RunScored(Event):
     task_id: TaskId = Field(description="Task.")
     workflow_version: WorkflowVersion = Field(description="Version.")
     score: Score = Field(description="The score.")
-    judge_calls: int = Field(ge=0, description="Judge calls spent.")
+    judge_calls: int = Field(ge=0, description="Judge calls spent that answered.")
     order_index: int | None = Field(None, description="Comparison index of the challenger.")
     was_parked: bool = Field(False, description="It had been waiting for its reference.")
 
@@ -88,7 +88,13 @@ class GroupClosed(Event):
     epoch: int = Field(ge=0, description="The generation that closed; late arrivals get +1.")
     runs: list[RunId] = Field(description="Its members.")
     on_timeout: bool = Field(description="Closed by its timeout rather than its quorum.")
-    judge_calls: int = Field(ge=0, description="Judge calls the tournament spent.")
+    judge_calls: int = Field(
+        ge=0,
+        description="Judge calls of the tournament that answered (before: the calls asked).",
+    )
+    judge_failures: int = Field(
+        0, ge=0, description="Judge calls of the tournament that gave no usable answer."
+    )
     inconsistent: int = Field(ge=0, description="Pairs whose two orderings disagreed.")
     anchored: bool = Field(description="The group held a control episode.")
 

@@ -1,12 +1,16 @@
 """What every grading path shares: ending a run's grading, and metering the judge.
 
-`Meter` is one handler's view of the tenant's grading meter: judge calls today
-(UTC, by when the graded fact occurred) against the tenant's ceiling, calls by
-purpose, and the judge's health (order checks, failures). The calls it saw are
-emitted as `UsageRecorded` (purpose `grading`) attributed to the run they
-served, and the meter is recorded, in the same commit as the scores. A shadow
-run's own spend (its execution's model calls and tokens) is recorded once, as
-`ReplaySpent`, when its grading ends (§12.4).
+`Meter` is one handler's view of the tenant's grading meter: judge calls the
+endpoint billed today (UTC, by when the graded fact occurred) against the
+tenant's ceiling, calls that answered and calls that failed by purpose, and the
+judge's health (order checks, failures). It is the one source of truth for judge
+spend: every call it saw is emitted as `UsageRecorded` (purpose `grading`, its
+`JudgePurpose`, `failed` when the endpoint billed an unusable answer) attributed
+to the run it served, the same calls are added to that run's `JudgeSpend` —
+which its `RunGraded` reports — and the meter is recorded, in the same commit as
+the scores. A run waiting for its group or its reference keeps what it spent so
+far beside its payload. A shadow run's own spend (its execution's model calls
+and tokens) is recorded once, as `ReplaySpent`, when its grading ends (§12.4).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from assay.grading.attempts import AttemptGrades, grade_attempts
 from assay.grading.judges import JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import RunId, RunState
-from assay.kernel.scores import AttemptRank, Score, StepCredit, Ungraded
+from assay.kernel.scores import AttemptRank, Score, StepCredit, Ungraded, UnrankedAttempts
 from assay.messages import (
     Episode,
+    JudgePurpose,
     Purpose,
     RunGraded,
     RunResult,
@@ -40,6 +45,8 @@ from assay_tournament.events import METER_STREAM, GradingMetered, ReplaySpent, R
 
 ATTEMPTS_KEY = "attempt_grades"
 """Where a waiting run's attempt grades are kept beside its RunVerified payload."""
+SPENT_KEY = "judge_spent"
+"""Where a waiting run's judge calls so far are kept beside its RunVerified payload."""
 
 
 async def load_episode(uow: UnitOfWork, ref: str) -> Episode | None:
@@ -59,6 +66,32 @@ def failed_checks(msg: RunVerified) -> list[VerifierResult]:
 
 
 @dataclass
+class JudgeSpend:
+    """The judge calls one run took, by purpose: those that answered and those that failed."""
+
+    answered: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+
+    def __add__(self, other: JudgeSpend) -> JudgeSpend:
+        return JudgeSpend(self.answered + other.answered, self.failed + other.failed)
+
+    def doc(self) -> dict[str, Any]:
+        """As kept beside a waiting run's payload."""
+        return {"answered": dict(self.answered), "failed": dict(self.failed)}
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> JudgeSpend:
+        """What a waiting run spent so far, from its document (none: nothing)."""
+        kept = doc.get(SPENT_KEY)
+        if kept is not None:
+            return cls(Counter(kept["answered"]), Counter(kept["failed"]))
+        legacy = doc.get(ATTEMPTS_KEY)  # kept before spend was: its attempt calls alone
+        if legacy is not None and int(legacy.get("judge_calls", 0)):
+            return cls(Counter({JudgePurpose.ATTEMPTS.value: int(legacy["judge_calls"])}))
+        return cls()
+
+
+@dataclass
 class Meter:
     """The tenant's grading meter as one handler changes it."""
 
@@ -70,9 +103,13 @@ class Meter:
     """Which partition's document (`@<n>`; empty for the one document of before)."""
     others_today: int = 0
     """Today's judge calls of the tenant in the other partitions' documents."""
-    pending: list[tuple[RunId, JudgeUsage]] = field(default_factory=list)
-    billed: Counter[RunId] = field(default_factory=Counter)
-    """Every call this handler saw, by run (emitted or not)."""
+    pending: list[tuple[RunId, JudgePurpose, JudgeUsage]] = field(default_factory=list)
+    """Calls the endpoint billed, to emit as `UsageRecorded` at the next flush."""
+    spent: dict[RunId, JudgeSpend] = field(default_factory=dict)
+    """What each run's grading spent in this handler and has not yet reported."""
+    emitted: Counter[str] = field(default_factory=Counter)
+    """Usage messages emitted in this handler, by content: two calls that cost the same
+    are two messages, told apart by their occurrence."""
     dirty: bool = False
 
     @classmethod
@@ -107,22 +144,43 @@ class Meter:
         today = self.others_today + int(self.doc["calls_today"])
         return today >= self.policy.ceiling_for(str(tenant))
 
-    def sink(self, run: RunId, purpose: str) -> UsageCallback:
-        """Where the judge reports each call it makes for `run`, for `purpose`."""
+    def _count(self, key: str, purpose: JudgePurpose) -> None:
+        by = Counter(self.doc.get(key, {}))
+        by[purpose.value] += 1
+        self.doc[key] = dict(by)
+
+    def _bump(self, key: str) -> None:
+        self.doc[key] = int(self.doc.get(key, 0)) + 1
+
+    def sink(self, run: RunId, purpose: JudgePurpose) -> UsageCallback:
+        """Where the judge reports each call the endpoint billed for `run`, for `purpose`:
+        an answered call counts as one; a failed one is only spend (its failure is
+        counted by `failed`)."""
 
         def record(usage: JudgeUsage) -> None:
-            self.pending.append((run, usage))
-            self.billed[run] += 1
-            by = Counter(self.doc["by_purpose"])
-            by[purpose] += 1
-            self.doc.update(
-                calls_today=int(self.doc["calls_today"]) + 1,
-                calls_total=int(self.doc["calls_total"]) + 1,
-                by_purpose=dict(by),
-            )
+            self.pending.append((run, purpose, usage))
+            self._bump("calls_today")  # the ceiling bounds what was billed
+            if usage.failed:
+                self._bump("failures_billed")
+            else:
+                self.spent.setdefault(run, JudgeSpend()).answered[purpose.value] += 1
+                self._bump("calls_total")
+                self._count("by_purpose", purpose)
             self.dirty = True
 
         return record
+
+    def failed(self, run: RunId, purpose: JudgePurpose, reason: str) -> None:
+        """One judge call for `run` that gave no usable answer (unusable, unreachable)."""
+        self.spent.setdefault(run, JudgeSpend()).failed[purpose.value] += 1
+        self._bump("judge_failures")
+        self._count("failures_by_purpose", purpose)
+        self.doc["last_failure"] = reason[:500]
+        self.dirty = True
+
+    def take(self, run: RunId) -> JudgeSpend:
+        """What `run`'s grading spent in this handler since it was last taken."""
+        return self.spent.pop(run, JudgeSpend())
 
     def order_checked(self, *, consistent: bool) -> None:
         """One sampled order check, and whether the judge mirrored itself."""
@@ -139,15 +197,14 @@ class Meter:
         self.doc["scores"] = dict(scores)
         self.dirty = True
 
-    def failed(self, reason: str) -> None:
-        """One judge failure (an unusable answer, an unreachable judge)."""
-        self.doc["judge_failures"] = int(self.doc["judge_failures"]) + 1
-        self.doc["last_failure"] = reason[:500]
-        self.dirty = True
 
-    def calls_for(self, run: RunId) -> int:
-        """Judge calls pending for `run`."""
-        return sum(1 for r, _ in self.pending if r == run)
+@dataclass(frozen=True)
+class Waiting:
+    """A verified run waiting for its group or its reference, and what it carries."""
+
+    verified: RunVerified
+    attempts: AttemptGrades | None
+    spent: JudgeSpend
 
 
 class Grading:
@@ -176,47 +233,55 @@ class Grading:
         """Attempt tournaments on the episode's retries, when on and affordable."""
         if not spec.attempts_ranked or meter.exhausted(episode.run.tenant):
             return None
+        run = episode.run.run_id
         grades = await grade_attempts(
             episode,
             self.deps.judge,
             rubric,
             prior_precision=spec.precision,
-            on_usage=meter.sink(episode.run.run_id, "attempts"),
+            on_usage=meter.sink(run, JudgePurpose.ATTEMPTS),
         )
         for failure in grades.failures:
-            meter.failed(failure)
+            meter.failed(run, JudgePurpose.ATTEMPTS, failure)
         return grades
 
     @staticmethod
-    def attempts_doc(grades: AttemptGrades | None) -> dict[str, Any]:
-        """A run's attempt grades as kept while it waits."""
-        if grades is None:
-            return {}
-        return {
-            ATTEMPTS_KEY: {
+    def waiting_doc(
+        msg: RunVerified, grades: AttemptGrades | None, spent: JudgeSpend
+    ) -> dict[str, Any]:
+        """A waiting run's document: its RunVerified payload, its attempt grades and what
+        its grading spent so far."""
+        doc: dict[str, Any] = {**msg.model_dump(mode="json"), SPENT_KEY: spent.doc()}
+        if grades is not None:
+            doc[ATTEMPTS_KEY] = {
                 "ranks": [r.model_dump(mode="json") for r in grades.ranks],
                 "credit": [c.model_dump(mode="json") for c in grades.credit],
-                "judge_calls": grades.judge_calls,
+                "unranked": [u.model_dump(mode="json") for u in grades.unranked],
+                "asked": grades.asked,
+                "answered": grades.answered,
             }
-        }
+        return doc
 
     @staticmethod
-    def attempts_from(doc: dict[str, Any]) -> AttemptGrades | None:
-        """The attempt grades kept beside a waiting run's payload."""
-        kept = doc.get(ATTEMPTS_KEY)
-        if kept is None:
-            return None
-        return AttemptGrades(
-            ranks=tuple(AttemptRank.model_validate(r) for r in kept["ranks"]),
-            credit=tuple(StepCredit.model_validate(c) for c in kept["credit"]),
-            judge_calls=int(kept["judge_calls"]),
-            failures=(),
+    def waiting_from(doc: dict[str, Any]) -> Waiting:
+        """The waiting run a document keeps."""
+        verified = RunVerified.model_validate(
+            {k: v for k, v in doc.items() if k not in (ATTEMPTS_KEY, SPENT_KEY)}
         )
-
-    @staticmethod
-    def verified_of(doc: dict[str, Any]) -> RunVerified:
-        """The RunVerified payload of a waiting run's document."""
-        return RunVerified.model_validate({k: v for k, v in doc.items() if k != ATTEMPTS_KEY})
+        kept = doc.get(ATTEMPTS_KEY)
+        grades = None
+        if kept is not None:
+            grades = AttemptGrades(
+                ranks=tuple(AttemptRank.model_validate(r) for r in kept["ranks"]),
+                credit=tuple(StepCredit.model_validate(c) for c in kept["credit"]),
+                asked=int(kept.get("asked", kept.get("judge_calls", 0))),
+                answered=int(kept.get("answered", kept.get("judge_calls", 0))),
+                failures=(),
+                unranked=tuple(
+                    UnrankedAttempts.model_validate(u) for u in kept.get("unranked", [])
+                ),
+            )
+        return Waiting(verified, grades, JudgeSpend.of(doc))
 
     def waiting(self, uow: UnitOfWork, msg: RunVerified, why: str) -> None:
         """The run rests in `Grading` until its comparison can happen."""
@@ -224,19 +289,21 @@ class Grading:
 
     def flush(self, uow: UnitOfWork, meter: Meter) -> None:
         """Emit the calls the meter saw and record the meter, once per change."""
-        for run, usage in meter.pending:
-            uow.emit(
-                USAGE,
-                UsageRecorded(
-                    tenant=uow.tenant,
-                    run_id=run,
-                    purpose=Purpose.GRADING,
-                    model=usage.model,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    cost_usd=usage.cost_usd,
-                ),
+        for run, purpose, usage in meter.pending:
+            recorded = UsageRecorded(
+                tenant=uow.tenant,
+                run_id=run,
+                purpose=Purpose.GRADING,
+                model=usage.model,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cost_usd=usage.cost_usd,
+                judge_purpose=purpose,
+                failed=usage.failed,
             )
+            content = recorded.model_dump_json()
+            uow.emit(USAGE, recorded, occurrence=meter.emitted[content])
+            meter.emitted[content] += 1
         meter.pending.clear()
         if meter.dirty:
             uow.record(
@@ -250,9 +317,8 @@ class Grading:
         uow: UnitOfWork,
         msg: RunVerified,
         score: Score,
-        calls: int,
-        ranks: list[AttemptRank] | None = None,
-        credit: list[StepCredit] | None = None,
+        spent: JudgeSpend,
+        attempts: AttemptGrades | None = None,
     ) -> bool:
         """Emit the run's `RunGraded` and its `Graded`/`Ungraded` status; whether it was
         graded (any score but `Ungraded`)."""
@@ -262,9 +328,13 @@ class Grading:
                 run=msg.run,
                 passed=msg.passed,
                 score=score,
-                judge_calls=calls,
-                attempt_ranks=ranks or [],
-                step_credit=credit or [],
+                judge_calls=spent.answered.total(),
+                judge_failures=spent.failed.total(),
+                judge_calls_by_purpose={JudgePurpose(k): n for k, n in spent.answered.items()},
+                judge_failures_by_purpose={JudgePurpose(k): n for k, n in spent.failed.items()},
+                attempt_ranks=list(attempts.ranks) if attempts else [],
+                step_credit=list(attempts.credit) if attempts else [],
+                unranked_attempts=list(attempts.unranked) if attempts else [],
                 failed_checks=failed_checks(msg),
             ),
         )
@@ -285,7 +355,7 @@ class Grading:
         """End a rollout sibling's grading with its score within the group: its group's
         `RolloutResult` is the task's one result, so the sibling gets none of its own."""
         r = msg.run
-        calls = meter.billed[r.run_id]
+        spent = meter.take(r.run_id)
         meter.scored(score)
         self.flush(uow, meter)
         uow.record(
@@ -295,10 +365,10 @@ class Grading:
                 task_id=r.task_id,
                 workflow_version=r.workflow_version,
                 score=score,
-                judge_calls=calls,
+                judge_calls=spent.answered.total(),
             ),
         )
-        self.graded(uow, msg, score, calls)
+        self.graded(uow, msg, score, spent)
 
     def finish(
         self,
@@ -308,20 +378,18 @@ class Grading:
         score: Score,
         *,
         meter: Meter,
-        judge_calls: int | None = None,
         order_index: int | None = None,
         was_parked: bool = False,
         attempts: AttemptGrades | None = None,
+        carried: JudgeSpend | None = None,
     ) -> None:
         """End the run's grading with `score`: record it, emit graded, status and result.
 
-        `judge_calls` defaults to the calls the meter saw for the run in this handler;
-        the attempt tournaments' calls (metered when they ran) are added to it.
+        The run's judge calls are what it `carried` from earlier handlers (while it
+        waited) and what the meter saw for it in this one.
         """
         r = msg.run
-        if judge_calls is None:
-            judge_calls = meter.calls_for(r.run_id)
-        calls = judge_calls + (attempts.judge_calls if attempts is not None else 0)
+        spent = (carried or JudgeSpend()) + meter.take(r.run_id)
         meter.scored(score)
         self.flush(uow, meter)
         if r.purpose is Purpose.SHADOW:
@@ -341,14 +409,13 @@ class Grading:
                 task_id=r.task_id,
                 workflow_version=r.workflow_version,
                 score=score,
-                judge_calls=calls,
+                judge_calls=spent.answered.total(),
                 order_index=order_index,
                 was_parked=was_parked,
             ),
         )
-        ranks = list(attempts.ranks) if attempts else []
         credit = list(attempts.credit) if attempts else []
-        graded = self.graded(uow, msg, score, calls, ranks, credit)
+        graded = self.graded(uow, msg, score, spent, attempts)
         if r.purpose is Purpose.WORK:
             uow.emit(
                 RESULTS,

@@ -8,7 +8,8 @@ is graded once: Swiss pairing, both orderings, Bradley-Terry-Davidson with the
 control version pinned to zero. Closing moves the task's outcome class to the
 next epoch, so a late arrival starts a new group — strengths already published
 never change underneath a decision (§11.6). A group that closes with one
-member reports `Ungraded{InsufficientGroup}`, a stated reason, not a silence.
+member reports `Ungraded{InsufficientGroup}`, a stated reason, not a silence; a
+member the judge answered no comparison about is `Ungraded{JudgeFailed}`.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from assay.grading.attempts import AttemptGrades
 from assay.grading.tournament import Entrant, run_tournament
 from assay.kernel import RunId, TaskId, TenantId
 from assay.kernel.scores import Ungraded, UngradedReason
-from assay.messages import Episode, GroupDue, Role, RunVerified
+from assay.messages import Episode, GroupDue, JudgePurpose, Role, RunVerified
 from assay.record import BranchKey
 from assay.runtime import UnitOfWork
 from assay.runtime.timers import Fired
 from assay.workflow import GradingSpec, WorkflowDef
 from assay_tournament.events import GroupClosed, GroupJoined, outcome_class
-from assay_tournament.grading import Grading, Meter, load_episode
+from assay_tournament.grading import Grading, Meter, Waiting, load_episode
 
 
 def clock_ms() -> int:
@@ -59,6 +60,7 @@ class Groups:
         quorum = spec.group_quorum if fresh else int(doc["quorum"])
         timeout_s = spec.timeout_s if fresh else float(doc["timeout_s"])
         members = int(doc["members"]) + 1
+        joined = Waiting(msg, attempts, meter.take(r.run_id))
         uow.record(
             BranchKey.main(uow.tenant, f"task:{r.task_id}"),
             GroupJoined(
@@ -69,7 +71,7 @@ class Groups:
                 quorum=quorum,
                 timeout_s=timeout_s,
                 members=members,
-                member={**msg.model_dump(mode="json"), **Grading.attempts_doc(attempts)},
+                member=Grading.waiting_doc(msg, attempts, joined.spent),
             ),
         )
         self.grading.flush(uow, meter)
@@ -79,8 +81,9 @@ class Groups:
                 r.task_id,
                 msg.passed,
                 int(doc["epoch"]),
-                extra=(msg, attempts),
+                extra=joined,
                 on_timeout=False,
+                meter=meter,
             )
         else:
             self.grading.waiting(
@@ -102,33 +105,41 @@ class Groups:
         passed: bool,
         epoch: int,
         *,
-        extra: tuple[RunVerified, AttemptGrades | None] | None,
+        extra: Waiting | None,
         on_timeout: bool,
+        meter: Meter | None = None,
     ) -> None:
-        """Grade the group once and move its task and outcome class to the next epoch."""
+        """Grade the group once and move its task and outcome class to the next epoch.
+
+        `meter` is the handler's own when it already changed it (a join that fills the
+        group): the committed one would not hold those changes yet.
+        """
         key = f"{task}/{outcome_class(passed)}"
-        docs = [doc for _, doc in await uow.scan("member", f"{key}/")]
-        members = [(Grading.verified_of(d), Grading.attempts_from(d)) for d in docs]
-        if extra is not None and all(m.run.run_id != extra[0].run.run_id for m, _ in members):
+        members = [Grading.waiting_from(doc) for _, doc in await uow.scan("member", f"{key}/")]
+        if extra is not None and all(
+            m.verified.run.run_id != extra.verified.run.run_id for m in members
+        ):
             members.append(extra)  # joined in this very commit: not in state yet
-        members.sort(key=lambda pair: str(pair[0].run.run_id))
-        meter = await self.grading.meter(uow)
+        members.sort(key=lambda m: str(m.verified.run.run_id))
+        if meter is None:
+            meter = await self.grading.meter(uow)
         episodes: dict[RunId, Episode] = {}
-        for m, attempts in members:
-            episode = await load_episode(uow, m.episode)
+        for m in members:
+            episode = await load_episode(uow, m.verified.episode)
             if episode is None:
                 self.grading.finish(
                     uow,
-                    m,
+                    m.verified,
                     None,
                     Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
-                    attempts=attempts,
+                    attempts=m.attempts,
+                    carried=m.spent,
                     meter=meter,
                 )
             else:
-                episodes[m.run.run_id] = episode
-        graded = [(m, a) for m, a in members if m.run.run_id in episodes]
-        calls = inconsistent = 0
+                episodes[m.verified.run.run_id] = episode
+        graded = [m for m in members if m.verified.run.run_id in episodes]
+        answered = failed = inconsistent = 0
         anchored = False
         if len(graded) < 2 or meter.exhausted(uow.tenant):
             reason = (
@@ -136,27 +147,31 @@ class Groups:
                 if len(graded) < 2
                 else UngradedReason.BUDGET_EXHAUSTED
             )
-            for m, attempts in graded:
+            for m in graded:
                 self.grading.finish(
                     uow,
-                    m,
-                    episodes[m.run.run_id],
+                    m.verified,
+                    episodes[m.verified.run.run_id],
                     Ungraded(reason=reason),
-                    attempts=attempts,
+                    attempts=m.attempts,
+                    carried=m.spent,
                     meter=meter,
                 )
         else:
-            first = episodes[graded[0][0].run.run_id]
+            first = episodes[graded[0].verified.run.run_id]
             spec = WorkflowDef.model_validate(first.definition)
-            sinks = {m.run.run_id: meter.sink(m.run.run_id, "tournament") for m, _ in graded}
+            sinks = {
+                m.verified.run.run_id: meter.sink(m.verified.run.run_id, JudgePurpose.TOURNAMENT)
+                for m in graded
+            }
             outcome = await run_tournament(
                 [
                     Entrant(
-                        name=str(m.run.run_id),
-                        episode=episodes[m.run.run_id],
-                        control=m.run.role is Role.CURRENT,
+                        name=str(m.verified.run.run_id),
+                        episode=episodes[m.verified.run.run_id],
+                        control=m.verified.run.role is Role.CURRENT,
                     )
-                    for m, _ in graded
+                    for m in graded
                 ],
                 self.grading.deps.judge,
                 list(spec.rubric),
@@ -165,25 +180,21 @@ class Groups:
                 on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
             )
             for failure in outcome.failures:
-                meter.failed(failure)
+                meter.failed(RunId(failure.billed_to), JudgePurpose.TOURNAMENT, failure.reason)
             for bout in outcome.bouts:
                 if bout.consistent is not None:
                     meter.order_checked(consistent=bout.consistent)
-            calls, inconsistent, anchored = (
-                outcome.judge_calls,
-                outcome.inconsistent,
-                outcome.anchored,
-            )
-            billed = {m.run.run_id: meter.calls_for(m.run.run_id) for m, _ in graded}
-            for m, attempts in graded:
+            answered, failed = outcome.answered, len(outcome.failures)
+            inconsistent, anchored = outcome.inconsistent, outcome.anchored
+            for m in graded:
                 self.grading.finish(
                     uow,
-                    m,
-                    episodes[m.run.run_id],
-                    outcome.scores[str(m.run.run_id)],
+                    m.verified,
+                    episodes[m.verified.run.run_id],
+                    outcome.scores[str(m.verified.run.run_id)],
                     meter=meter,
-                    judge_calls=billed[m.run.run_id],
-                    attempts=attempts,
+                    attempts=m.attempts,
+                    carried=m.spent,
                 )
         self.grading.flush(uow, meter)
         uow.record(
@@ -192,9 +203,10 @@ class Groups:
                 task_id=task,
                 passed=passed,
                 epoch=epoch,
-                runs=[m.run.run_id for m, _ in members],
+                runs=[m.verified.run.run_id for m in members],
                 on_timeout=on_timeout,
-                judge_calls=calls,
+                judge_calls=answered,
+                judge_failures=failed,
                 inconsistent=inconsistent,
                 anchored=anchored,
             ),

@@ -18,7 +18,7 @@ from typing import Literal
 
 from assay.bus.topics import RESULTS, RUN_STATUS, TASKS
 from assay.grading.judges import Judge, JudgeFailed, UsageCallback
-from assay.grading.tournament import Entrant, run_tournament
+from assay.grading.tournament import Entrant, TournamentOutcome, run_tournament
 from assay.kernel import RunId, RunState
 from assay.kernel.scores import (
     Capped,
@@ -31,6 +31,7 @@ from assay.kernel.scores import (
 )
 from assay.messages import (
     Episode,
+    JudgePurpose,
     RolloutClosed,
     RolloutProgress,
     RolloutResult,
@@ -172,7 +173,8 @@ class RolloutSelection:
             episode = await load_episode(uow, sibling.episode)
             screened = await self._screen(uow, judge, sibling, episode, meter)
             verified.append((sibling, episode, screened))
-        ranks, record, winner = await self._select(uow, judge, msg, verified, meter)
+        scores, record, winner = await self._select(uow, judge, msg, verified, meter)
+        ranks = {run: score for run, score in scores.items() if isinstance(score, Ranked)}
         siblings = cancelled + [
             SiblingResult(
                 run_id=s.run.run_id,
@@ -191,7 +193,7 @@ class RolloutSelection:
             score: Score = (
                 Capped(violations=violations)
                 if violations
-                else ranks.get(s.run.run_id) or Ungraded(reason=UngradedReason.INSUFFICIENT_GROUP)
+                else scores.get(s.run.run_id) or Ungraded(reason=UngradedReason.INSUFFICIENT_GROUP)
             )
             self.grading.finish_sibling(uow, s, score, meter=meter)
         passes = sum(1 for s in siblings if s.ended == "verified" and s.passed)
@@ -241,9 +243,11 @@ class RolloutSelection:
         if not any(item.layer == "core" for item in rubric) or meter.exhausted(uow.tenant):
             return []
         try:
-            return await judge.screen(episode, rubric, on_usage=meter.sink(s.run.run_id, "screen"))
+            return await judge.screen(
+                episode, rubric, on_usage=meter.sink(s.run.run_id, JudgePurpose.SCREEN)
+            )
         except JudgeFailed as exc:
-            meter.failed(str(exc))
+            meter.failed(s.run.run_id, JudgePurpose.SCREEN, str(exc))
             return []
 
     async def _select(
@@ -253,13 +257,13 @@ class RolloutSelection:
         msg: RolloutClosed,
         verified: list[tuple[RunVerified, Episode | None, list[CoreViolation]]],
         meter: Meter,
-    ) -> tuple[dict[RunId, Ranked], SelectionRecord, RunId | None]:
+    ) -> tuple[dict[RunId, Ranked | Ungraded], SelectionRecord, RunId | None]:
         policy = msg.spec.selection
         eligible = [(s, e) for s, e, v in verified if not v and e is not None]
         passing = [(s, e) for s, e in eligible if s.passed]
         best = passing or [(s, e) for s, e in eligible if not s.passed]
-        ranks: dict[RunId, Ranked] = {}
-        calls = 0
+        scores: dict[RunId, Ranked | Ungraded] = {}
+        answered = failed = 0
         winner: RunId | None = None
         decided_by: Literal["verifier", "judge", "index", "none"] = "none"
         index = {s.run.run_id: s.run.rollout.index if s.run.rollout else 0 for s, _ in best}
@@ -275,32 +279,51 @@ class RolloutSelection:
             winner, decided_by = min(index, key=index.__getitem__), "index"
             evidence = "the tenant's judge budget is spent: the lowest index of the best class"
         else:
-            calls, ranks = await self._tournament(uow, judge, msg, best, meter)
-            top = max(r.strength for r in ranks.values())
-            leaders = sorted(
-                (run for run, r in ranks.items() if top - r.strength < TIE),
-                key=index.__getitem__,
-            )
-            winner = leaders[0]
-            decided_by = "index" if len(leaders) > 1 else "judge"
-            shown = ", ".join(
-                f"#{index[run]} {ranks[run].strength:+.3f} "
-                f"[{ranks[run].interval[0]:+.2f}, {ranks[run].interval[1]:+.2f}]"
-                for run in sorted(ranks, key=index.__getitem__)
-            )
-            tie = "tie broken by the lowest index" if len(leaders) > 1 else "the strongest won"
-            evidence = (
-                f"{len(best)} siblings {'passed' if passing else 'failed'}; "
-                f"Bradley-Terry strengths {shown}; {tie}"
-            )
+            outcome = await self._tournament(uow, judge, msg, best, meter)
+            answered, failed = outcome.answered, len(outcome.failures)
+            scores = {RunId(name): score for name, score in outcome.scores.items()}
+            winner, decided_by, evidence = self._judged(outcome, index, passing=bool(passing))
         record = SelectionRecord(
             policy=policy.name,
             policy_version=policy.policy_version,
             decided_by=decided_by,
             evidence=evidence,
-            judge_calls=calls,
+            judge_calls=answered,
+            judge_failures=failed,
         )
-        return ranks, record, winner
+        return scores, record, winner
+
+    @staticmethod
+    def _judged(
+        outcome: TournamentOutcome, index: dict[RunId, int], *, passing: bool
+    ) -> tuple[RunId, Literal["judge", "index"], str]:
+        """The winner of the best class's tournament, who decided it, and the evidence. A
+        sibling the judge answered nothing about is not ranked and cannot win on strength."""
+        ranks = {RunId(name): rank for name, rank in outcome.ranked.items()}
+        if not ranks:
+            return (
+                min(index, key=index.__getitem__),
+                "index",
+                f"the judge answered none of {outcome.asked} comparisons: the lowest index of "
+                "the best class",
+            )
+        top = max(r.strength for r in ranks.values())
+        leaders = sorted(
+            (run for run, r in ranks.items() if top - r.strength < TIE), key=index.__getitem__
+        )
+        shown = ", ".join(
+            f"#{index[run]} {ranks[run].strength:+.3f} "
+            f"[{ranks[run].interval[0]:+.2f}, {ranks[run].interval[1]:+.2f}]"
+            for run in sorted(ranks, key=index.__getitem__)
+        )
+        tie = "tie broken by the lowest index" if len(leaders) > 1 else "the strongest won"
+        unranked = len(index) - len(ranks)
+        left = f"; {unranked} unranked (the judge answered nothing about them)" if unranked else ""
+        evidence = (
+            f"{len(index)} siblings {'passed' if passing else 'failed'}; "
+            f"Bradley-Terry strengths {shown}{left}; {tie}"
+        )
+        return leaders[0], "index" if len(leaders) > 1 else "judge", evidence
 
     async def _tournament(
         self,
@@ -309,10 +332,10 @@ class RolloutSelection:
         msg: RolloutClosed,
         best: list[tuple[RunVerified, Episode]],
         meter: Meter,
-    ) -> tuple[int, dict[RunId, Ranked]]:
+    ) -> TournamentOutcome:
         """Rank the best outcome class: Swiss pairing, both orderings, Bradley-Terry."""
         workflow = WorkflowDef.model_validate(best[0][1].definition)
-        sinks = {s.run.run_id: meter.sink(s.run.run_id, "rollout") for s, _ in best}
+        sinks = {s.run.run_id: meter.sink(s.run.run_id, JudgePurpose.ROLLOUT) for s, _ in best}
         outcome = await run_tournament(
             [Entrant(name=str(s.run.run_id), episode=e, control=False) for s, e in best],
             judge,
@@ -322,5 +345,5 @@ class RolloutSelection:
             on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
         )
         for failure in outcome.failures:
-            meter.failed(failure)
-        return outcome.judge_calls, {RunId(name): rank for name, rank in outcome.scores.items()}
+            meter.failed(RunId(failure.billed_to), JudgePurpose.ROLLOUT, failure.reason)
+        return outcome

@@ -35,7 +35,7 @@ from assay.kernel import RunId, WorkflowVersion
 from assay.kernel.canonical import digest
 from assay.kernel.errors import Refused
 from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
-from assay.messages import Episode, GroupDue, Role, RolloutClosed, RunVerified
+from assay.messages import Episode, GroupDue, JudgePurpose, Role, RolloutClosed, RunVerified
 from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, UnitOfWork
 from assay.runtime.timers import timer
@@ -49,7 +49,7 @@ from assay_tournament.events import (
     RunScored,
     fold_tournament,
 )
-from assay_tournament.grading import Grading, Meter, load_episode
+from assay_tournament.grading import Grading, JudgeSpend, Meter, load_episode
 from assay_tournament.groups import Groups, clock_ms
 from assay_tournament.rollouts import RolloutSelection
 
@@ -96,6 +96,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         was_parked: bool,
         attempts: AttemptGrades | None,
         meter: Meter,
+        carried: JudgeSpend | None = None,
     ) -> int:
         """Score one challenger episode against the reference; return the next index."""
         r = msg.run
@@ -109,6 +110,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
                 was_parked=was_parked,
                 attempts=attempts,
+                carried=carried,
                 meter=meter,
             )
             return index
@@ -126,7 +128,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 )
             )
             grading.finish(
-                uow, msg, episode, score, was_parked=was_parked, attempts=attempts, meter=meter
+                uow,
+                msg,
+                episode,
+                score,
+                was_parked=was_parked,
+                attempts=attempts,
+                carried=carried,
+                meter=meter,
             )
             return index
         if meter.exhausted(r.tenant):
@@ -137,6 +146,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED),
                 was_parked=was_parked,
                 attempts=attempts,
+                carried=carried,
                 meter=meter,
             )
             return index
@@ -151,11 +161,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 order_index=index,
                 judge=judge,
                 rubric=rubric,
-                on_usage=meter.sink(r.run_id, "compare"),
+                on_usage=meter.sink(r.run_id, JudgePurpose.COMPARE),
                 order_check=_sampled(r.run_id, policy.order_check),
             )
         except JudgeFailed as exc:
-            meter.failed(str(exc))
+            meter.failed(r.run_id, JudgePurpose.COMPARE, str(exc))
             grading.finish(
                 uow,
                 msg,
@@ -163,6 +173,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 Ungraded(reason=UngradedReason.JUDGE_FAILED),
                 was_parked=was_parked,
                 attempts=attempts,
+                carried=carried,
                 meter=meter,
             )
             return index
@@ -176,6 +187,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             order_index=index,
             was_parked=was_parked,
             attempts=attempts,
+            carried=carried,
             meter=meter,
         )
         return index + 1
@@ -185,11 +197,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
         r = msg.run
         index: int | None = None
         for _, parked in await uow.scan("parked", f"{r.task_id}/"):
-            waiting = Grading.verified_of(parked)
+            kept = Grading.waiting_from(parked)
+            waiting, attempts = kept.verified, kept.attempts
             if waiting.run.baseline_version != r.workflow_version:
                 continue
             waiting_episode = await load_episode(uow, waiting.episode)
-            attempts = grading.attempts_from(parked)
             fresh: dict[str, Any] = {
                 "run_id": r.run_id,
                 "episode": msg.episode,
@@ -203,6 +215,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                     Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE),
                     was_parked=True,
                     attempts=attempts,
+                    carried=kept.spent,
                     meter=meter,
                 )
                 continue
@@ -217,6 +230,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 was_parked=True,
                 attempts=attempts,
                 meter=meter,
+                carried=kept.spent,
             )
 
     async def pairwise(
@@ -267,12 +281,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         elif r.reference_expected:
             uow.record(
                 task_stream,
-                ChallengerParked(
-                    verified={
-                        **msg.model_dump(mode="json"),
-                        **grading.attempts_doc(attempts),
-                    }
-                ),
+                ChallengerParked(verified=Grading.waiting_doc(msg, attempts, meter.take(r.run_id))),
             )
             grading.waiting(uow, msg, "waiting for the reference run")
         else:
@@ -324,10 +333,10 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 return
             try:
                 violations = await judge.screen(
-                    episode, rubric, on_usage=meter.sink(r.run_id, "screen")
+                    episode, rubric, on_usage=meter.sink(r.run_id, JudgePurpose.SCREEN)
                 )
             except JudgeFailed as exc:
-                meter.failed(str(exc))
+                meter.failed(r.run_id, JudgePurpose.SCREEN, str(exc))
                 grading.finish(
                     uow, msg, episode, Ungraded(reason=UngradedReason.JUDGE_FAILED), meter=meter
                 )

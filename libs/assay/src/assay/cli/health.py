@@ -1,9 +1,11 @@
 """`assay grade health`: each tenant's grading meter, from the tournament stage's state.
 
-Per tenant: judge calls today against the tenant's ceiling and by purpose
-(compare, order check, screen, tournament, attempts), the judge's health — the
+Per tenant: judge calls the endpoint billed today against the tenant's ceiling,
+judge calls that answered and judge calls that failed, each by purpose
+(compare — with its order checks —, screen, tournament, attempts, rollout) and
+the failed calls the endpoint still billed, the judge's health — the
 order-inconsistency rate on sampled order checks and both-order tournament
-pairs, judge failures and the last one — and how grading ended, by score kind
+pairs, and the last failure — and how grading ended, by score kind
 and `Ungraded` by reason (§11.6: a tenant whose loop never engages must see a
 stated reason, not a silence). Beside it, replay's spend (§12.4): the tenant's
 replay ceiling, the model calls its shadow runs reserved today and the shadow
@@ -45,11 +47,13 @@ def report(tenant: TenantId, meter: dict[str, Any], ceiling: int) -> dict[str, A
         "budget_exhausted": int(meter.get("calls_today", 0)) >= ceiling,
         "judge_calls_total": int(meter.get("calls_total", 0)),
         "judge_calls_by_purpose": dict(sorted(meter.get("by_purpose", {}).items())),
+        "judge_failures": int(meter.get("judge_failures", 0)),
+        "judge_failures_by_purpose": dict(sorted(meter.get("failures_by_purpose", {}).items())),
+        "judge_failures_billed": int(meter.get("failures_billed", 0)),
+        "last_judge_failure": meter.get("last_failure"),
         "order_checked": checked,
         "order_inconsistent": inconsistent,
         "order_inconsistency_rate": inconsistent / checked if checked else None,
-        "judge_failures": int(meter.get("judge_failures", 0)),
-        "last_judge_failure": meter.get("last_failure"),
         "scores": dict(sorted(meter.get("scores", {}).items())),
     }
 
@@ -63,9 +67,15 @@ def merged(shards: list[dict[str, Any]]) -> dict[str, Any]:
         if d.get("day") == day:
             out["calls_today"] += int(d.get("calls_today", 0))
             out["last_failure"] = d.get("last_failure") or out["last_failure"]
-        for k in ("calls_total", "order_checked", "order_inconsistent", "judge_failures"):
+        for k in (
+            "calls_total",
+            "order_checked",
+            "order_inconsistent",
+            "judge_failures",
+            "failures_billed",
+        ):
             out[k] = out.get(k, 0) + int(d.get(k, 0))
-        for k in ("by_purpose", "scores"):
+        for k in ("by_purpose", "failures_by_purpose", "scores"):
             out[k] = dict(Counter(out.get(k, {})) + Counter(d.get(k, {})))
     return out
 

@@ -1,10 +1,14 @@
 """The demo's final table, read from the stages' own state: what ran, what the judge
-cost, each version's climb up the ladder, and the held-out gap (§12.5)."""
+cost, each version's climb up the ladder, and the held-out gap (§12.5).
+
+The judge's figures are the tournament stage's grading meter, merged as `assay grade
+health` merges it: one source of truth, so the two never disagree."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from assay.cli.health import merged
 from assay.cli.ladder import reports
 from assay.kernel.ids import TenantId
 from assay.messages import RunResult
@@ -31,7 +35,10 @@ async def summarise(
     decide, ingest = rt.logs["decide"], rt.logs["ingest"]
     found = await reports(decide, rt.logs["aggregate"], tenant)
     report = found[0] if found else None
-    scored = await rt.logs["tournament"].scan(tenant, "scored")
+    shards = [
+        d for k, d in await rt.logs["tournament"].scan(tenant, "meter") if k.startswith("grading")
+    ]
+    meter = merged(shards) if shards else {}
     tasks = dict(await ingest.scan(tenant, "task"))
     versions = []
     for v in report["versions"] if report else []:
@@ -60,7 +67,10 @@ async def summarise(
         "tasks": len(results),
         "held_out_tasks": sum(1 for key in results if tasks.get(key, {}).get("held_out")),
         "duplicate_results": sum(len(r) - 1 for r in results.values()),
-        "judge_calls": sum(doc["judge_calls"] for _, doc in scored),
+        "judge_calls": int(meter.get("calls_total", 0)),
+        "judge_calls_by_purpose": dict(sorted(meter.get("by_purpose", {}).items())),
+        "judge_failures": int(meter.get("judge_failures", 0)),
+        "judge_failures_by_purpose": dict(sorted(meter.get("failures_by_purpose", {}).items())),
         "verifier_decided": verifier,
         "versions": versions,
         "current": labels.get(current, (current or "")[:12]) if current else None,
@@ -99,6 +109,22 @@ def _pair(rates: dict[str, float | None]) -> str:
     return f"{_pct(rates['selection'])} / {_pct(rates['held_out'])}{_gap(rates['gap'])}"
 
 
+def _by_purpose(counts: dict[str, int]) -> str:
+    return ", ".join(f"{purpose} {n}" for purpose, n in counts.items() if n)
+
+
+def judge_calls_line(s: dict[str, Any]) -> str:
+    """`<answered> answered (<by purpose>)`, then `; <failed> failed (<by purpose>)` when
+    any call failed: the figures `assay grade health` reports as `judge_calls_total` and
+    `judge_failures`."""
+    line = f"{s['judge_calls']} answered"
+    if s["judge_calls"]:
+        line += f" ({_by_purpose(s['judge_calls_by_purpose'])})"
+    if s["judge_failures"]:
+        line += f"; {s['judge_failures']} failed ({_by_purpose(s['judge_failures_by_purpose'])})"
+    return line
+
+
 def print_summary(s: dict[str, Any]) -> None:
     """The table, then one line per decision saying why."""
     challengers = [v for v in s["versions"] if v["decision"] is not None]
@@ -109,7 +135,7 @@ def print_summary(s: dict[str, Any]) -> None:
     rows = [
         ("tasks with a result", f"{s['tasks']} ({s['held_out_tasks']} held out)"),
         ("runs (incl. shadow)", str(s["runs"])),
-        ("judge calls", str(s["judge_calls"])),
+        ("judge calls", judge_calls_line(s)),
         ("verifier-decided comparisons", str(s["verifier_decided"])),
         ("SPRT decision", sprt),
         (

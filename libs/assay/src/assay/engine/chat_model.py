@@ -44,7 +44,16 @@ class ModelRequestRefused(ModelError):
 
 
 class ModelResponseInvalid(ModelError):
-    """The endpoint answered with a body that is not a chat completion with usage."""
+    """The endpoint answered with a body that is not a chat completion with usage.
+
+    Attributes:
+        billed: what the call cost when the body did report its usage — a refusal, or a
+            completion without text — with empty text; None when it did not.
+    """
+
+    def __init__(self, message: str, billed: Completion | None = None) -> None:
+        super().__init__(message)
+        self.billed = billed
 
 
 @dataclass(frozen=True)
@@ -208,19 +217,28 @@ class ChatCompletionsModel:
             ) from exc
         text = _field(doc, ("choices", 0, "message", "content"), self.url)
         if not isinstance(text, str):
-            raise ModelResponseInvalid(
-                f"{self.url}: choices[0].message.content is {_kind(text)}, not text"
+            refusal = doc["choices"][0]["message"].get("refusal")
+            what = (
+                f"the model refused: {_excerpt(refusal)}"
+                if isinstance(refusal, str) and refusal
+                else f"choices[0].message.content is {_kind(text)}, not text"
             )
+            raise ModelResponseInvalid(f"{self.url}: {what}", billed=self._billed(doc))
         tokens = [
             _field(doc, ("usage", name), self.url)
             for name in ("prompt_tokens", "completion_tokens")
         ]
         for name, value in zip(("prompt_tokens", "completion_tokens"), tokens, strict=True):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not _is_count(value):
                 raise ModelResponseInvalid(
                     f"{self.url}: usage.{name} is {_kind(value)}, not a count of tokens"
                 )
         prompt_tokens, completion_tokens = tokens
+        return self._priced(doc, text, prompt_tokens, completion_tokens)
+
+    def _priced(
+        self, doc: Any, text: str, prompt_tokens: int, completion_tokens: int
+    ) -> Completion:
         served_by = doc.get("model")
         return Completion(
             text=text,
@@ -229,6 +247,22 @@ class ChatCompletionsModel:
             completion_tokens=completion_tokens,
             cost_usd=self.prices.cost(prompt_tokens, completion_tokens),
         )
+
+    def _billed(self, doc: Any) -> Completion | None:
+        """What a body without usable text cost, when it reports its usage."""
+        usage = doc.get("usage")
+        if not isinstance(usage, dict):
+            return None
+        prompt_tokens: Any = usage.get("prompt_tokens")
+        completion_tokens: Any = usage.get("completion_tokens")
+        if not (_is_count(prompt_tokens) and _is_count(completion_tokens)):
+            return None
+        return self._priced(doc, "", prompt_tokens, completion_tokens)
+
+
+def _is_count(value: Any) -> bool:
+    """A token count: a non-negative int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _field(doc: Any, path: tuple[str | int, ...], url: str) -> Any:

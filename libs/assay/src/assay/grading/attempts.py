@@ -5,7 +5,9 @@ happens, at no agent cost. Two things come out of them:
 
 - **Rankings** of same-outcome attempts — "which failure got further" is a
   question no verifier answers, so the judge answers it, in a tournament whose
-  anchor is the step's earliest attempt in the group.
+  anchor is the step's earliest attempt in the group. An attempt the judge
+  answered no comparison about gets no rank: it is listed as unranked with the
+  reason (`judge_failed`), never given a strength from the prior alone.
 - **Credit** for each fail-then-pass retry. That pair is never shown to a judge
   (§11.8: a pass beats a fail by definition); what differed between the two
   attempts is attributed to the step structurally.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from assay.grading.judges import Judge, UsageCallback
 from assay.grading.tournament import Entrant, run_tournament
 from assay.kernel.attempts import AttemptState
-from assay.kernel.scores import AttemptRank, StepCredit
+from assay.kernel.scores import AttemptRank, Ranked, StepCredit, UngradedReason, UnrankedAttempts
 from assay.messages.episode import AttemptView, Episode
 from assay.workflow.ir import RubricItem
 
@@ -34,12 +36,18 @@ _RANKED = {
 
 @dataclass(frozen=True)
 class AttemptGrades:
-    """What the attempts of one episode yielded, and the judge calls it took."""
+    """What the attempts of one episode yielded, and the comparisons it took.
+
+    `asked` counts the comparisons put to the judge and `answered` those it answered;
+    `failures` holds why each of the others failed.
+    """
 
     ranks: tuple[AttemptRank, ...]
     credit: tuple[StepCredit, ...]
-    judge_calls: int
+    asked: int
+    answered: int
     failures: tuple[str, ...]
+    unranked: tuple[UnrankedAttempts, ...] = ()
 
 
 def _by_step(episode: Episode) -> dict[tuple[str, int], list[AttemptView]]:
@@ -114,8 +122,9 @@ async def grade_attempts(
 ) -> AttemptGrades:
     """Rank same-outcome attempts of every step and credit fail-then-pass retries."""
     ranks: list[AttemptRank] = []
+    unranked: list[UnrankedAttempts] = []
     failures: list[str] = []
-    calls = 0
+    asked = answered = 0
     for step, iteration, succeeded, group in ranking_groups(episode):
         entrants = [
             Entrant(name=str(v.attempt), episode=attempt_view(episode, v), control=i == 0)
@@ -129,21 +138,39 @@ async def grade_attempts(
             prior_precision=prior_precision,
             on_usage=None if on_usage is None else (lambda _shown, usage: on_usage(usage)),
         )
-        calls += outcome.judge_calls
-        failures.extend(outcome.failures)
-        ranks.extend(
-            AttemptRank(
-                step=step,
-                iteration=iteration,
-                attempt=int(v.attempt),
-                succeeded=succeeded,
-                rank=outcome.scores[str(v.attempt)],
+        asked += outcome.asked
+        answered += outcome.answered
+        failures.extend(f.reason for f in outcome.failures)
+        left = []
+        for v in group:
+            score = outcome.scores[str(v.attempt)]
+            if isinstance(score, Ranked):
+                ranks.append(
+                    AttemptRank(
+                        step=step,
+                        iteration=iteration,
+                        attempt=int(v.attempt),
+                        succeeded=succeeded,
+                        rank=score,
+                    )
+                )
+            else:
+                left.append(int(v.attempt))
+        if left:
+            unranked.append(
+                UnrankedAttempts(
+                    step=step,
+                    iteration=iteration,
+                    succeeded=succeeded,
+                    attempts=left,
+                    reason=UngradedReason.JUDGE_FAILED,
+                )
             )
-            for v in group
-        )
     return AttemptGrades(
         ranks=tuple(ranks),
         credit=tuple(step_credit(episode)),
-        judge_calls=calls,
+        asked=asked,
+        answered=answered,
         failures=tuple(failures),
+        unranked=tuple(unranked),
     )

@@ -8,9 +8,11 @@ else). The model is any `JudgeModel` — in practice the engine's
 reuses its retries, backoff and strict completion parsing. (The grading layer
 does not import the engine; the port below is what it needs of it.)
 
-Metering: every model call is reported through the caller's `on_usage` as soon
-as the model answered — before the answer is parsed, so the tokens of an
-unusable answer are counted too. A call that never answered reports nothing.
+Metering: every model call the endpoint answered is reported through the
+caller's `on_usage` once its answer was read — marked `failed` when the answer
+was unusable (a refusal, or output not in the strict format), so its tokens are
+counted as spend and never as an answer. A call that never answered reports
+nothing.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class JudgeModel(Protocol):
     `complete` sends `system` as a system message and `prompt` as the user
     message, at temperature 0, and raises an `AssayError` when the call fails:
     the endpoint stays unavailable, refuses the request, or answers with a body
-    that is not a completion.
+    that is not a completion. When that body still reported its usage (a model's
+    refusal), the error's `billed` attribute holds it as a `JudgeCompletion`.
     """
 
     name: str
@@ -171,8 +174,13 @@ class ChatJudge:
             JudgeFailed: the rubric is over budget, the call failed, or the answer
                 is not exactly a verdict object.
         """
-        answer = await self._ask(self.prompts.compare(a, b, rubric), on_usage)
-        verdict, reason = parse_verdict(answer)
+        done = await self._ask(self.prompts.compare(a, b, rubric), on_usage)
+        try:
+            verdict, reason = parse_verdict(done.text)
+        except JudgeFailed:
+            _report(on_usage, done, failed=True)
+            raise
+        _report(on_usage, done, failed=False)
         log.debug("judge %s: %s (%s)", self.name, verdict.value, reason)
         return verdict
 
@@ -193,24 +201,38 @@ class ChatJudge:
         core = core_criteria(rubric)
         if not core:
             return []
-        answer = await self._ask(self.prompts.screen(episode, core), on_usage)
-        return parse_violations(answer, core)
+        done = await self._ask(self.prompts.screen(episode, core), on_usage)
+        try:
+            violations = parse_violations(done.text, core)
+        except JudgeFailed:
+            _report(on_usage, done, failed=True)
+            raise
+        _report(on_usage, done, failed=False)
+        return violations
 
-    async def _ask(self, prompt: JudgePrompt, on_usage: UsageCallback | None) -> str:
-        """The model's answer to `prompt`, its usage reported."""
+    async def _ask(self, prompt: JudgePrompt, on_usage: UsageCallback | None) -> JudgeCompletion:
+        """The model's completion of `prompt`; a failed call that was billed is reported
+        (as failed) before `JudgeFailed` is raised."""
         # Same prompt, same seed: a server that honours seeds answers a repeat the same way.
         seed = "judge:" + digest(f"{prompt.system}\x1f{prompt.user}".encode())
         try:
-            done = await self._model.complete(
+            return await self._model.complete(
                 prompt.user,
                 max_tokens=self.max_answer_tokens,
                 seed=seed,
                 system=prompt.system,
             )
         except AssayError as exc:
+            billed: JudgeCompletion | None = getattr(exc, "billed", None)
+            if billed is not None:
+                _report(on_usage, billed, failed=True)
             raise JudgeFailed(f"the model call failed ({type(exc).__name__}: {exc})") from exc
-        if on_usage is not None:
-            on_usage(
-                JudgeUsage(done.model, done.prompt_tokens, done.completion_tokens, done.cost_usd)
+
+
+def _report(on_usage: UsageCallback | None, done: JudgeCompletion, *, failed: bool) -> None:
+    if on_usage is not None:
+        on_usage(
+            JudgeUsage(
+                done.model, done.prompt_tokens, done.completion_tokens, done.cost_usd, failed
             )
-        return done.text
+        )

@@ -33,16 +33,22 @@ class JudgeUsage:
         prompt_tokens: prompt tokens the call consumed.
         completion_tokens: completion tokens it produced.
         cost_usd: its price at the judge's configured rates (0.0 without prices).
+        failed: the endpoint answered (and billed) but the answer was unusable — a
+            refusal, or output not in the judge's format; the judge raises
+            `JudgeFailed` for it. Spend, never an answer.
     """
 
     model: str
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    failed: bool = False
 
 
 UsageCallback = Callable[[JudgeUsage], None]
-"""Called once per model call a judge makes, after the call answered."""
+"""Called once per model call a judge makes that the endpoint answered, once the answer
+was read: `failed` marks one that gave no usable answer. A call that never answered (a
+stopped endpoint, a timeout) reports nothing."""
 
 
 class JudgeFailed(AssayError):

@@ -11,7 +11,12 @@ from it; a group without control is fitted against its own mean, says so
 
 Pairing is a function of the entrants, the verdicts and a seed, so a redelivered
 message pairs the same way; a judge that fails on a pair loses that comparison
-(recorded), never the tournament.
+(recorded), never the tournament. Only answered comparisons enter the fit: the
+calls asked and the calls answered are counted apart, each `Ranked` says how
+many of its entrant's comparisons it rests on, and an entrant the judge answered
+nothing about is `Ungraded{judge_failed}` — a strength from the prior alone would
+be a guessed verdict (§11.1). Control that no answer reached anchors nothing: the
+group is then fitted against its own mean and says so.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from assay.grading.bt import PairCount, Ties, fit
 from assay.grading.judges import Judge, JudgeFailed, JudgeUsage
 from assay.grading.swiss import pair_round, rounds_for
-from assay.kernel.scores import Ranked, Verdict
+from assay.kernel.scores import Ranked, Ungraded, UngradedReason, Verdict
 from assay.messages.episode import Episode
 from assay.workflow.ir import RubricItem
 
@@ -73,15 +78,35 @@ class Bout:
 
 
 @dataclass(frozen=True)
-class TournamentOutcome:
-    """Strengths of every entrant, the bouts that produced them, and what it cost."""
+class JudgeFailure:
+    """One comparison the judge did not answer: the entrant it is billed to (shown as A)
+    and why."""
 
-    scores: dict[str, Ranked]
+    billed_to: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TournamentOutcome:
+    """Every entrant's score, the bouts that produced them, and the calls they took.
+
+    `scores` holds a `Ranked` for each entrant with at least one answered comparison and
+    `Ungraded{judge_failed}` for each without. `asked` counts the comparisons put to the
+    judge, `answered` those it answered; `failures` holds the others, one each.
+    """
+
+    scores: dict[str, Ranked | Ungraded]
     bouts: tuple[Bout, ...]
-    judge_calls: int
-    failures: tuple[str, ...]
+    asked: int
+    answered: int
+    failures: tuple[JudgeFailure, ...]
     tie: float | None
     anchored: bool
+
+    @property
+    def ranked(self) -> dict[str, Ranked]:
+        """The entrants with a strength."""
+        return {name: s for name, s in self.scores.items() if isinstance(s, Ranked)}
 
     @property
     def inconsistent(self) -> int:
@@ -95,7 +120,7 @@ async def _judge(
     b: Entrant,
     rubric: list[RubricItem],
     on_usage: EntrantSink | None,
-    failures: list[str],
+    failures: list[JudgeFailure],
 ) -> Verdict | None:
     def bill(usage: JudgeUsage) -> None:
         if on_usage is not None:
@@ -104,8 +129,19 @@ async def _judge(
     try:
         return await judge.compare(a.episode, b.episode, rubric, on_usage=bill)
     except JudgeFailed as exc:
-        failures.append(f"{a.name} vs {b.name}: {exc}")
+        failures.append(JudgeFailure(a.name, f"{a.name} vs {b.name}: {exc}"))
         return None
+
+
+def _judged(bouts: Sequence[Bout], name: str) -> tuple[int, int]:
+    """Comparisons of `name` answered and unanswered, each ordering counted."""
+    answered = failed = 0
+    for bout in bouts:
+        if name in (bout.a, bout.b):
+            for verdict in (bout.first, bout.second):
+                answered += verdict is not None
+                failed += verdict is None
+    return answered, failed
 
 
 async def run_tournament(
@@ -130,8 +166,7 @@ async def run_tournament(
     played: set[frozenset[str]] = set()
     byes: list[str] = []
     bouts: list[Bout] = []
-    failures: list[str] = []
-    calls = 0
+    failures: list[JudgeFailure] = []
     for round_no in range(rounds_for(len(entrants))):
         drawn = pair_round(names, points, played, seed=f"{seed}/{round_no}", byes=byes)
         if drawn.bye is not None:
@@ -140,36 +175,44 @@ async def run_tournament(
             a, b = by_name[a_name], by_name[b_name]
             first = await _judge(judge, a, b, rubric, on_usage, failures)
             second = await _judge(judge, b, a, rubric, on_usage, failures)
-            calls += 2
             bout = Bout(a_name, b_name, first, second)
             bouts.append(bout)
             played.add(frozenset((a_name, b_name)))
             tally = bout.count()
             points[a_name] += tally.a_wins + tally.draws / 2
             points[b_name] += tally.b_wins + tally.draws / 2
-    controls = [e.name for e in entrants if e.control]
-    anchor = controls or names
-    result = fit(
-        [c for c in (b.count() for b in bouts) if c.a_wins + c.b_wins + c.draws > 0],
-        anchor=anchor,
-        prior_precision=prior_precision,
-        ties=Ties.DAVIDSON,
-        players=names,
-    )
-    scores = {
-        name: Ranked(
-            strength=s.strength,
-            interval=s.interval,
-            group_size=len(entrants),
-            anchored=bool(controls),
-        )
-        for name, s in result.strengths.items()
+    judged = {name: _judged(bouts, name) for name in names}
+    fitted = [name for name in names if judged[name][0] > 0]
+    controls = [e.name for e in entrants if e.control and e.name in fitted]
+    scores: dict[str, Ranked | Ungraded] = {
+        name: Ungraded(reason=UngradedReason.JUDGE_FAILED) for name in names
     }
+    tie: float | None = None
+    if fitted:
+        result = fit(
+            [c for c in (b.count() for b in bouts) if c.a_wins + c.b_wins + c.draws > 0],
+            anchor=controls or fitted,
+            prior_precision=prior_precision,
+            ties=Ties.DAVIDSON,
+            players=fitted,
+        )
+        tie = result.tie
+        for name, s in result.strengths.items():
+            scores[name] = Ranked(
+                strength=s.strength,
+                interval=s.interval,
+                group_size=len(entrants),
+                anchored=bool(controls),
+                comparisons=judged[name][0],
+                comparisons_failed=judged[name][1],
+            )
+    asked = 2 * len(bouts)
     return TournamentOutcome(
         scores=scores,
         bouts=tuple(bouts),
-        judge_calls=calls,
+        asked=asked,
+        answered=asked - len(failures),
         failures=tuple(failures),
-        tie=result.tie,
+        tie=tie,
         anchored=bool(controls),
     )

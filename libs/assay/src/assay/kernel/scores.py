@@ -7,9 +7,9 @@ kinds of answer. Nothing here converts one into a number.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from assay.kernel.ids import RunId
 
@@ -84,13 +84,23 @@ class Relative(_Frozen):
     )
 
 
+_RANKED_OMITTED_WHEN_UNSET = ("comparisons", "comparisons_failed")
+"""Fields a `Ranked` leaves out of its payload when unset, so a score of before they
+existed (or of the deterministic grader, which compares nothing) is written as it was."""
+
+
 class Ranked(_Frozen):
     """A strength as a delta from control (§11.2, §11.4), with its interval and group size.
 
-    From a tournament it is a Bradley-Terry-Davidson strength; from the deterministic
-    grader, the episode's number minus control's (a point interval). `anchored` is
-    False when the group held no control episode: the strength is then relative to
-    the group's mean, is still worth reading, and is never aggregated (§11.2).
+    From a tournament it is a Bradley-Terry-Davidson strength fitted to the judge's
+    answered comparisons only; `comparisons` says how many of the entrant's own it rests
+    on (at least one: an entrant the judge answered nothing about is
+    `Ungraded{judge_failed}`, never a strength from the prior alone) and
+    `comparisons_failed` how many were asked and left unanswered. From the deterministic
+    grader it is the episode's number minus control's (a point interval, no
+    comparisons). `anchored` is False when the fit had no control episode: the strength
+    is then relative to the group's mean, is still worth reading, and is never
+    aggregated (§11.2).
     """
 
     kind: Literal["ranked"] = Field("ranked", description="Score variant.")
@@ -100,6 +110,32 @@ class Ranked(_Frozen):
     anchored: bool = Field(
         True, description="The group held control, so the delta is comparable across groups."
     )
+    comparisons: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Answered judge comparisons of this entrant the strength rests on, each ordering "
+            "counted; None: not from a judged tournament (the deterministic grader), or "
+            "recorded before the count was kept."
+        ),
+    )
+    comparisons_failed: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Comparisons of this entrant the judge was asked and did not answer (left out "
+            "of the fit, so the interval is as wide as the answered ones leave it); None "
+            "as for `comparisons`."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in _RANKED_OMITTED_WHEN_UNSET:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class Capped(_Frozen):
@@ -190,3 +226,17 @@ class AttemptRank(_Frozen):
     attempt: int = Field(ge=1, description="The attempt.")
     succeeded: bool = Field(description="Its outcome class: succeeded, or failed.")
     rank: Ranked = Field(description="Its strength as a delta from the group's first attempt.")
+
+
+class UnrankedAttempts(_Frozen):
+    """Same-outcome attempts of a step left without a rank (§11.5), and why.
+
+    The judge answered none of the comparisons of these attempts: a rank fitted from
+    no comparison would be a guessed verdict, so none is given (§11.1).
+    """
+
+    step: str = Field(description="The step.")
+    iteration: int = Field(ge=0, description="How many times the step had run before.")
+    succeeded: bool = Field(description="Their outcome class: succeeded, or failed.")
+    attempts: list[int] = Field(min_length=1, description="The attempts left unranked.")
+    reason: UngradedReason = Field(description="Why they have no rank.")

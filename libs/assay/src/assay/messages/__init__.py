@@ -40,6 +40,7 @@ from assay.messages.models import (
     AttemptIndeterminate,
     CancelRun,
     GroupDue,
+    JudgePurpose,
     Purpose,
     RewindRun,
     Role,
@@ -59,15 +60,18 @@ from assay.messages.models import (
     run_cost_unknown,
     run_graded_v1_to_v2,
     run_graded_v3_to_v4,
+    run_graded_v5_to_v6,
     run_ref_unchanged,
     run_ref_v2_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_result_v3_to_v4,
+    run_result_v4_to_v5,
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
     task_submitted_v2_to_v3,
     usage_recorded_v1_to_v2,
+    usage_recorded_v2_to_v3,
     workflow_registered_v1_to_v2,
 )
 from assay.messages.proposals import (
@@ -89,6 +93,7 @@ from assay.messages.rollouts import (
     SelectionRecord,
     SiblingResult,
     rollout_cost_unknown,
+    rollout_result_v2_to_v3,
 )
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
@@ -152,6 +157,10 @@ MESSAGES.upcaster("RunVerified", 2)(run_cost_unknown)
 MESSAGES.upcaster("RolloutProgress", 1)(rollout_cost_unknown)
 MESSAGES.upcaster("RolloutClosed", 1)(rollout_cost_unknown)
 MESSAGES.upcaster("RolloutResult", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("UsageRecorded", 2)(usage_recorded_v2_to_v3)
+MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
+MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
+MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -174,6 +183,7 @@ __all__ = [
     "GroupDue",
     "HeldOutTally",
     "InjectPlanDelta",
+    "JudgePurpose",
     "Ladder",
     "ModelParamsDelta",
     "Promoted",

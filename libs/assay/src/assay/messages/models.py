@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from assay.kernel.ids import (
     RunId,
@@ -17,7 +17,7 @@ from assay.kernel.ids import (
 )
 from assay.kernel.lifecycle import RunState
 from assay.kernel.schema import Versioned
-from assay.kernel.scores import AttemptRank, Score, StepCredit
+from assay.kernel.scores import AttemptRank, Score, StepCredit, UnrankedAttempts
 from assay.messages.rollout_spec import RolloutRef, RolloutSpec
 from assay.workflow.ir import PinnedVersion
 
@@ -37,6 +37,21 @@ class Purpose(enum.Enum):
     SHADOW = "shadow"
     """Re-execution of a task under the challenger, for comparison only (§12.4)."""
     GRADING = "grading"
+
+
+class JudgePurpose(enum.Enum):
+    """What a grading call asked the judge (§14.1): judge spend is counted by it."""
+
+    COMPARE = "compare"
+    """A challenger against the current version's reference (and its sampled order check)."""
+    SCREEN = "screen"
+    """One episode screened for `Core` violations (§11.7)."""
+    TOURNAMENT = "tournament"
+    """A comparison in a closed tournament group (§11.4)."""
+    ATTEMPTS = "attempts"
+    """A comparison between same-outcome attempts of a step (§11.5)."""
+    ROLLOUT = "rollout"
+    """A comparison in a rollout group's selection (§13)."""
 
 
 class TaskSubmitted(Versioned):
@@ -270,14 +285,26 @@ class RunGraded(Versioned):
     Version 3 carries `RunRef.rollout` and `RunRef.held_out`. Version 4 adds
     `failed_checks`: the failure evidence the slow loop's proposer reads (through
     aggregate, for selection-set runs only). Version 5 carries `RolloutRef.max_cost_usd`.
+    Version 6 counts judge calls apart: `judge_calls` those that answered, `judge_failures`
+    those that did not, each by `JudgePurpose`; a `Ranked` score says how many answered
+    comparisons it rests on; attempts the judge answered nothing about are
+    `unranked_attempts`, with the reason. A version 5 payload reads with no failure and no
+    breakdown (it did not say).
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 5
+    version: ClassVar[int] = 6
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
-    judge_calls: int = Field(0, ge=0, description="Judge calls spent on this run.")
+    judge_calls: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Judge calls spent on this run that answered (v6; before, the calls asked, "
+            "answered or not)."
+        ),
+    )
     attempt_ranks: list[AttemptRank] = Field(
         default_factory=list, description="v2: same-outcome attempts of a step, ranked."
     )
@@ -287,6 +314,34 @@ class RunGraded(Versioned):
     failed_checks: list[VerifierResult] = Field(
         default_factory=list, description="v4: the verifiers the run failed, with their evidence."
     )
+    judge_failures: int = Field(
+        0,
+        ge=0,
+        description=(
+            "v6: judge calls for this run that gave no usable answer (unreachable, timed out, "
+            "refused, malformed): counted as failed, never as answers."
+        ),
+    )
+    judge_calls_by_purpose: dict[JudgePurpose, int] = Field(
+        default_factory=dict, description="v6: `judge_calls` by what the judge was asked."
+    )
+    judge_failures_by_purpose: dict[JudgePurpose, int] = Field(
+        default_factory=dict, description="v6: `judge_failures` by what the judge was asked."
+    )
+    unranked_attempts: list[UnrankedAttempts] = Field(
+        default_factory=list,
+        description="v6: same-outcome attempts left without a rank, with the reason.",
+    )
+
+    @model_validator(mode="after")
+    def _breakdowns_add_up(self) -> RunGraded:
+        for total, by in (
+            (self.judge_calls, self.judge_calls_by_purpose),
+            (self.judge_failures, self.judge_failures_by_purpose),
+        ):
+            if by and sum(by.values()) != total:
+                raise ValueError(f"a by-purpose breakdown {by} does not add up to {total}")
+        return self
 
 
 class RunResult(Versioned):
@@ -295,11 +350,13 @@ class RunResult(Versioned):
     Version 2 adds cancelled runs: `status` and `termination` may be
     `cancelled`, and such a run has no score (it was never graded). Version 3
     adds `step_credit` and the score changes of RunGraded v2. Version 4 adds
-    `held_out`: whether the task was in the held-out set (§12.5).
+    `held_out`: whether the task was in the held-out set (§12.5). Version 5 carries the
+    answered comparisons a `Ranked` score rests on (RunGraded v6); a version 4 score
+    reads as it is.
     """
 
     type: ClassVar[str] = "RunResult"
-    version: ClassVar[int] = 4
+    version: ClassVar[int] = 5
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run that served the task.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -373,11 +430,14 @@ class RewindRun(Versioned):
 class UsageRecorded(Versioned):
     """One model call, attributed to tenant, run and purpose, and what it cost (§14.1).
 
-    Version 2 added `cost_usd`; a version 1 payload reads as costing 0.0.
+    Version 2 added `cost_usd`; a version 1 payload reads as costing 0.0. Version 3 adds
+    `judge_purpose` and `failed`: a grading call says what the judge was asked, and a call
+    the endpoint billed whose answer was unusable is recorded as failed — spend, never an
+    answer. A version 2 payload reads as an answered call of no stated judge purpose.
     """
 
     type: ClassVar[str] = "UsageRecorded"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="Run the call served.")
     purpose: Purpose = Field(description="Work, shadow or grading.")
@@ -392,6 +452,44 @@ class UsageRecorded(Versioned):
             "0.0 when none is configured."
         ),
     )
+    judge_purpose: JudgePurpose | None = Field(
+        None,
+        description=(
+            "v3: for a grading call, what the judge was asked; None for work and shadow "
+            "calls, and for a grading call recorded before v3."
+        ),
+    )
+    failed: bool = Field(
+        False,
+        description=(
+            "v3: the endpoint answered and billed the call, but its answer was unusable (a "
+            "refusal, output not in the judge's format): a judge failure, not an answer."
+        ),
+    )
+
+
+def usage_recorded_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """UsageRecorded v2 -> v3: a v2 call was recorded because it answered; it named no
+    judge purpose."""
+    return {**payload, "judge_purpose": None, "failed": False}
+
+
+def run_graded_v5_to_v6(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunGraded v5 -> v6: v5 counted no failed call apart and broke nothing down by
+    purpose; its `judge_calls` reads as it is."""
+    return {
+        **payload,
+        "judge_failures": 0,
+        "judge_calls_by_purpose": {},
+        "judge_failures_by_purpose": {},
+        "unranked_attempts": [],
+    }
+
+
+def run_result_v4_to_v5(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunResult v4 -> v5: a v4 score said nothing of its comparisons, which v5 reads as
+    it is."""
+    return dict(payload)
 
 
 def usage_recorded_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

@@ -116,17 +116,24 @@ class SelectionRecord(Versioned):
         )
     )
     evidence: str = Field(description="What decided it, for people.")
-    judge_calls: int = Field(ge=0, description="Judge calls the selection spent.")
+    judge_calls: int = Field(
+        ge=0, description="Judge calls the selection spent that answered (v3: only those)."
+    )
+    judge_failures: int = Field(
+        0, ge=0, description="v3: judge calls of the selection that gave no usable answer."
+    )
 
 
 class RolloutResult(Versioned):
     """What a consumer reads for a task submitted with a rollout spec: one per task.
 
-    Version 2 adds `cost_usd` (0.0 in a version 1).
+    Version 2 adds `cost_usd` (0.0 in a version 1). Version 3 counts the selection's
+    judge calls apart (`judge_calls` answered, `judge_failures` not) and carries the
+    answered comparisons a sibling's `Ranked` rests on; a version 2 result reads as it is.
     """
 
     type: ClassVar[str] = "RolloutResult"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant.")
     idempotency_key: str = Field(description="The submitting task's key.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -166,3 +173,9 @@ def rollout_cost_unknown(payload: dict[str, Any]) -> dict[str, Any]:
     """RolloutProgress / RolloutClosed / RolloutResult v1 -> v2: reported before costs were
     carried, read as costing 0.0 (as `UsageRecorded` v1 does)."""
     return {**payload, "cost_usd": 0.0}
+
+
+def rollout_result_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """RolloutResult v2 -> v3: a v2 selection counted no failed judge call apart, which v3
+    reads as none."""
+    return dict(payload)

@@ -185,15 +185,22 @@ class UnitOfWork:
         self._own(key)
         self._expect.append((key, end))
 
-    def emit(self, topic: str, msg: Versioned) -> None:
-        """Enqueue `msg` on `topic` at the next commit, keyed as the topic defines."""
+    def emit(self, topic: str, msg: Versioned, *, occurrence: int = 0) -> None:
+        """Enqueue `msg` on `topic` at the next commit, keyed as the topic defines.
+
+        Its id derives from the handled message and its content, so a handler run again
+        emits it under the same id. `occurrence` tells apart equal messages that are
+        distinct facts — two model calls that cost the same — the first being 0 (whose
+        id is the same as without it).
+        """
         spec = topic_for(topic, msg)
         payload_hash = content_hash(msg.model_dump(mode="json"))
+        parts = (self.stage, self.envelope.id, msg.type, payload_hash)
         env = seal(
             msg,
             tenant=self.tenant,
             key=spec.key(msg),
-            id=message_id(self.stage, self.envelope.id, msg.type, payload_hash),
+            id=message_id(*parts, *((str(occurrence),) if occurrence else ())),
             causation=self.envelope,
         )
         self._outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
