@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import botocore.exceptions
@@ -23,6 +24,7 @@ from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.transport import BusMessage
 from assay.devstack import Service
 from assay.devstack.postgres import scratch_database
+from assay.devstack.proxy import FaultProxy
 from assay.kernel.health import Failing
 from assay.kernel.ids import WorkflowId, tenant_id
 from assay.messages import TaskSubmitted, message_id, seal
@@ -36,6 +38,12 @@ from assay.store.fs_blobs import FsBlobStore
 from assay.store.pg_relay import PgAdvisoryLeader, listen_for_outbox
 
 TENANT = tenant_id(uuid.UUID(int=7))
+CONNECTION_ERRORS = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 class Noted(Event):
@@ -303,3 +311,29 @@ async def test_relay_leadership_is_taken_again_after_its_connection_ends(
         await eventually(leads_again)
     finally:
         await leader.release()
+
+
+async def test_commits_fail_as_outages_through_a_network_cut_and_go_on_after(
+    admin_dsn: str,
+) -> None:
+    target = urlsplit(admin_dsn)
+    link = FaultProxy(target.hostname or "127.0.0.1", target.port or 5432).start()
+    log = await PostgresEventLog(
+        urlunsplit(target._replace(netloc=f"{target.username}@127.0.0.1:{link.port}")),
+        f"cut_{uuid.uuid4().hex[:10]}",
+        REGISTRY,
+        _no_fold,
+    ).open()
+    try:
+        await log.commit(noted("c", 0))
+        with link.outage():
+            for n in (1, 2):  # the held connection is reset; a new one is refused
+                with pytest.raises(CONNECTION_ERRORS) as caught:
+                    await log.commit(noted("c", n))
+                assert is_outage(caught.value), caught.value
+        await commit_through(log, noted("c", 1))
+        records = await log.read(BranchKey.main(TENANT, "c"))
+        assert [r.event.n for r in records] == [0, 1]  # type: ignore[attr-defined]
+    finally:
+        await log.close()
+        link.stop()
