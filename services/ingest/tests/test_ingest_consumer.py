@@ -449,7 +449,7 @@ async def test_handler_that_fails_then_succeeds_commits_once(tmp_path: Path) -> 
         spawned = _status(msg)
         uow.emit(RUN_STATUS, spawned)  # written on every attempt, kept only on the last
         if len(attempts) < 3:
-            raise ConnectionError("transient")
+            raise RuntimeError("transient")  # a lost connection is an outage: redelivered
 
     spec = StageSpec(
         name="wobbly",
