@@ -7,9 +7,12 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 ASSAY_DATA_DIR ?= $(CURDIR)/assay-data
 export ASSAY_DATA_DIR
+# Strict: a broken link or anchor, or a page missing from nav, fails the build.
+# Offline: the theme loads no web fonts (mkdocs.yml), so nothing is fetched.
+MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
 
-.PHONY: run test lint bench sync schemas clean up down
+.PHONY: run test lint docs bench sync schemas clean up down
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -30,13 +33,17 @@ run: sync  ## the embedded demo on a freshly emptied data directory
 test: sync  ## the whole suite
 	$(VENV)/bin/pytest
 
-lint: sync  ## ruff, mypy --strict, import-linter layer contracts
+lint: sync  ## ruff, mypy --strict, import-linter layer contracts, the docs site's strict build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(addprefix -p ,assay $(STAGE_PKGS))
 	$(VENV)/bin/mypy conftest.py tests libs/assay/tests $(wildcard services/*/tests/*.py)
 	cd bench && ../$(VENV)/bin/mypy --config-file ../pyproject.toml .
 	$(VENV)/bin/lint-imports
+	$(MKDOCS_BUILD)
+
+docs: sync  ## the documentation site from docs/ (mkdocs.yml) -> site/
+	$(MKDOCS_BUILD)
 
 bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(VENV)/bin/python bench/run.py
@@ -51,4 +58,4 @@ schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas
 
 clean:
-	rm -rf $(VENV) $(TOOLS) assay-data .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS) assay-data site .mypy_cache .ruff_cache .pytest_cache
