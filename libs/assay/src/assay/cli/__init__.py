@@ -355,11 +355,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await run_once(data_dir, args.workflow, task_input)
     if args.command == "rebuild":
         from assay.cli.rebuild import check_postgres, rebuild
-        from assay.runtime.settings import Settings
+        from assay.runtime.settings import AssaySettings
 
         if args.database_url:
             return await check_postgres(args.database_url, check=args.check, stages=args.stages)
-        from_env = Settings.from_env().database_url
+        from_env = AssaySettings.from_env().database.url
         if from_env:
             return await check_postgres(
                 from_env, check=args.check, stages=args.stages, source="$ASSAY_DATABASE_URL"
