@@ -9,7 +9,7 @@ ASSAY_DATA_DIR ?= $(CURDIR)/assay-data
 export ASSAY_DATA_DIR
 STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
 
-.PHONY: run test lint bench sync schemas clean up down
+.PHONY: run test lint bench sync schemas config-docs clean up down
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -49,6 +49,9 @@ down:  ## stop what `make up` started; PURGE=1 also drops the database and roles
 
 schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas
+
+config-docs: sync  ## regenerate docs/reference/configuration.md from the settings' descriptions
+	$(VENV)/bin/assay settings reference --output docs/reference/configuration.md
 
 clean:
 	rm -rf $(VENV) $(TOOLS) assay-data .mypy_cache .ruff_cache .pytest_cache

@@ -256,6 +256,17 @@ def _parser() -> argparse.ArgumentParser:
     sprt.add_argument("--wald", action="store_true", help="Wald's boundaries, not calibrated")
     schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
     schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
+    settings = sub.add_parser("settings", help="the settings Assay reads from ASSAY_* variables")
+    settings_sub = settings.add_subparsers(dest="settings_command", required=True)
+    reference = settings_sub.add_parser(
+        "reference", help="write the configuration reference generated from the settings"
+    )
+    reference.add_argument(
+        "--output",
+        type=Path,
+        default=Path("docs/reference/configuration.md"),
+        help="where to write it (default: docs/reference/configuration.md)",
+    )
     ladder = sub.add_parser(
         "ladder",
         help="each workflow's versions on the promotion ladder and the held-out gap (JSON)",
@@ -469,6 +480,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         for path in write(args.directory):
             print(path)
+        return 0
+    if args.command == "settings":
+        from assay.runtime.config_reference import write as write_reference
+
+        print(write_reference(args.output))
         return 0
     if args.command == "ladder":
         from assay.cli.ladder import ladder_command
