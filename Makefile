@@ -12,7 +12,7 @@ export ASSAY_DATA_DIR
 MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
 
-.PHONY: run test lint docs bench sync schemas clean up down
+.PHONY: run test lint docs bench sync schemas config-docs clean up down
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -56,6 +56,9 @@ down:  ## stop what `make up` started; PURGE=1 also drops the database and roles
 
 schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas
+
+config-docs: sync  ## regenerate docs/reference/configuration.md from the settings' descriptions
+	$(VENV)/bin/assay settings reference --output docs/reference/configuration.md
 
 clean:
 	rm -rf $(VENV) $(TOOLS) assay-data site .mypy_cache .ruff_cache .pytest_cache

@@ -26,7 +26,7 @@ from assay.grading import (
 from assay.grading.chat_judge import CHARS_PER_TOKEN, TEMPLATE_TOKENS
 from assay.kernel.scores import CoreViolation, DecidedBy, Verdict
 from assay.runtime import Embedded
-from assay.runtime.settings import JudgeSettings, SettingsInvalid
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from libs.assay.tests.chat_endpoint import ChatServer, Reply, completion, json_reply
 from libs.assay.tests.judge_episodes import RUBRIC, make_episode
 
@@ -324,9 +324,9 @@ async def test_a_pairwise_comparison_passes_usage_through_and_a_verifier_pair_re
 
 
 def test_without_any_url_the_stub_judge_is_used() -> None:
-    assert isinstance(JudgeSettings.from_env({}).build(), StubJudge)
+    assert isinstance(AssaySettings.from_env({}).judge.build(), StubJudge)
     only_checked = {"ASSAY_JUDGE_NAME": "big-judge", "ASSAY_JUDGE_EPISODE_CHARS": "2000"}
-    assert isinstance(JudgeSettings.from_env(only_checked).build(), StubJudge)
+    assert isinstance(AssaySettings.from_env(only_checked).judge.build(), StubJudge)
 
 
 async def test_without_a_judge_url_the_judge_runs_on_the_agents_model(server: ChatServer) -> None:
@@ -337,7 +337,7 @@ async def test_without_a_judge_url_the_judge_runs_on_the_agents_model(server: Ch
         "ASSAY_MODEL_PRICE_PROMPT_PER_MTOK": "1.0",
         "ASSAY_JUDGE_EPISODE_CHARS": "4000",
     }
-    settings = JudgeSettings.from_env(env)
+    settings = AssaySettings.from_env(env).judge
     assert "sk-agent-1" not in repr(settings)
     judge = settings.build()
     assert isinstance(judge, ChatJudge)
@@ -360,7 +360,7 @@ async def test_a_judge_name_alone_picks_another_model_on_the_agents_endpoint(
         "ASSAY_MODEL_NAME": "agent-model",
         "ASSAY_JUDGE_NAME": "judge-model",
     }
-    judge = JudgeSettings.from_env(env).build()
+    judge = AssaySettings.from_env(env).judge.build()
     assert isinstance(judge, ChatJudge)
     server.answer(answer('{"verdict": "draw"}'))
     async with judge:
@@ -377,7 +377,7 @@ async def test_a_judge_url_of_its_own_never_gets_the_agents_key(server: ChatServ
         "ASSAY_JUDGE_URL": server.base_url,
         "ASSAY_JUDGE_NAME": "judge-model",
     }
-    judge = JudgeSettings.from_env(env).build()
+    judge = AssaySettings.from_env(env).judge.build()
     assert isinstance(judge, ChatJudge)
     server.answer(answer('{"verdict": "B"}'))
     async with judge:
@@ -405,7 +405,7 @@ def test_an_invalid_value_is_settings_invalid_naming_the_variable(
 ) -> None:
     env = {"ASSAY_JUDGE_URL": "http://127.0.0.1:8000/v1", "ASSAY_JUDGE_NAME": "j", variable: value}
     with pytest.raises(SettingsInvalid, match=f"invalid setting {variable}="):
-        JudgeSettings.from_env(env)
+        AssaySettings.from_env(env)
 
 
 def test_an_invalid_value_inherited_from_the_agent_names_the_agents_variable() -> None:
@@ -415,19 +415,19 @@ def test_an_invalid_value_inherited_from_the_agent_names_the_agents_variable() -
         "ASSAY_MODEL_MAX_RETRIES": "many",
     }
     with pytest.raises(SettingsInvalid, match="invalid setting ASSAY_MODEL_MAX_RETRIES='many'"):
-        JudgeSettings.from_env(env)
+        AssaySettings.from_env(env)
 
 
 def test_a_url_without_a_model_name_is_settings_invalid() -> None:
     with pytest.raises(
         SettingsInvalid, match=r"ASSAY_JUDGE_NAME \(required when ASSAY_JUDGE_URL is set\)"
     ):
-        JudgeSettings.from_env({"ASSAY_JUDGE_URL": "http://127.0.0.1:8000/v1"})
+        AssaySettings.from_env({"ASSAY_JUDGE_URL": "http://127.0.0.1:8000/v1"})
     with pytest.raises(
         SettingsInvalid,
         match=r"ASSAY_JUDGE_NAME or ASSAY_MODEL_NAME \(required when ASSAY_MODEL_URL is set\)",
     ):
-        JudgeSettings.from_env({"ASSAY_MODEL_URL": "http://127.0.0.1:8000/v1"})
+        AssaySettings.from_env({"ASSAY_MODEL_URL": "http://127.0.0.1:8000/v1"})
 
 
 # -- the embedded runtime ------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from assay.kernel import (
     tenant_id,
 )
 from assay.messages import Purpose, Role, RolloutRef, RunRef, UsageRecorded
-from assay.runtime.settings import ModelSettings, SettingsInvalid
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.store import SqliteEventLog
 from assay.workflow import WorkflowDef, validate
 from libs.assay.tests.chat_endpoint import OK, ChatServer, Reply, completion, json_reply
@@ -317,12 +317,12 @@ async def test_a_body_that_is_not_a_chat_completion_with_usage_is_refused_by_nam
 
 
 def test_without_a_url_the_stub_model_is_used() -> None:
-    assert isinstance(ModelSettings.from_env({}).build(), StubModel)
-    assert isinstance(ModelSettings.from_env({"ASSAY_MODEL_URL": ""}).build(), StubModel)
+    assert isinstance(AssaySettings.from_env({}).model.build(), StubModel)
+    assert isinstance(AssaySettings.from_env({"ASSAY_MODEL_URL": ""}).model.build(), StubModel)
 
 
 async def test_the_environment_configures_the_chat_model() -> None:
-    settings = ModelSettings.from_env(
+    settings = AssaySettings.from_env(
         {
             "ASSAY_MODEL_URL": "http://127.0.0.1:11434/v1",
             "ASSAY_MODEL_NAME": "qwen2.5:7b",
@@ -332,7 +332,7 @@ async def test_the_environment_configures_the_chat_model() -> None:
             "ASSAY_MODEL_PRICE_PROMPT_PER_MTOK": "0.5",
             "ASSAY_MODEL_PRICE_COMPLETION_PER_MTOK": "1.5",
         }
-    )
+    ).model
     assert "sk-secret-1" not in repr(settings)
     model = settings.build()
     assert isinstance(model, ChatCompletionsModel)
@@ -347,7 +347,9 @@ async def test_the_environment_configures_the_chat_model() -> None:
 
 
 def test_the_defaults_are_sixty_seconds_and_four_retries() -> None:
-    settings = ModelSettings.from_env({"ASSAY_MODEL_URL": "http://h/v1", "ASSAY_MODEL_NAME": "m"})
+    settings = AssaySettings.from_env(
+        {"ASSAY_MODEL_URL": "http://h/v1", "ASSAY_MODEL_NAME": "m"}
+    ).model
     assert (settings.timeout_s, settings.max_retries) == (60.0, 4)
     assert (settings.price_prompt_per_mtok, settings.price_completion_per_mtok) == (0.0, 0.0)
 
@@ -371,12 +373,12 @@ def test_an_invalid_value_is_settings_invalid_naming_the_variable(
 ) -> None:
     env = {"ASSAY_MODEL_URL": "http://127.0.0.1:8000/v1", "ASSAY_MODEL_NAME": "m", variable: value}
     with pytest.raises(SettingsInvalid, match=f"invalid setting {variable}="):
-        ModelSettings.from_env(env)
+        AssaySettings.from_env(env)
 
 
 def test_a_url_without_a_model_name_is_settings_invalid() -> None:
     with pytest.raises(SettingsInvalid, match="ASSAY_MODEL_NAME"):
-        ModelSettings.from_env({"ASSAY_MODEL_URL": "http://127.0.0.1:8000/v1"})
+        AssaySettings.from_env({"ASSAY_MODEL_URL": "http://127.0.0.1:8000/v1"})
 
 
 # -- a workflow run through the driver -----------------------------------------------------

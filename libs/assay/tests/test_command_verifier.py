@@ -26,7 +26,7 @@ from assay.kernel import (
 from assay.kernel.ids import WorkflowId
 from assay.messages import AttemptView, Episode, Purpose, Role, RunRef, Usage, VerifierResult
 from assay.runtime import Embedded
-from assay.runtime.settings import SandboxSettings, SettingsInvalid
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.sandbox import Limits, LocalSandbox, NetworkPolicy
 from assay.store import FsBlobStore
 from assay.verification import verifier_registry, verify_episode
@@ -245,10 +245,10 @@ def test_an_episode_without_a_workspace_still_decodes() -> None:
 
 
 def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
-    default = SandboxSettings.from_env({})
+    default = AssaySettings.from_env({}).sandbox
     assert default.network is NetworkPolicy.DENY
     assert default.limits == Limits()
-    settings = SandboxSettings.from_env(
+    settings = AssaySettings.from_env(
         {
             "ASSAY_SANDBOX_ROOT": str(tmp_path / "elsewhere"),
             "ASSAY_SANDBOX_NETWORK": "allow",
@@ -257,7 +257,7 @@ def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
             "ASSAY_SANDBOX_MEMORY_BYTES": str(512 << 20),
             "ASSAY_SANDBOX_FILE_SIZE_BYTES": "4096",
         }
-    )
+    ).sandbox
     assert settings.network is NetworkPolicy.ALLOW
     assert settings.limits == Limits(
         cpu_s=5, processes=16, address_space_bytes=512 << 20, file_size_bytes=4096
@@ -269,7 +269,7 @@ def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
     assert under_data.base == tmp_path / "data" / "sandbox"
     for bad in ({"ASSAY_SANDBOX_NETWORK": "sometimes"}, {"ASSAY_SANDBOX_CPU_S": "0"}):
         with pytest.raises(SettingsInvalid, match="SANDBOX"):
-            SandboxSettings.from_env(bad)
+            AssaySettings.from_env(bad)
 
 
 def test_the_embedded_runtime_wires_the_sandbox(

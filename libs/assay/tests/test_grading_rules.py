@@ -23,6 +23,7 @@ from assay.kernel import AttemptNo, AttemptState, RunId, StepId, TaskId, new_run
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import CoreViolation, DecidedBy, Outcome, Verdict, WinRecord
 from assay.messages import AttemptView, Episode, Purpose, Role, RunRef, Usage
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.workflow import RubricItem
 
 # -- SPRT: boundaries and the likelihood ratio -----------------------------------------------
@@ -429,7 +430,9 @@ async def test_stub_judge_screen_flags_core_items_only() -> None:
 
 
 def test_sprt_policy_reads_its_environment_overrides() -> None:
-    policy = SprtPolicy.from_env({"ASSAY_SPRT_P1": "0.65", "ASSAY_SPRT_ALPHA": "0.01", "X": "1"})
+    policy = AssaySettings.from_env(
+        {"ASSAY_SPRT_P1": "0.65", "ASSAY_SPRT_ALPHA": "0.01", "X": "1"}
+    ).sprt
     assert (policy.p0, policy.p1, policy.alpha) == (0.5, 0.65, 0.01)
-    with pytest.raises(ValueError, match="p1 must exceed p0"):
-        SprtPolicy.from_env({"ASSAY_SPRT_P1": "0.4"})
+    with pytest.raises(SettingsInvalid, match="p1 must exceed p0"):
+        AssaySettings.from_env({"ASSAY_SPRT_P1": "0.4"})

@@ -13,6 +13,7 @@ from assay.grading.sprt import SprtPolicy
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion, tenant_id
 from assay.kernel.scores import WinRecord
 from assay.messages import HeldOutTally, Ladder, Rung, StrengthSummary, VariantAggregate
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 
 TENANT: TenantId = tenant_id("6f1c7a8e-2b0d-4c1e-9a55-3d1f0e2b7c44")
 POLICY = LadderPolicy()
@@ -141,19 +142,19 @@ def test_rungs_are_climbed_one_at_a_time_and_only_the_top_one_swaps(
 
 
 def test_policy_settings_name_the_variable() -> None:
-    assert LadderPolicy.from_env({"ASSAY_LADDER_RAMP_SHARES": "0.3, 0.6"}).ramp_shares == (
+    assert AssaySettings.from_env({"ASSAY_LADDER_RAMP_SHARES": "0.3, 0.6"}).ladder.ramp_shares == (
         0.3,
         0.6,
     )
-    assert LadderPolicy.from_env({"ASSAY_HELD_OUT_FRACTION": "0"}).held_out_fraction == 0.0
-    with pytest.raises(ValueError, match="ASSAY_LADDER_TRIAL_SHARE='x'"):
-        LadderPolicy.from_env({"ASSAY_LADDER_TRIAL_SHARE": "x"})
-    with pytest.raises(ValueError, match="ASSAY_HELD_OUT_FRACTION='1'"):
-        LadderPolicy.from_env({"ASSAY_HELD_OUT_FRACTION": "1"})
-    with pytest.raises(ValueError, match="ramp_shares must rise"):
-        LadderPolicy.from_env({"ASSAY_LADDER_RAMP_SHARES": "0.5,0.2"})
-    demo = LadderPolicy.from_env({}, {"trial_share": 0.1})
+    assert AssaySettings.from_env({"ASSAY_HELD_OUT_FRACTION": "0"}).ladder.held_out_fraction == 0.0
+    with pytest.raises(SettingsInvalid, match="ASSAY_LADDER_TRIAL_SHARE='x'"):
+        AssaySettings.from_env({"ASSAY_LADDER_TRIAL_SHARE": "x"})
+    with pytest.raises(SettingsInvalid, match="ASSAY_HELD_OUT_FRACTION='1'"):
+        AssaySettings.from_env({"ASSAY_HELD_OUT_FRACTION": "1"})
+    with pytest.raises(SettingsInvalid, match="ramp_shares must rise"):
+        AssaySettings.from_env({"ASSAY_LADDER_RAMP_SHARES": "0.5,0.2"})
+    demo = AssaySettings.from_env({}).ladder.over({"trial_share": 0.1})
     assert demo.trial_share == 0.1
-    assert LadderPolicy.from_env({"ASSAY_LADDER_TRIAL_SHARE": "0.15"}, {"trial_share": 0.1}) == (
-        LadderPolicy(trial_share=0.15)
-    )
+    assert AssaySettings.from_env({"ASSAY_LADDER_TRIAL_SHARE": "0.15"}).ladder.over(
+        {"trial_share": 0.1}
+    ) == (LadderPolicy(trial_share=0.15))

@@ -18,7 +18,7 @@ from assay.kernel import RunId, TaskId, TenantId, WorkflowId
 from assay.kernel.canonical import content_hash
 from assay.kernel.scores import StepCredit
 from assay.messages import FailureEvidence, VerifierResult
-from assay.runtime.settings import ProposerSettings, SettingsInvalid
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.workflow import ModelStep, WorkflowDef, from_document
 from libs.assay.tests.chat_endpoint import ChatServer, Reply, completion, json_reply
 
@@ -210,23 +210,23 @@ async def test_an_endpoint_that_stays_down_fails_the_draft(proposer: ChatPropose
 
 
 async def test_settings_choose_the_catalog_without_a_url_and_the_agent_model_with_one() -> None:
-    plain = ProposerSettings.from_env({})
+    plain = AssaySettings.from_env({}).proposer
     catalog = plain.build()
     assert isinstance(catalog, CatalogProposer)
-    assert plain.policy().gated(TENANT)
-    agent = ProposerSettings.from_env(
+    assert plain.gated(TENANT)
+    agent = AssaySettings.from_env(
         {"ASSAY_MODEL_URL": "http://127.0.0.1:9/v1", "ASSAY_MODEL_NAME": "agent-model"}
-    )
+    ).proposer
     chat = agent.build()
     assert isinstance(chat, ChatProposer)
     assert chat.name == "chat:agent-model"
     await chat.aclose()
-    ungated = ProposerSettings.from_env({"ASSAY_PROPOSER_UNGATED": f" {TENANT} ,"})
-    assert not ungated.policy().gated(TENANT)
+    ungated = AssaySettings.from_env({"ASSAY_PROPOSER_UNGATED": f" {TENANT} ,"}).proposer
+    assert not ungated.gated(TENANT)
 
 
 def test_a_bad_ungated_list_or_a_url_without_a_name_names_the_variable() -> None:
     with pytest.raises(SettingsInvalid, match="ASSAY_PROPOSER_UNGATED='acme'"):
-        ProposerSettings.from_env({"ASSAY_PROPOSER_UNGATED": "acme"})
+        AssaySettings.from_env({"ASSAY_PROPOSER_UNGATED": "acme"})
     with pytest.raises(SettingsInvalid, match="ASSAY_PROPOSER_NAME"):
-        ProposerSettings.from_env({"ASSAY_PROPOSER_URL": "http://127.0.0.1:9/v1"})
+        AssaySettings.from_env({"ASSAY_PROPOSER_URL": "http://127.0.0.1:9/v1"})

@@ -19,6 +19,7 @@ from assay.grading import (
 )
 from assay.grading.sprt_calibration import calibrate
 from assay.kernel.scores import WinRecord
+from assay.runtime.settings import AssaySettings
 
 DEFAULT = SprtPolicy()
 POLICIES = [
@@ -115,7 +116,7 @@ def test_calibration_is_computed_once_per_test_parameters() -> None:
 
 
 def test_calibration_can_be_switched_off_from_the_environment() -> None:
-    policy = SprtPolicy.from_env({"ASSAY_SPRT_CALIBRATED": "false"})
+    policy = AssaySettings.from_env({"ASSAY_SPRT_CALIBRATED": "false"}).sprt
     assert not policy.calibrated
     assert (policy.upper, policy.lower) == (policy.wald_upper, policy.wald_lower)
 

@@ -50,7 +50,7 @@ from assay.messages import (
 )
 from assay.record import BranchKey, LogRecord, StateKey
 from assay.runtime import StageDeps, StageHarness
-from assay.runtime.settings import RetentionSettings, SettingsInvalid
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.store import FsBlobStore, SqliteEventLog
 from assay.store.ports import BlobStore, CommitBatch, EventLog
 from assay.store.postgres import PostgresEventLog
@@ -642,14 +642,14 @@ def test_ceilings_are_configured_per_tenant_from_the_environment() -> None:
         "ASSAY_RETENTION_CEILINGS": f"{SMALL}=1000, {LARGE}=2000,",
         "ASSAY_RETENTION_TIER_AFTER_S": "0",
     }
-    configured = RetentionSettings.from_env(env).policy()
+    configured = AssaySettings.from_env(env).retention
     assert [configured.ceiling_for(t) for t in (SMALL, LARGE, TenantId(uuid.uuid4()))] == [
         1000,
         2000,
         50000,
     ]
     assert configured.tier_after_s == 0
-    default = RetentionSettings.from_env({}).policy()
+    default = AssaySettings.from_env({}).retention
     assert (default.token_ceiling, default.tier_after_s) == (200_000, 7 * 86_400)
 
 
@@ -668,4 +668,4 @@ def test_a_bad_retention_setting_is_refused_naming_the_variable(
     name: str, value: str, reason: str
 ) -> None:
     with pytest.raises(SettingsInvalid, match=f"ASSAY_RETENTION_{name}=.*{reason}"):
-        RetentionSettings.from_env({f"ASSAY_RETENTION_{name}": value})
+        AssaySettings.from_env({f"ASSAY_RETENTION_{name}": value})

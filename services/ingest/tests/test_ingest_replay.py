@@ -35,7 +35,7 @@ from assay.messages import (
 )
 from assay.runtime import StageDeps, StageHarness, StageSpec
 from assay.runtime.metrics import StageCollector, stage_registry
-from assay.runtime.settings import ReplaySettings, SettingsInvalid
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.store import EventLog, FsBlobStore, SqliteEventLog
 from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef, from_document
@@ -371,10 +371,10 @@ async def test_metrics_show_replay_reservations_and_cuts_by_tenant(stage: Ingest
 
 def test_replay_settings_read_a_default_ceiling_and_a_per_tenant_map() -> None:
     env = {"ASSAY_REPLAY_CALLS_PER_DAY": "500", "ASSAY_REPLAY_CEILINGS": f"{SMALL}=25"}
-    policy = ReplaySettings.from_env(env).policy()
+    policy = AssaySettings.from_env(env).replay
     assert (policy.ceiling_for(str(SMALL)), policy.ceiling_for(str(LARGE))) == (25, 500)
-    assert ReplaySettings.from_env({}).policy().ceiling_for(str(SMALL)) is None  # no ceiling
+    assert AssaySettings.from_env({}).replay.ceiling_for(str(SMALL)) is None  # no ceiling
     with pytest.raises(SettingsInvalid, match="ASSAY_REPLAY_CEILINGS='acme=5'"):
-        ReplaySettings.from_env({"ASSAY_REPLAY_CEILINGS": "acme=5"})
+        AssaySettings.from_env({"ASSAY_REPLAY_CEILINGS": "acme=5"})
     with pytest.raises(SettingsInvalid, match="ASSAY_REPLAY_CALLS_PER_DAY='-1'"):
-        ReplaySettings.from_env({"ASSAY_REPLAY_CALLS_PER_DAY": "-1"})
+        AssaySettings.from_env({"ASSAY_REPLAY_CALLS_PER_DAY": "-1"})

@@ -47,7 +47,7 @@ def shadow_refusal(wf: WorkflowDef, deps: StageDeps) -> str | None:
     try:
         check_fits(
             profile(wf.grading, deps.judge, list(wf.rubric), order_check=deps.grading.order_check),
-            deps.grading.capacity,
+            deps.grading,
         )
     except StrategyRefused as exc:
         return f"its grading does not fit: {exc}"

@@ -220,7 +220,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             grading = deps.grading
             check_fits(
                 profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check),
-                grading.capacity,
+                grading,
             )
         except StrategyRefused as exc:
             raise Refused(f"workflow {wf.id!r} refused: {exc}") from exc

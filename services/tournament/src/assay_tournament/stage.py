@@ -78,7 +78,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     """
     judge = deps.judge
     policy = deps.grading
-    check_fits(profile(GradingSpec(), judge, order_check=policy.order_check), policy.capacity)
+    check_fits(profile(GradingSpec(), judge, order_check=policy.order_check), policy)
     grading = Grading(deps)
     groups = Groups(grading)
     rollouts = RolloutSelection(grading)
@@ -317,9 +317,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         spec = workflow.grading
         rubric: list[RubricItem] = list(workflow.rubric)
         try:
-            check_fits(
-                profile(spec, judge, rubric, order_check=policy.order_check), policy.capacity
-            )
+            check_fits(profile(spec, judge, rubric, order_check=policy.order_check), policy)
         except StrategyRefused as exc:
             raise Refused(str(exc)) from exc
         screened = spec.strategy != "deterministic" and (

@@ -256,6 +256,17 @@ def _parser() -> argparse.ArgumentParser:
     sprt.add_argument("--wald", action="store_true", help="Wald's boundaries, not calibrated")
     schemas = sub.add_parser("schemas", help="write the JSON Schemas and AsyncAPI document")
     schemas.add_argument("directory", type=Path, nargs="?", default=Path("schemas"))
+    settings = sub.add_parser("settings", help="the settings Assay reads from ASSAY_* variables")
+    settings_sub = settings.add_subparsers(dest="settings_command", required=True)
+    reference = settings_sub.add_parser(
+        "reference", help="write the configuration reference generated from the settings"
+    )
+    reference.add_argument(
+        "--output",
+        type=Path,
+        default=Path("docs/reference/configuration.md"),
+        help="where to write it (default: docs/reference/configuration.md)",
+    )
     ladder = sub.add_parser(
         "ladder",
         help="each workflow's versions on the promotion ladder and the held-out gap (JSON)",
@@ -355,11 +366,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return await run_once(data_dir, args.workflow, task_input)
     if args.command == "rebuild":
         from assay.cli.rebuild import check_postgres, rebuild
-        from assay.runtime.settings import Settings
+        from assay.runtime.settings import AssaySettings
 
         if args.database_url:
             return await check_postgres(args.database_url, check=args.check, stages=args.stages)
-        from_env = Settings.from_env().database_url
+        from_env = AssaySettings.from_env().database.url
         if from_env:
             return await check_postgres(
                 from_env, check=args.check, stages=args.stages, source="$ASSAY_DATABASE_URL"
@@ -469,6 +480,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         for path in write(args.directory):
             print(path)
+        return 0
+    if args.command == "settings":
+        from assay.runtime.config_reference import write as write_reference
+
+        print(write_reference(args.output))
         return 0
     if args.command == "ladder":
         from assay.cli.ladder import ladder_command

@@ -45,7 +45,7 @@ from assay.messages import BranchChild, BranchRun, open_envelope
 from assay.messages.branching import AnyDelta, BranchDelta
 from assay.record.events import BranchKey
 from assay.record.state import StateKey
-from assay.runtime.settings import Settings
+from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog, OutboxEntry
 
 KINDS = ("prompt", "model_params", "tool_unavailable", "inject_plan")
@@ -152,8 +152,8 @@ async def branch_command(
         raise AssayError(f"not a run id: {run!r}")
     if branch is not None and branch < 0:
         raise AssayError(f"--branch must be 0 or more, not {branch}")
-    settings = Settings.from_env()
-    if settings.kafka_bootstrap:
+    settings = AssaySettings.from_env()
+    if settings.kafka.bootstrap:
         found = await _distributed(settings, run, at, children, branch, tenant, reason, timeout_s)
     else:
         found = await _embedded(data_dir, run, at, children, branch, tenant, reason, timeout_s)
@@ -234,7 +234,7 @@ async def _tenant_of(log: EventLog, run: str, tenant: TenantId | None, where: st
 
 
 async def _distributed(
-    settings: Settings,
+    settings: AssaySettings,
     run: str,
     at: str,
     children: list[BranchChild],
@@ -248,11 +248,11 @@ async def _distributed(
     who = tenant_arg(tenant or default_tenant())
     entry, command = _command(run, at, children, branch, who, reason)
     await produce([entry])
-    if not settings.database_url:
+    if not settings.database.url:
         print(f"asked to branch run {run} after step {at} (command {command});")
         print(f"`assay runs show {run}` shows the tree once it is recorded")
         return None
-    async with postgres_log(settings.database_url, "execute", WORK_EVENTS, fold_work) as log:
+    async with postgres_log(settings.database.url, "execute", WORK_EVENTS, fold_work) as log:
         deadline = time.monotonic() + timeout_s
         while (found := await _tree(log, who, run, command)) is None:
             if time.monotonic() > deadline:

@@ -22,7 +22,7 @@ from assay.grading.judges import StubJudge
 from assay.kernel.errors import AssayError
 from assay.kernel.schema import one_line
 from assay.messages.episode import Episode
-from assay.runtime.settings import JudgeSettings
+from assay.runtime.settings import AssaySettings
 from assay.workflow.ir import RubricItem, WorkflowDef
 
 
@@ -89,7 +89,7 @@ async def calibrate_command(path: Path, *, judge_from_env: bool) -> int:
         AssayError: bad input (see `read_calibration_set`) or invalid settings.
     """
     pairs = read_calibration_set(path)
-    judge = JudgeSettings.from_env().build() if judge_from_env else StubJudge()
+    judge = AssaySettings.from_env().judge.build() if judge_from_env else StubJudge()
     try:
         report = await calibrate(judge, pairs, None)
     finally:

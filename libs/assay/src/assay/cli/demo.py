@@ -29,7 +29,8 @@ from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.record import StateKey
-from assay.runtime.embedded import Embedded, ladder_from_env, sprt_from_env
+from assay.runtime.embedded import Embedded
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.workflow import WorkflowDef, load_workflow
 
 DEMO_TENANT = TenantId(uuid.uuid5(uuid.NAMESPACE_URL, "assay:demo"))
@@ -151,8 +152,9 @@ async def demo(
     `workflows` are the current version, then the challengers in turn (one or two).
     `sprt` overrides fields of the sequential test's policy (else `ASSAY_SPRT_*`).
     """
+    settings = AssaySettings.from_env()
     try:
-        policy = SprtPolicy.model_validate({**sprt_from_env().model_dump(), **(sprt or {})})
+        policy = SprtPolicy.model_validate({**settings.sprt.model_dump(), **(sprt or {})})
     except ValidationError as exc:
         raise AssayError(f"invalid SPRT policy: {one_line(exc)}") from exc
     if workflows is None:
@@ -167,8 +169,11 @@ async def demo(
     todo = todo[:limit] if limit else todo
     keys = {t.idempotency_key for t in todo}
     t0 = time.monotonic()
-    ladder_policy = ladder_from_env(DEMO_LADDER)
-    async with Embedded(data_dir, sprt=policy, ladder=ladder_policy) as rt:
+    try:
+        ladder_policy = settings.ladder.over(DEMO_LADDER)
+    except ValidationError as exc:
+        raise SettingsInvalid(f"invalid ASSAY_LADDER_* settings: {one_line(exc)}") from exc
+    async with Embedded(data_dir, sprt=policy, ladder=ladder_policy, settings=settings) as rt:
         rt.start()
         ladder = _Ladder(rt, versions)
         await ladder.register_next()

@@ -30,7 +30,7 @@ from assay.messages import (
     open_envelope,
 )
 from assay.runtime.embedded import STAGES
-from assay.runtime.settings import Settings
+from assay.runtime.settings import AssaySettings
 from assay.store.pg_provision import provision_stage
 from assay.store.ports import OutboxEntry
 from assay.workflow import load_workflow
@@ -46,7 +46,7 @@ async def serve_command(stage: str) -> int:
     """
     from assay.runtime.distributed import StageGaveUp, serve
 
-    settings = Settings.from_env()
+    settings = AssaySettings.from_env()
     logging.getLogger().setLevel(settings.log_level.upper())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -84,12 +84,12 @@ def _out_of_grace(stage: str) -> None:
 
 async def provision_command() -> int:
     """`assay db provision`: each stage's role and schema, idempotently; prints nothing secret."""
-    settings = Settings.from_env()
-    settings.require("admin_database_url")
-    assert settings.admin_database_url is not None
+    settings = AssaySettings.from_env()
+    settings.require("database.admin_url")
+    assert settings.database.admin_url is not None
     for stage in STAGES:
         await provision_stage(
-            settings.admin_database_url, stage, settings.stage_password_for(stage)
+            settings.database.admin_url, stage, settings.database.stage_password_for(stage)
         )
         print(f"provisioned role assay_{stage} and schema {stage}")
     return 0
@@ -99,7 +99,7 @@ async def topics_command() -> int:
     """`assay topics create`: every topic, with the configured partition count."""
     from assay.runtime.distributed import create_topics
 
-    settings = Settings.from_env()
+    settings = AssaySettings.from_env()
     for name in await create_topics(settings):
         print(name)
     return 0
@@ -107,10 +107,10 @@ async def topics_command() -> int:
 
 async def produce(entries: list[OutboxEntry]) -> None:
     """Produce `entries` to the Kafka cluster `ASSAY_KAFKA_BOOTSTRAP` names."""
-    settings = Settings.from_env()
-    settings.require("kafka_bootstrap")
-    assert settings.kafka_bootstrap is not None
-    transport = KafkaTransport(settings.kafka_bootstrap, client_id="assay-cli")
+    settings = AssaySettings.from_env()
+    settings.require("kafka.bootstrap")
+    assert settings.kafka.bootstrap is not None
+    transport = KafkaTransport(settings.kafka.bootstrap, client_id="assay-cli")
     await transport.open()
     try:
         await transport.publish(entries)
@@ -212,11 +212,11 @@ async def results_command(follow: bool, tenant: str | None) -> int:
     from the beginning."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    settings = Settings.from_env()
-    settings.require("kafka_bootstrap")
+    settings = AssaySettings.from_env()
+    settings.require("kafka.bootstrap")
     only = tenant_arg(tenant) if tenant else None
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        bootstrap_servers=settings.kafka.bootstrap,
         enable_auto_commit=False,
         client_id=f"assay-results-{uuid.uuid4().hex[:8]}",
     )

@@ -27,7 +27,7 @@ from typing import Any
 from assay.cli.logs import stage_state
 from assay.grading.replay import meter_of
 from assay.kernel.ids import TenantId
-from assay.runtime.settings import GradingSettings, ReplaySettings, Settings
+from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 
 PG_SCHEMA = "tournament"
@@ -112,8 +112,8 @@ def replay_report(
 async def _reports(
     log: EventLog, ingest: EventLog | None, tenant: TenantId | None
 ) -> list[dict[str, Any]]:
-    policy = GradingSettings.from_env().policy()
-    replay = ReplaySettings.from_env().policy()
+    settings = AssaySettings.from_env()
+    policy, replay = settings.grading, settings.replay
     reserved: dict[TenantId, dict[str, Any]] = {}
     if ingest is not None:
         reserved = {who: m for who, k, m in await ingest.scan_kind("meter") if k == "replay"}
@@ -151,7 +151,7 @@ async def health_command(data_dir: Path, tenant: TenantId | None) -> int:
             stage_state(data_dir, PG_SCHEMA, "nothing was graded there")
         )
         ingest: EventLog | None = None  # replay's admission meter, when ingest ran here
-        if Settings.from_env().database_url or (data_dir / INGEST_LOG).is_file():
+        if AssaySettings.from_env().database.url or (data_dir / INGEST_LOG).is_file():
             ingest = await stack.enter_async_context(
                 stage_state(data_dir, INGEST_SCHEMA, "no task was submitted there")
             )

@@ -69,10 +69,10 @@ async def stage_state(data_dir: Path, stage: str, missing: str) -> AsyncIterator
     Raises:
         AssayError: no such state (`missing` says what that means), or it cannot be read.
     """
-    from assay.runtime.settings import Settings
+    from assay.runtime.settings import AssaySettings
     from assay.store.sqlite import SqliteEventLog
 
-    database_url = Settings.from_env().database_url
+    database_url = AssaySettings.from_env().database.url
     if database_url:
         async with postgres_log(database_url, stage) as log:
             yield log

@@ -26,7 +26,7 @@ from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import TenantId
 from assay.messages import ReviewProposal
 from assay.record import StateKey
-from assay.runtime.settings import Settings
+from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 
 MISSING = "no workflow was registered there"
@@ -109,7 +109,7 @@ async def review_command(
         reason=reason,
     )
     verb = "approve" if approve else "reject"
-    if Settings.from_env().kafka_bootstrap:
+    if AssaySettings.from_env().kafka.bootstrap:
         from assay.cli.distributed import produce
 
         await produce([producer_entry(WORKFLOWS, msg, msg.tenant, f"review:{proposal}:{verb}")])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,9 @@ from assay.kernel import (
 )
 from assay.kernel.errors import AssayError
 from assay.messages import Purpose, Role, RunRef
-from assay.runtime.embedded import sandbox_from_env
+from assay.runtime.bootstrap import sandbox_for
 from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import ModelSettings, SandboxSettings
+from assay.runtime.settings import AssaySettings
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
 from assay.verification import verifier_registry, verify_episode
 from assay.workflow import SubworkflowStep, load_workflow
@@ -40,8 +39,8 @@ LOCAL_TENANT = uuid.uuid5(uuid.NAMESPACE_URL, "assay:local")
 
 async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -> int:
     """Execute and verify one run; print the episode and verdict as JSON. 0 if it passed."""
-    sandboxing = SandboxSettings.from_env()
-    tools = load_tools(network=sandboxing.network)
+    settings = AssaySettings.from_env()
+    tools = load_tools(network=settings.sandbox.network)
     installed = load_verifiers()
     wf = load_workflow(workflow, frozenset(tools), BUILTIN_VERIFIER_KINDS | frozenset(installed))
     if any(isinstance(step, SubworkflowStep) for step in wf.steps):
@@ -50,7 +49,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
             "workflows, so run it in the pipeline (assay register, assay submit)"
         )
     check_executable(wf)
-    tenant = tenant_id(os.environ.get("ASSAY_TENANT", str(LOCAL_TENANT)))
+    tenant = settings.tenant or tenant_id(LOCAL_TENANT)
     task_id = TaskId(content_hash(task_input))
     run_id = new_run_id()
     ref = RunRef(
@@ -63,10 +62,10 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         role=Role.CURRENT,
         purpose=Purpose.WORK,
     )
-    model = ModelSettings.from_env().build()
+    model = settings.model.build()
     log = await SqliteEventLog(data_dir / "local-runs.sqlite", WORK_EVENTS, fold_work).open()
     blobs = FsBlobStore(data_dir / "blobs")
-    sandbox = sandbox_from_env(blobs, data_dir, sandboxing)
+    sandbox = sandbox_for(settings, blobs, data_dir)
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
         try:

@@ -35,7 +35,7 @@ from assay.kernel.intents import IntentState
 from assay.messages.branching import BranchDelta
 from assay.messages.models import Usage
 from assay.record.events import BranchKey, LogRecord
-from assay.runtime.settings import Settings
+from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 from assay.store.sqlite import SqliteEventLog
 
@@ -138,7 +138,7 @@ async def load_run(data_dir: Path, run: str, tenant: TenantId | None) -> RunView
             or the log cannot be read.
     """
     view: RunView | None
-    database_url = Settings.from_env().database_url
+    database_url = AssaySettings.from_env().database.url
     if database_url:
         async with postgres_log(database_url, PG_SCHEMA, WORK_EVENTS, fold_work) as log:
             view = await find_run(log, run, tenant)

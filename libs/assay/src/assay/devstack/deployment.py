@@ -25,7 +25,7 @@ from assay.devstack.base import Service, free_port, run_apart
 from assay.devstack.kafka import start_tansu
 from assay.devstack.postgres import create_database, drop_database, drop_roles, ensure_database
 from assay.runtime.embedded import STAGES
-from assay.runtime.settings import Settings
+from assay.runtime.settings import AssaySettings
 from assay.store.pg_provision import provision_stage, stage_role
 
 ASSAY = str(Path(sys.executable).parent / "assay")
@@ -224,7 +224,7 @@ async def deploy(
     )
     from assay.runtime.distributed import create_topics
 
-    await create_topics(Settings.from_env(env))
+    await create_topics(AssaySettings.from_env(env))
     named = {s: (roles or {}).get(s) or stage_role(s) for s in STAGES}
     dsns = {
         s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=named[s])

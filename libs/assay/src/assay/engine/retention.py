@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assay.kernel.canonical import canonical_bytes
 from assay.kernel.ids import BranchId, Lsn, TenantId, tenant_id
+from assay.kernel.tenant_maps import tenant_map
 from assay.messages.episode import Elision, Episode, ReducedEpisode
 from assay.record.events import BranchKey, EventRegistry, LogRecord
 
@@ -37,23 +39,46 @@ CHARS_PER_TOKEN = 4
 DAY_S = 86_400.0
 
 
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """When runs are reduced and tiered. The defaults are the design's.
+class RetentionPolicy(BaseModel):
+    """When runs are reduced and tiered (`ASSAY_RETENTION_*`). The defaults are the design's.
 
-    `ceilings` overrides `token_ceiling` per tenant. A run is tiered once it is
-    reduced and `tier_after_s` has passed since; the sweep that tiers runs goes at
-    most once per `sweep_interval_s` per tenant, and tiers at most `sweep_limit`
-    runs each time.
+    `ceilings` overrides `token_ceiling` per tenant (written `<tenant-uuid>=<tokens>,...`
+    in the environment). A run is tiered once it is reduced and `tier_after_s` has
+    passed since; the sweep that tiers runs goes at most once per `sweep_interval_s`
+    per tenant, and tiers at most `sweep_limit` runs each time.
     """
 
-    token_ceiling: int = DEFAULT_TOKEN_CEILING
-    ceilings: Mapping[TenantId, int] = field(default_factory=dict)
-    keep_chars: int = 2_000
-    """Characters of one text a summary keeps (head and tail around the marker)."""
-    tier_after_s: float = 7 * DAY_S
-    sweep_interval_s: float = 60.0
-    sweep_limit: int = 16
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token_ceiling: int = Field(
+        DEFAULT_TOKEN_CEILING, ge=1, description="Tokens a run may hold before it is reduced."
+    )
+    ceilings: dict[TenantId, int] = Field(
+        default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<tokens>,...`."
+    )
+    keep_chars: int = Field(
+        2_000,
+        ge=0,
+        description="Characters a summary keeps per text (head and tail around the marker).",
+    )
+    tier_after_s: float = Field(
+        7 * DAY_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds after its reduction that a run is tiered.",
+    )
+    sweep_interval_s: float = Field(
+        60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Least seconds between two tiering sweeps of one tenant.",
+    )
+    sweep_limit: int = Field(16, ge=1, description="Runs one tiering sweep tiers at most.")
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _tenant_map(cls, value: object) -> object:
+        return tenant_map(value, "tokens")
 
     def ceiling_for(self, tenant: TenantId) -> int:
         """The token ceiling of `tenant`."""

@@ -34,10 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assay.grading.sprt import SprtDecision, SprtPolicy, evaluate
-from assay.kernel.schema import one_line
 from assay.messages.loop import Ladder, Rung, VariantAggregate
 
 MIN_ORDER_CHECKS = 5
@@ -46,7 +45,8 @@ MIN_ORDER_CHECKS = 5
 
 class LadderPolicy(BaseModel):
     """The ladder's parameters: all policy (each read from `ASSAY_LADDER_<FIELD>`, and
-    the held-out fraction from `ASSAY_HELD_OUT_FRACTION`)."""
+    the held-out fraction from `ASSAY_HELD_OUT_FRACTION`). `ramp_shares` is written
+    comma separated in the environment."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -104,42 +104,16 @@ class LadderPolicy(BaseModel):
             )
         return self
 
-    @classmethod
-    def env_name(cls, field: str) -> str:
-        """The variable a field is read from."""
-        return (
-            "ASSAY_HELD_OUT_FRACTION"
-            if field == "held_out_fraction"
-            else f"ASSAY_LADDER_{field.upper()}"
-        )
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str], defaults: Mapping[str, Any] | None = None
-    ) -> LadderPolicy:
-        """The policy with the `ASSAY_LADDER_*` and `ASSAY_HELD_OUT_FRACTION` variables
-        applied over `defaults` (over the built-in defaults).
+    def over(self, defaults: Mapping[str, Any]) -> LadderPolicy:
+        """This policy's explicitly set fields (those the environment gave) over
+        `defaults`, over the built-in defaults.
 
         Raises:
-            ValueError: naming the variable and its value, when one does not parse or the
-                policy is inconsistent.
+            ValidationError: the result is inconsistent (a default and a set share clash).
         """
-        values: dict[str, Any] = {
-            name: environ[cls.env_name(name)]
-            for name in cls.model_fields
-            if environ.get(cls.env_name(name)) not in (None, "")
-        }
-        values = {**(defaults or {}), **values}
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else ""
-            if field in values and environ.get(cls.env_name(field)) not in (None, ""):
-                raise ValueError(
-                    f"invalid setting {cls.env_name(field)}={values[field]!r}: {first['msg']}"
-                ) from exc
-            raise ValueError(f"invalid ASSAY_LADDER_* settings: {one_line(exc)}") from exc
+        return LadderPolicy.model_validate(
+            {**defaults, **self.model_dump(include=set(self.model_fields_set))}
+        )
 
 
 class Standing(BaseModel):

@@ -26,8 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
+from assay.kernel.tenant_maps import tenant_set
 from assay.messages.proposals import FailureEvidence
 from assay.workflow import WorkflowDef, WorkflowInvalid, from_document
 
@@ -95,13 +98,21 @@ class Proposal:
     usage: ProposerUsage = field(default_factory=ProposerUsage)
 
 
-@dataclass(frozen=True)
-class ProposalPolicy:
+class ProposalPolicy(BaseModel):
     """Whose proposals skip the operator (§16: the generator is gated by default; a
     tenant ungates it explicitly, once its loop is calibrated)."""
 
-    ungated: frozenset[str] = frozenset()
-    """Tenant ids (strings) whose proposals are registered at once."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ungated: frozenset[str] = Field(
+        frozenset(),
+        description="Tenants whose proposals skip approval: UUIDs, comma separated.",
+    )
+
+    @field_validator("ungated", mode="before")
+    @classmethod
+    def _tenants(cls, value: object) -> object:
+        return tenant_set(value)
 
     def gated(self, tenant: TenantId) -> bool:
         """Whether `tenant`'s proposals wait for approval."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from assay.kernel.tenant_maps import tenant_keyed
 
 METER_STREAM = "replay-meter"
 """The ingest stream a tenant's replay meter is recorded on (compare-and-swapped)."""
@@ -25,16 +27,24 @@ METER_STREAM = "replay-meter"
 
 class ReplayPolicy(BaseModel):
     """Per-tenant ceilings on replay spend (`ASSAY_REPLAY_*`): model calls reserved by
-    shadow runs per UTC day. None: no ceiling."""
+    shadow runs per UTC day (each reserves its workflow's `budget.max_model_calls` when
+    ingest admits it). None: no ceiling. A tenant not in `ceilings` has `calls_per_day`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     calls_per_day: int | None = Field(
-        None, ge=0, description="Model calls shadow runs may reserve per tenant per day."
+        None,
+        ge=0,
+        description="Model calls shadow runs may reserve per tenant per UTC day (unset: no limit).",
     )
     ceilings: dict[str, int] = Field(
-        default_factory=dict, description="Per-tenant ceilings (tenant uuid -> calls per day)."
+        default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<calls>,...`."
     )
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _tenant_map(cls, value: object) -> object:
+        return tenant_keyed(value, "calls")
 
     def ceiling_for(self, tenant: str) -> int | None:
         """The tenant's replay model calls per day (None: unlimited)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +55,7 @@ class SprtDecision(enum.Enum):
 
 
 class SprtPolicy(BaseModel):
-    """The test's parameters. All policy, none physics (§18)."""
+    """The test's parameters (`ASSAY_SPRT_<FIELD>`). All policy, none physics (§18)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,20 +74,6 @@ class SprtPolicy(BaseModel):
         if self.p1 <= self.p0:
             raise ValueError("p1 must exceed p0")
         return self
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> SprtPolicy:
-        """The policy with any `ASSAY_SPRT_<FIELD>` variables applied (e.g. ASSAY_SPRT_P1).
-
-        Raises:
-            ValueError: a variable does not parse or the policy is inconsistent.
-        """
-        fields = {
-            name: environ[f"ASSAY_SPRT_{name.upper()}"]
-            for name in cls.model_fields
-            if f"ASSAY_SPRT_{name.upper()}" in environ
-        }
-        return cls.model_validate(fields)
 
     @property
     def wald_upper(self) -> float:

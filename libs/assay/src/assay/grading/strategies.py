@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assay.grading.judges import Judge
 from assay.kernel.errors import AssayError
+from assay.kernel.tenant_maps import tenant_keyed
 from assay.workflow.ir import GradingSpec, RubricItem
 
 
@@ -40,10 +41,13 @@ class GradingCapacity(BaseModel):
 
     max_models: int = Field(1, ge=0, description="Models grading may keep resident.")
     max_context_tokens: int = Field(
-        131_072, ge=1, description="Largest single-call context grading may ask for."
+        131_072, ge=1, description="Largest single-call context a grading strategy may ask for."
     )
     max_calls_per_episode: float = Field(
-        8.0, gt=0, description="Judge calls per graded episode, for spend projection."
+        8.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Judge calls per graded episode a strategy may declare.",
     )
 
 
@@ -114,24 +118,34 @@ def check_fits(profile: ResourceProfile, capacity: GradingCapacity) -> None:
         )
 
 
-class GradingPolicy(BaseModel):
+class GradingPolicy(GradingCapacity):
     """Capacity, spend ceilings and health sampling of grading (`ASSAY_GRADING_*`).
 
-    A tenant whose judge calls today (UTC, by the time the graded fact occurred)
-    reached its ceiling gets `Ungraded{BudgetExhausted}` until the day turns; a
-    grading that starts under the ceiling finishes, so one grading may overshoot
-    it by its own calls. `order_check` is the fraction of pairwise comparisons
-    asked again with the positions swapped, to measure order consistency.
+    The policy is the capacity it declares (`check_fits` takes it as one). `ceilings`
+    is a per-tenant map of judge calls per day, written `<tenant-uuid>=<calls>,...`;
+    a tenant not in it has `calls_per_day`. A tenant whose judge calls today (UTC, by
+    the time the graded fact occurred) reached its ceiling gets
+    `Ungraded{BudgetExhausted}` until the day turns; a grading that starts under the
+    ceiling finishes, so one grading may overshoot it by its own calls. `order_check`
+    is the fraction of pairwise comparisons asked again with the positions swapped,
+    to measure order consistency.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    capacity: GradingCapacity = Field(default_factory=GradingCapacity)
-    calls_per_day: int = Field(100_000, ge=0, description="Judge calls per tenant per day.")
+    calls_per_day: int = Field(100_000, ge=0, description="Judge calls per tenant per UTC day.")
     ceilings: dict[str, int] = Field(
-        default_factory=dict, description="Per-tenant ceilings (tenant uuid -> calls per day)."
+        default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<calls>,...`."
     )
-    order_check: float = Field(0.1, ge=0, le=1, description="Sampled order-check fraction.")
+    order_check: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Fraction of pairwise comparisons asked again with positions swapped.",
+    )
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _tenant_map(cls, value: object) -> object:
+        return tenant_keyed(value, "calls")
 
     def ceiling_for(self, tenant: str) -> int:
         """The tenant's judge calls per day."""

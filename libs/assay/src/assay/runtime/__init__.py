@@ -13,7 +13,7 @@ from assay.runtime.embedded import (
 )
 from assay.runtime.harness import StageHarness
 from assay.runtime.plugins import PluginInvalid, load_tools, load_verifiers
-from assay.runtime.settings import SandboxSettings
+from assay.runtime.settings import AssaySettings, SandboxSettings, SettingsInvalid
 from assay.runtime.stage import (
     Gauge,
     Handler,
@@ -25,6 +25,7 @@ from assay.runtime.stage import (
 
 __all__ = [
     "STAGES",
+    "AssaySettings",
     "DataDirBusy",
     "Embedded",
     "Gauge",
@@ -32,6 +33,7 @@ __all__ = [
     "PluginInvalid",
     "RedeliveringSource",
     "SandboxSettings",
+    "SettingsInvalid",
     "StageDeps",
     "StageFactory",
     "StageHarness",

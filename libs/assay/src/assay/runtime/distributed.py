@@ -18,30 +18,12 @@ from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import all_topics
 from assay.kernel.errors import AssayError
+from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
-from assay.runtime.embedded import (
-    STAGES,
-    default_data_dir,
-    discover_stages,
-    ladder_from_env,
-    sandbox_from_env,
-    shadow_rate_from_env,
-    sprt_from_env,
-)
+from assay.runtime.embedded import STAGES, discover_stages
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import StageCollector, stage_registry
-from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import (
-    GradingSettings,
-    JudgeSettings,
-    ModelSettings,
-    ProposerSettings,
-    ReplaySettings,
-    RetentionSettings,
-    SandboxSettings,
-    Settings,
-)
-from assay.runtime.stage import StageDeps
+from assay.runtime.settings import AssaySettings
 from assay.runtime.vitals import Vitals
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
 from assay.store.s3_blobs import S3BlobStore
@@ -49,27 +31,27 @@ from assay.store.s3_blobs import S3BlobStore
 log = logging.getLogger(__name__)
 
 
-def blob_store(settings: Settings) -> S3BlobStore:
+def blob_store(settings: AssaySettings) -> S3BlobStore:
     """The S3 blob store the settings describe."""
     return S3BlobStore(
-        settings.s3_endpoint,
-        settings.s3_bucket,
-        access_key_id=settings.s3_access_key_id,
-        secret_access_key=settings.s3_secret_access_key,
-        region=settings.s3_region,
+        settings.s3.endpoint,
+        settings.s3.bucket,
+        access_key_id=settings.s3.access_key_id,
+        secret_access_key=settings.s3.secret_access_key,
+        region=settings.s3.region,
     )
 
 
-async def create_topics(settings: Settings) -> list[str]:
+async def create_topics(settings: AssaySettings) -> list[str]:
     """Create every topic (and each stage's dead-letter topic) if missing."""
-    settings.require("kafka_bootstrap")
-    assert settings.kafka_bootstrap is not None
+    settings.require("kafka.bootstrap")
+    assert settings.kafka.bootstrap is not None
     names = all_topics(list(STAGES))
-    await ensure_topics(settings.kafka_bootstrap, names, settings.partitions)
+    await ensure_topics(settings.kafka.bootstrap, names, settings.partitions)
     return names
 
 
-async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
+async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> None:
     """Run one stage until `stop` is set: migrate its schema, consume, relay, report.
 
     Raises:
@@ -78,64 +60,38 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
     factories = discover_stages()
     if stage not in factories:
         raise AssayError(f"no stage {stage!r} is installed (have: {', '.join(sorted(factories))})")
-    settings.require("kafka_bootstrap", "database_url")
-    assert settings.kafka_bootstrap is not None
-    assert settings.database_url is not None
-    model_settings = ModelSettings.from_env()
-    judge_settings = JudgeSettings.from_env()
-    proposer_settings = ProposerSettings.from_env()
-    retention = RetentionSettings.from_env().policy()
-    ladder = ladder_from_env()
+    settings.require("kafka.bootstrap", "database.url")
+    assert settings.kafka.bootstrap is not None
+    assert settings.database.url is not None
     await create_topics(settings)
     async with AsyncExitStack() as stack:
         blobs = blob_store(settings)
         await blobs.open()
         stack.push_async_callback(blobs.close)
-        model = model_settings.build()
-        stack.push_async_callback(model.aclose)
-        judge = judge_settings.build()
-        stack.push_async_callback(judge.aclose)
-        proposer = proposer_settings.build()
-        stack.push_async_callback(proposer.aclose)
-        sandboxing = SandboxSettings.from_env()
-        deps = StageDeps(
-            blobs=blobs,
-            model=model,
-            judge=judge,
-            tools=load_tools(network=sandboxing.network),
-            sprt=sprt_from_env(),
-            shadow_rate=shadow_rate_from_env(),
-            ladder=ladder,
-            lease_ttl_s=settings.lease_ttl_s,
-            sandbox=sandbox_from_env(blobs, default_data_dir(), sandboxing),
-            verifiers=load_verifiers(),
-            retention=retention,
-            grading=GradingSettings.from_env().policy(),
-            replay=ReplaySettings.from_env().policy(),
-            proposer=proposer,
-            proposals=proposer_settings.policy(),
-        )
+        wiring = stage_deps(settings, blobs)
+        stack.push_async_callback(wiring.aclose)
+        deps = wiring.deps
         spec = factories[stage](deps)
-        event_log = PostgresEventLog(settings.database_url, stage, spec.events, spec.fold)
+        event_log = PostgresEventLog(settings.database.url, stage, spec.events, spec.fold)
         await event_log.open()
         stack.push_async_callback(event_log.close)
-        transport = KafkaTransport(settings.kafka_bootstrap, client_id=f"assay-{stage}")
+        transport = KafkaTransport(settings.kafka.bootstrap, client_id=f"assay-{stage}")
         await transport.open()
         stack.push_async_callback(transport.close)
         # A replica that stalls (SIGSTOP, a frozen VM) gives relay leadership up after the
         # lease TTL, as it gives its runs up: the stage's messages keep flowing meanwhile.
         leader = PgAdvisoryLeader(
-            settings.database_url, stage, stalled_after_s=settings.lease_ttl_s
+            settings.database.url, stage, stalled_after_s=settings.lease_ttl_s
         )
         relay = OutboxRelay(stage, event_log, transport, leader)
-        listener = await listen_for_outbox(settings.database_url, stage, relay.wake)
+        listener = await listen_for_outbox(settings.database.url, stage, relay.wake)
         stack.push_async_callback(listener.close)
         source = KafkaSource(
-            settings.kafka_bootstrap,
+            settings.kafka.bootstrap,
             group_id=f"assay-{stage}",
             client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
-            member_timeout_ms=settings.kafka_member_timeout_ms,
-            heartbeat_interval_ms=min(3_000, settings.kafka_member_timeout_ms // 3),
+            member_timeout_ms=settings.kafka.member_timeout_ms,
+            heartbeat_interval_ms=min(3_000, settings.kafka.member_timeout_ms // 3),
         )
         vitals = Vitals(
             unready_after_s=settings.unready_after_s,
@@ -161,7 +117,7 @@ async def serve(stage: str, settings: Settings, stop: asyncio.Event) -> None:
         status = StatusServer(
             stage_registry(runner, collector),
             health,
-            settings.http_port,
+            settings.http.port,
             collector.refresh,
             readiness=readiness,
         )

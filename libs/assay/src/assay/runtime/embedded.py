@@ -8,53 +8,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import dlq, producer_entry
-from assay.engine.chat_model import ChatCompletionsModel
-from assay.engine.models import Model, StubModel
-from assay.grading.chat_judge import ChatJudge
-from assay.grading.judges import Judge, StubJudge
+from assay.engine.models import Model
+from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import TenantId
-from assay.kernel.schema import Versioned, one_line
+from assay.kernel.schema import Versioned
 from assay.messages.envelope import open_envelope
+from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
-from assay.runtime.plugins import load_tools, load_verifiers
-from assay.runtime.settings import (
-    GradingSettings,
-    JudgeSettings,
-    ModelSettings,
-    ProposerSettings,
-    ReplaySettings,
-    RetentionSettings,
-    SandboxSettings,
-    Settings,
-    SettingsInvalid,
-)
-from assay.runtime.stage import StageDeps, StageFactory, StageSpec
-from assay.sandbox.port import SandboxError, SandboxProvider
+from assay.runtime.sections import STAGE_ROLES
+from assay.runtime.settings import AssaySettings
+from assay.runtime.stage import StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
-from assay.store.ports import BlobStore, OutboxEntry
+from assay.store.ports import OutboxEntry
 from assay.store.sqlite import SqliteEventLog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
+STAGES = STAGE_ROLES
 """The pipeline's stages, in pipeline order."""
 
 
@@ -67,73 +52,12 @@ class StageMissing(AssayError):
 
 
 def default_data_dir() -> Path:
-    """`ASSAY_DATA_DIR`, or `./assay-data`."""
-    return Path(os.environ.get("ASSAY_DATA_DIR", "assay-data"))
-
-
-def sprt_from_env() -> SprtPolicy:
-    """The sequential test's policy: defaults, overridden by `ASSAY_SPRT_*` variables."""
-    try:
-        return SprtPolicy.from_env(os.environ)
-    except ValidationError as exc:
-        raise AssayError(f"invalid ASSAY_SPRT_* setting: {one_line(exc)}") from exc
-
-
-def shadow_rate_from_env() -> float:
-    """Share of current-served tasks re-run on the challenger (`ASSAY_SHADOW_RATE`, 1.0)."""
-    raw = os.environ.get("ASSAY_SHADOW_RATE", "1.0")
-    try:
-        rate = float(raw)
-    except ValueError:
-        rate = -1.0
-    if not 0.0 <= rate <= 1.0:
-        raise AssayError(f"ASSAY_SHADOW_RATE must be a number in [0, 1], not {raw!r}")
-    return rate
-
-
-def ladder_from_env(defaults: Mapping[str, Any] | None = None) -> LadderPolicy:
-    """The promotion ladder's policy: `defaults` (else the built-in ones), overridden by
-    `ASSAY_LADDER_*` variables and `ASSAY_HELD_OUT_FRACTION`.
+    """`ASSAY_DATA_DIR`, or `./assay-data`.
 
     Raises:
-        SettingsInvalid: naming the variable and its value.
+        SettingsInvalid: a setting is invalid.
     """
-    try:
-        return LadderPolicy.from_env(os.environ, defaults)
-    except ValueError as exc:
-        raise SettingsInvalid(str(exc)) from exc
-
-
-def lease_ttl_from_env() -> float:
-    """How long a run's lease lasts without a heartbeat (`ASSAY_LEASE_TTL_S`, 15).
-
-    After a crash the restarted process waits this long, at most, for its dead
-    predecessor's leases to lapse before it resumes their runs.
-
-    Raises:
-        AssayError: the variable does not parse or is out of range.
-    """
-    name = "ASSAY_LEASE_TTL_S"
-    only = {name: os.environ[name]} if os.environ.get(name) else {}
-    return Settings.from_env(only).lease_ttl_s
-
-
-def sandbox_from_env(
-    blobs: BlobStore, data_dir: Path, settings: SandboxSettings | None = None
-) -> SandboxProvider | None:
-    """The local sandbox the `ASSAY_SANDBOX_*` variables (or `settings`) describe.
-
-    None, with a warning, when commands cannot run on this machine at all:
-    sandboxed tools are then refused and command verifiers fail, closed.
-
-    Raises:
-        AssayError: a variable does not parse.
-    """
-    try:
-        return (settings or SandboxSettings.from_env()).provider(blobs, data_dir)
-    except SandboxError as exc:
-        log.warning("no sandbox: sandboxed tools and command verifiers will fail: %s", exc)
-        return None
+    return AssaySettings.from_env().data_dir
 
 
 def discover_stages() -> dict[str, StageFactory]:
@@ -154,6 +78,9 @@ def wall_clock() -> datetime:
 class Embedded:
     """The whole pipeline in one process. Use as an async context manager.
 
+    `settings` default to `AssaySettings.from_env()`; `model`, `judge`, `sprt`,
+    `shadow_rate` and `ladder` override them.
+
     `clock` stamps what `publish` produces (the envelope's `occurred_at`, which
     every message it causes inherits and from which ingest derives run ids); a
     fixed or stepping clock makes two runs of one workload produce the same ids.
@@ -171,42 +98,27 @@ class Embedded:
         ladder: LadderPolicy | None = None,
         stages: tuple[str, ...] = STAGES,
         clock: Callable[[], datetime] = wall_clock,
+        settings: AssaySettings | None = None,
     ) -> None:
         self.clock = clock
-        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        settings = AssaySettings.from_env() if settings is None else settings
+        self.data_dir = Path(data_dir) if data_dir is not None else settings.data_dir
         self.partitions = partitions
         self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions)
         self.blobs = FsBlobStore(self.data_dir / "blobs")
-        # A model or judge passed in belongs to the caller; one built from ASSAY_MODEL_* or
-        # ASSAY_JUDGE_* is ours to close.
-        self._own_model: StubModel | ChatCompletionsModel | None = None
-        self._own_judge: StubJudge | ChatJudge | None = None
-        if judge is None:
-            self._own_judge = JudgeSettings.from_env().build()
-            judge = self._own_judge
-        if model is None:
-            self._own_model = ModelSettings.from_env().build()
-            model = self._own_model
-        sandboxing = SandboxSettings.from_env()
-        proposing = ProposerSettings.from_env()
-        self._own_proposer = proposing.build()
-        self.deps = StageDeps(
-            blobs=self.blobs,
+        # A model or judge passed in belongs to the caller; what the bootstrap builds from
+        # the settings is ours to close.
+        self._wiring = stage_deps(
+            settings,
+            self.blobs,
+            data_dir=self.data_dir,
             model=model,
             judge=judge,
-            tools=load_tools(network=sandboxing.network),
-            sprt=sprt or sprt_from_env(),
-            shadow_rate=shadow_rate_from_env() if shadow_rate is None else shadow_rate,
-            ladder=ladder or ladder_from_env(),
-            lease_ttl_s=lease_ttl_from_env(),
-            sandbox=sandbox_from_env(self.blobs, self.data_dir, sandboxing),
-            verifiers=load_verifiers(),
-            retention=RetentionSettings.from_env().policy(),
-            grading=GradingSettings.from_env().policy(),
-            replay=ReplaySettings.from_env().policy(),
-            proposer=self._own_proposer,
-            proposals=proposing.policy(),
+            sprt=sprt,
+            shadow_rate=shadow_rate,
+            ladder=ladder,
         )
+        self.deps = self._wiring.deps
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")
         self.runners: dict[str, StageRunner] = {}
@@ -244,12 +156,8 @@ class Embedded:
         self._lock.release()
 
     async def _close_owned(self) -> None:
-        """Close the model and judge built from the environment (not ones passed in)."""
-        if self._own_model is not None:
-            await self._own_model.aclose()
-        if self._own_judge is not None:
-            await self._own_judge.aclose()
-        await self._own_proposer.aclose()
+        """Close the model, judge and proposer built from the settings (not ones passed in)."""
+        await self._wiring.aclose()
 
     def start(self) -> None:
         """Start every stage's consumers and relay in the background."""

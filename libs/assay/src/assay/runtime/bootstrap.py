@@ -1,0 +1,116 @@
+"""The one place a stage's dependencies are built from the settings tree, in both modes.
+
+`stage_deps` turns `AssaySettings` and a blob store into `StageDeps`: the model,
+judge and proposer the settings describe (or ones passed in), the tools, the
+sandbox, the verifiers installed packages register, and the policies — which are
+the settings' own sections, not copies of them. Embedded mode (`Embedded`) and
+distributed mode (`serve`) both call it; only their blob stores and data
+directories differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from assay.engine.models import Model
+from assay.grading.judges import Judge
+from assay.grading.ladder import LadderPolicy
+from assay.grading.sprt import SprtPolicy
+from assay.runtime.plugins import load_tools, load_verifiers
+from assay.runtime.settings import AssaySettings
+from assay.runtime.stage import StageDeps
+from assay.sandbox.port import SandboxError, SandboxProvider
+from assay.store.ports import BlobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageWiring:
+    """A stage's dependencies and what the bootstrap built for them.
+
+    `aclose()` closes the model, judge and proposer built from the settings (never
+    ones passed in: those belong to the caller). Also an async context manager.
+    """
+
+    deps: StageDeps
+    _owned: AsyncExitStack = field(default_factory=AsyncExitStack)
+
+    async def aclose(self) -> None:
+        """Close what the bootstrap built; idempotent."""
+        await self._owned.aclose()
+
+    async def __aenter__(self) -> StageWiring:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def sandbox_for(
+    settings: AssaySettings, blobs: BlobStore, data_dir: Path
+) -> SandboxProvider | None:
+    """The local sandbox `settings.sandbox` describes, its snapshots in `blobs`.
+
+    None, with a warning, when commands cannot run on this machine at all:
+    sandboxed tools are then refused and command verifiers fail, closed.
+    """
+    try:
+        return settings.sandbox.provider(blobs, data_dir)
+    except SandboxError as exc:
+        log.warning("no sandbox: sandboxed tools and command verifiers will fail: %s", exc)
+        return None
+
+
+def stage_deps(
+    settings: AssaySettings,
+    blobs: BlobStore,
+    *,
+    data_dir: Path | None = None,
+    model: Model | None = None,
+    judge: Judge | None = None,
+    sprt: SprtPolicy | None = None,
+    shadow_rate: float | None = None,
+    ladder: LadderPolicy | None = None,
+) -> StageWiring:
+    """Every stage's dependencies, as `settings` describe them.
+
+    `model`, `judge`, `sprt`, `shadow_rate` and `ladder` override the settings (a
+    test's or the demo's own); the sandbox's default root is under `data_dir`
+    (default: `settings.data_dir`). The caller closes the result (`aclose`).
+
+    Raises:
+        SettingsInvalid: an endpoint with a URL but no model name.
+    """
+    owned = AsyncExitStack()
+    if model is None:
+        built_model = settings.model.build()
+        owned.push_async_callback(built_model.aclose)
+        model = built_model
+    if judge is None:
+        built_judge = settings.judge.build()
+        owned.push_async_callback(built_judge.aclose)
+        judge = built_judge
+    proposer = settings.proposer.build()
+    owned.push_async_callback(proposer.aclose)
+    deps = StageDeps(
+        blobs=blobs,
+        model=model,
+        judge=judge,
+        tools=load_tools(network=settings.sandbox.network),
+        sprt=settings.sprt if sprt is None else sprt,
+        shadow_rate=settings.shadow_rate if shadow_rate is None else shadow_rate,
+        ladder=settings.ladder if ladder is None else ladder,
+        lease_ttl_s=settings.lease_ttl_s,
+        sandbox=sandbox_for(settings, blobs, settings.data_dir if data_dir is None else data_dir),
+        verifiers=load_verifiers(),
+        retention=settings.retention,
+        grading=settings.grading,
+        replay=settings.replay,
+        proposer=proposer,
+        proposals=settings.proposer,
+    )
+    return StageWiring(deps, owned)

@@ -1,0 +1,144 @@
+"""The plain sections of the settings tree: the services a distributed stage uses
+(Kafka, Postgres, S3, its HTTP port) and the local sandbox of both modes.
+
+Each is read by `AssaySettings` from `ASSAY_<SECTION>_<FIELD>` variables, except
+where `assay.runtime.settings.RENAMED` names another variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from assay.kernel.errors import AssayError
+from assay.sandbox.local import Limits, LocalSandbox
+from assay.sandbox.port import NetworkPolicy
+from assay.store.ports import BlobStore
+
+STAGE_ROLES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
+"""The stages whose Postgres roles `assay db provision` creates, in pipeline order."""
+
+
+class SettingsInvalid(AssayError):
+    """A required setting is missing or a value does not parse."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class KafkaSettings(_Section):
+    """The Kafka cluster of distributed mode (`ASSAY_KAFKA_*`)."""
+
+    bootstrap: str | None = Field(None, description="Kafka bootstrap, host:port[,...].")
+    member_timeout_ms: int = Field(
+        10_000,
+        ge=500,
+        le=300_000,
+        description=(
+            "How long the consumer group waits for a silent member (one that was killed) "
+            "before its partitions go to the others or to its replacement."
+        ),
+    )
+
+
+class DatabaseSettings(_Section):
+    """Postgres (`ASSAY_DATABASE_URL`, and the provisioning settings)."""
+
+    url: str | None = Field(None, description="The stage's own Postgres role DSN.")
+    admin_url: str | None = Field(
+        None, description="A superuser DSN, used only by `assay db provision`."
+    )
+    stage_password: str | None = Field(
+        None,
+        description="Password of every stage role at provisioning, unless the stage has its own.",
+    )
+    ingest_password: str | None = Field(None, description="Password of the ingest role.")
+    execute_password: str | None = Field(None, description="Password of the execute role.")
+    verify_password: str | None = Field(None, description="Password of the verify role.")
+    tournament_password: str | None = Field(None, description="Password of the tournament role.")
+    aggregate_password: str | None = Field(None, description="Password of the aggregate role.")
+    decide_password: str | None = Field(None, description="Password of the decide role.")
+
+    def stage_password_for(self, stage: str) -> str:
+        """The password of one stage's role at provisioning: its own, else the shared one.
+
+        Raises:
+            SettingsInvalid: neither is set.
+        """
+        own = getattr(self, f"{stage}_password", None) if stage in STAGE_ROLES else None
+        password = own or self.stage_password
+        if not password:
+            raise SettingsInvalid(
+                f"missing settings: ASSAY_{stage.upper()}_PASSWORD or ASSAY_STAGE_PASSWORD"
+            )
+        return password
+
+
+class S3Settings(_Section):
+    """The S3 bucket blobs go to in distributed mode (`ASSAY_S3_*`)."""
+
+    endpoint: str | None = Field(None, description="S3 endpoint URL (unset: AWS).")
+    bucket: str = Field("assay", description="Bucket for blobs (created if missing).")
+    access_key_id: str | None = Field(None, description="S3 access key id.")
+    secret_access_key: str | None = Field(None, description="S3 secret access key.")
+    region: str = Field("us-east-1", description="S3 region.")
+
+
+class HttpSettings(_Section):
+    """A distributed stage's status server (`ASSAY_HTTP_*`)."""
+
+    port: int = Field(8080, ge=0, le=65535, description="Port of /healthz, /readyz and /metrics.")
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+class SandboxSettings(_Section):
+    """The local sandbox, in both modes (`ASSAY_SANDBOX_*`)."""
+
+    root: str | None = Field(
+        None, description="Directory of the workspaces (default: <data dir>/sandbox)."
+    )
+    network: NetworkPolicy = Field(
+        NetworkPolicy.DENY,
+        description="deny: no network for commands and network tools; allow: the host's.",
+    )
+    cpu_s: int = Field(_DEFAULT_LIMITS.cpu_s, ge=1, description="CPU seconds a command.")
+    memory_bytes: int = Field(
+        _DEFAULT_LIMITS.address_space_bytes, ge=1 << 20, description="Address space of a command."
+    )
+    processes: int = Field(
+        _DEFAULT_LIMITS.processes, ge=1, description="Processes a command may start."
+    )
+    file_size_bytes: int = Field(
+        _DEFAULT_LIMITS.file_size_bytes, ge=1, description="Largest file a command may write."
+    )
+    uid: int | None = Field(
+        None, ge=1, description="uid commands run as when Assay runs as root (default 65534)."
+    )
+    gid: int | None = Field(
+        None, ge=1, description="gid commands run as when Assay runs as root (default 65534)."
+    )
+
+    @property
+    def limits(self) -> Limits:
+        """Resource limits of each command."""
+        return Limits(
+            cpu_s=self.cpu_s,
+            address_space_bytes=self.memory_bytes,
+            processes=self.processes,
+            file_size_bytes=self.file_size_bytes,
+        )
+
+    def provider(self, blobs: BlobStore, data_dir: Path) -> LocalSandbox:
+        """The local sandbox these settings describe, its snapshots in `blobs`.
+
+        Raises:
+            SandboxUnavailable: commands cannot run on this machine at all.
+        """
+        root = Path(self.root) if self.root else data_dir / "sandbox"
+        return LocalSandbox(
+            root, blobs, limits=self.limits, network=self.network, uid=self.uid, gid=self.gid
+        )
