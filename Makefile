@@ -12,7 +12,7 @@ export ASSAY_DATA_DIR
 MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
 
-.PHONY: run test lint docs bench sync schemas config-docs clean up down
+.PHONY: run test test-fast lint docs bench sync schemas config-docs clean up down
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -32,6 +32,9 @@ run: sync  ## the embedded demo on a freshly emptied data directory
 
 test: sync  ## the whole suite
 	$(VENV)/bin/pytest
+
+test-fast: sync  ## the inner loop: every test not marked slow (no end-to-end, crash or fault tests)
+	$(VENV)/bin/pytest -m "not slow" -q
 
 lint: sync  ## ruff, mypy --strict, import-linter layer contracts, the docs site's strict build
 	$(VENV)/bin/ruff check .

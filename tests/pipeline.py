@@ -14,6 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from assay.devstack.deployment import ASSAY, Deployment
@@ -23,6 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 V1 = ROOT / "examples" / "workflows" / "arith-v1.yaml"
 V2 = ROOT / "examples" / "workflows" / "arith-v2.yaml"
 TASKS = [json.loads(line) for line in (ROOT / "examples" / "tasks" / "arith.jsonl").open()]
+DISTRIBUTED = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.postgres, pytest.mark.s3]
+"""What a test of a whole deployment needs."""
+RECOVERY_S = 45.0
+"""The longest a fault test allows from the heal of a fault to the last result of the tasks
+produced around it (each test's module states what it measured on two cores)."""
 
 
 def register(d: Deployment, tenant: str, path: Path) -> None:
