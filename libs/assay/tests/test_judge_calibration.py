@@ -194,7 +194,10 @@ def server() -> Iterator[ChatServer]:
 def test_calibrate_prints_the_report_as_json(
     calibration_set: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ASSAY_JUDGE_URL", "http://127.0.0.1:9/v1")  # ignored: no --judge-from-env
+    # A whole judge configuration, unreachable: ignored without --judge-from-env. (A URL
+    # alone is refused at start-up, whatever the command: settings are read as one tree.)
+    monkeypatch.setenv("ASSAY_JUDGE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("ASSAY_JUDGE_NAME", "unreachable")
     code, out, err = run_cli(capsys, "--set", str(calibration_set))
     assert (code, err) == (0, "")
     report = CalibrationReport.model_validate_json(out)
