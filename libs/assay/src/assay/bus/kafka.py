@@ -28,6 +28,7 @@ from aiokafka.errors import IllegalStateError, KafkaError, TopicAlreadyExistsErr
 
 from assay.bus.transport import BusMessage, Handle, Positions
 from assay.kernel.errors import AssayError
+from assay.kernel.waiting import sleep_or
 from assay.store.faults import Outage
 from assay.store.ports import OutboxEntry
 
@@ -259,7 +260,7 @@ class KafkaSource:
                 log.warning("Kafka at %s unreachable (%r); retrying", self.bootstrap, exc)
                 with contextlib.suppress(Exception):
                     await consumer.stop()
-            await _sleep_or(stop, backoff)
+            await sleep_or(stop, backoff)
             backoff = min(backoff * 2, _RETRY_MAX_S)
         return None
 
@@ -409,7 +410,7 @@ class _Member(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is u
                     batches: dict[TopicPartition, list[Any]] = fetch.result()
                 except KafkaError:
                     log.warning("fetch failed; retrying", exc_info=True)
-                    await _sleep_or(self.stop, 1.0)
+                    await sleep_or(self.stop, 1.0)
                     continue
                 for tp, records in batches.items():
                     await self._dispatch(tp, records, generation)
@@ -506,8 +507,3 @@ class _Member(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is u
         if self.hints:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._commit(self.hints), 2.0)
-
-
-async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), seconds)

@@ -9,7 +9,6 @@ the relay: rows stay in the outbox until they ship.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
@@ -20,6 +19,7 @@ from typing import Protocol
 from assay.bus.transport import Transport
 from assay.crash import crash_point
 from assay.kernel.health import Failing
+from assay.kernel.waiting import sleep_or
 from assay.store.ports import EventLog
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class OutboxRelay:
                 self.health.ok()  # a replica that does not lead has nothing to ship
                 if stop.is_set():
                     return  # never led: the leader ships what is committed
-                await _sleep_or(stop, 1.0)
+                await sleep_or(stop, 1.0)
             try:
                 if await self._lead(stop):
                     return
@@ -170,10 +170,10 @@ class OutboxRelay:
             except Exception as exc:  # the transport is down: keep the rows, retry later
                 self.health.failed(f"{type(exc).__name__}: {exc}", time.monotonic())
                 log.warning("relay %s: shipping failed (%r); retrying", self.stage, exc)
-                await _sleep_or(stop, backoff)
+                await sleep_or(stop, backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            await _sleep_or(self.wake, self._poll_s)
+            await sleep_or(self.wake, self._poll_s)
         try:
             while await self.ship_once():
                 pass
@@ -188,8 +188,3 @@ class OutboxRelay:
         except Exception as exc:  # the lock's server is unreachable: not leading, try later
             log.warning("relay %s: leadership unknown (%r)", self.stage, exc)
             return False
-
-
-async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), seconds)

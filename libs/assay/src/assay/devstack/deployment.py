@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,21 +87,18 @@ class Deployment:
 
     def wait_healthy(self, timeout_s: float = 60) -> None:
         """Block until every started process answers /healthz with ok."""
-        deadline = time.monotonic() + timeout_s
-        for name, port in self.ports.items():
-            while True:
-                proc = self.procs[name]
-                if proc.poll() is not None:
-                    raise AssertionError(f"{name} exited: {self.log(name)[-2000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                        if json.loads(r.read()).get("ok"):
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{name} not healthy: {self.log(name)[-2000:]}")
-                time.sleep(0.1)
+
+        def healthy(name: str) -> tuple[bool, str]:
+            url = f"http://127.0.0.1:{self.ports[name]}/healthz"
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if json.loads(r.read()).get("ok"):
+                        return True, ""
+            except OSError:
+                pass
+            return False, self.log(name)[-2000:]
+
+        self._wait_each(healthy, "not healthy", timeout_s)
 
     def readiness(self, name: str) -> tuple[bool, dict[str, Any]]:
         """A process's `/readyz`: whether it is ready, and the document it answered."""
@@ -114,19 +111,31 @@ class Deployment:
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         """Block until every started process answers /readyz with ready."""
+
+        def ready(name: str) -> tuple[bool, str]:
+            try:
+                ok, doc = self.readiness(name)
+            except OSError as exc:
+                return False, repr(exc)
+            return ok, str(doc)
+
+        self._wait_each(ready, "not ready", timeout_s)
+
+    def _wait_each(
+        self, check: Callable[[str], tuple[bool, str]], failing: str, timeout_s: float
+    ) -> None:
+        """Poll `check` on every started process until it passes; fail with what it said
+        last once `timeout_s` has passed, or at once if the process exited."""
         deadline = time.monotonic() + timeout_s
         for name in self.ports:
             while True:
                 if self.procs[name].poll() is not None:
                     raise AssertionError(f"{name} exited: {self.log(name)[-2000:]}")
-                try:
-                    ready, doc = self.readiness(name)
-                except OSError as exc:
-                    ready, doc = False, {"error": repr(exc)}
-                if ready:
+                ok, detail = check(name)
+                if ok:
                     break
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"{name} not ready: {doc}")
+                    raise AssertionError(f"{name} {failing}: {detail}")
                 time.sleep(0.1)
 
     def kill(self, name: str) -> None:

@@ -9,7 +9,6 @@ retry — goes to `assay.dlq.<stage>` with the reason, and the position moves on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections import Counter
@@ -22,6 +21,7 @@ from assay.bus.transport import BusMessage, Source
 from assay.crash import crash_point
 from assay.kernel.errors import Refused
 from assay.kernel.schema import UnknownSchema, one_line
+from assay.kernel.waiting import sleep_or
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
 from assay.runtime.stage import Background, StageSpec, UnitOfWork
@@ -152,8 +152,7 @@ class StageRunner:
                 return
             except Exception as exc:
                 log.warning("stage %s: background task failed (%r); again", self.spec.name, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
+            await sleep_or(stop, backoff)
             backoff = min(backoff * 2, 10.0)
 
     async def handle(self, m: BusMessage) -> None:

@@ -11,13 +11,13 @@ other input. Each is sent once per process; a message id derived from the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 from assay.bus.topics import producer_entry
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
+from assay.kernel.waiting import sleep_or
 from assay.runtime.stage import Background
 from assay.store.ports import CommitBatch, EventLog
 
@@ -51,7 +51,6 @@ def timer(
                     continue
                 await log.commit(CommitBatch(outbox=[producer_entry(topic, msg, tenant, idem)]))
                 sent.add((tenant, idem))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), tick_s)
+            await sleep_or(stop, tick_s)
 
     return run

@@ -12,13 +12,13 @@ makes a restart safe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from assay.kernel.health import Failing
+from assay.kernel.waiting import sleep_or
 
 log = logging.getLogger(__name__)
 
@@ -87,5 +87,4 @@ class Vitals:
                     log.error("giving up: %s", self.gave_up)
                     stop.set()
                     return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
+            await sleep_or(stop, every_s)
