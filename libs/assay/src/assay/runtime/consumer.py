@@ -200,6 +200,7 @@ class StageRunner:
                 self.relay.wake.set,
                 self.emitted,
                 partition=m.partition,
+                deps=self.spec.deps,
             )
             try:
                 await handler(msg, uow)
