@@ -4,12 +4,16 @@ reads it, while a backlog builds and drains."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
+import promql_parser
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from assay.bus import RESULTS, TASKS, WORKFLOWS
@@ -48,6 +52,9 @@ async def scrape(port: int) -> Samples:
     async with httpx.AsyncClient() as client:
         response = await client.get(f"http://127.0.0.1:{port}/metrics")
     assert response.status_code == 200
+    for family in text_string_to_metric_families(response.text):
+        EXPORTED.update(s.name for s in family.samples)
+        EXPORTED.add(family.name + ("_total" if family.type == "counter" else ""))
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(response.text)
@@ -76,6 +83,10 @@ async def result_count(rt: Embedded) -> int:
                 MESSAGES.decode(env.type, env.schema_version, env.payload), RunResult
             )
     return found
+
+
+EXPORTED: set[str] = set()
+"""Metric family names the embedded run's scrapes saw (for the dashboard test below)."""
 
 
 async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path: Path) -> None:
@@ -135,3 +146,65 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     assert e2e == TASK_COUNT
     assert total(after, "assay_task_to_result_seconds_sum", tenant=str(TENANT)) > 0
     assert not any("run_id" in dict(ls) for _, ls in after), "no run ids in labels"
+
+
+# -- the dashboard and the alerts name only what is exported --------------------------------
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def _selectors(node: object) -> Iterator[str]:
+    """Metric names a parsed PromQL expression selects."""
+    if isinstance(node, promql_parser.VectorSelector):
+        if node.name:
+            yield node.name
+        return
+    for attr in ("expr", "lhs", "rhs", "vector_selector", "param", "args"):
+        child = getattr(node, attr, None)
+        for item in child if isinstance(child, list) else [child]:
+            if item is not None and not isinstance(item, str | int | float):
+                yield from _selectors(item)
+
+
+def _expressions() -> list[tuple[str, str]]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    found = [
+        (f"alert {rule['alert']}", rule["expr"])
+        for group in rules["groups"]
+        for rule in group["rules"]
+    ]
+    dashboard = json.loads((DEPLOY / "grafana" / "assay.json").read_text())
+    found += [
+        (f"panel {panel['title']!r}", target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    ]
+    return found
+
+
+def test_alert_rules_are_well_formed() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    names = [rule["alert"] for group in rules["groups"] for rule in group["rules"]]
+    assert len(names) == len(set(names)), "alert names are unique"
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+            assert rule["labels"]["severity"] in {"page", "warn"}
+            assert rule["annotations"]["summary"]
+            if "for" in rule:
+                assert re.fullmatch(r"\d+[smhd]", rule["for"]), rule["alert"]
+
+
+async def test_every_expression_parses_and_names_an_exported_metric(tmp_path: Path) -> None:
+    if not EXPORTED:  # run alone: scrape a pipeline first
+        await test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path)
+    for where, expr in _expressions():
+        parsed = promql_parser.parse(expr)  # raises on a malformed expression
+        names = set(_selectors(parsed))
+        assert names, f"{where} selects no metric"
+        assert names <= EXPORTED, f"{where}: {sorted(names - EXPORTED)} not exported"
+
+
+def test_a_malformed_expression_is_caught() -> None:
+    with pytest.raises(ValueError, match="parenthesis"):
+        promql_parser.parse("sum by (stage (rate(assay_stage_lag[5m]))")

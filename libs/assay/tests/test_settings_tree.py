@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from assay.engine.models import StubModel
-from assay.grading.judges import StubJudge
+from assay.grading.judges import StubJudge, TracedJudge
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.config_reference import entries
 from assay.runtime.settings import AssaySettings, SettingsInvalid
@@ -223,4 +223,5 @@ async def test_the_bootstrap_wires_the_sections_themselves(tmp_path: Path) -> No
         assert deps.proposals is settings.proposer
         assert (deps.shadow_rate, deps.lease_ttl_s) == (0.5, 2.0)
         assert isinstance(deps.model, StubModel)
-        assert isinstance(deps.judge, StubJudge)
+        assert isinstance(deps.judge, TracedJudge)  # every judge call is a span
+        assert isinstance(deps.judge.judge, StubJudge)

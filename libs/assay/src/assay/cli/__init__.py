@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -331,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=logging.WARNING if args.verbose else logging.ERROR,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _trace(args)
     try:
         code = asyncio.run(_dispatch(args))
     except AssayError as exc:
@@ -339,6 +341,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     sys.exit(code)
+
+
+def _trace(args: argparse.Namespace) -> None:
+    """Export spans when the OpenTelemetry environment names an OTLP endpoint."""
+    from assay.runtime.tracing import EXPORTER_VARIABLES, configure
+
+    if any(os.environ.get(name) for name in EXPORTER_VARIABLES):
+        configure(f"assay-{args.stage}" if args.command == "serve" else "assay")
 
 
 async def _dispatch(args: argparse.Namespace) -> int:

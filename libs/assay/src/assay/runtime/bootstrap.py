@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assay.engine.models import Model
-from assay.grading.judges import Judge
+from assay.grading.judges import Judge, traced
 from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.runtime.plugins import load_tools, load_verifiers
@@ -99,7 +99,7 @@ def stage_deps(
     deps = StageDeps(
         blobs=blobs,
         model=model,
-        judge=judge,
+        judge=traced(judge),
         tools=load_tools(network=settings.sandbox.network),
         sprt=settings.sprt if sprt is None else sprt,
         shadow_rate=settings.shadow_rate if shadow_rate is None else shadow_rate,

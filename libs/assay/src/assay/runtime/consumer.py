@@ -26,7 +26,8 @@ from assay.kernel.waiting import sleep_or
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
 from assay.runtime.signals import Signals
-from assay.runtime.stage import Background, StageSpec, UnitOfWork
+from assay.runtime.stage import Background, Handler, StageSpec, UnitOfWork
+from assay.runtime.tracing import handling
 from assay.runtime.vitals import Vitals
 from assay.store.faults import Outage, is_outage
 from assay.store.ports import (
@@ -92,7 +93,13 @@ def _wrap_bare_task(m: BusMessage) -> Envelope:
         key=m.key,
         id=message_id("producer", str(task.tenant), task.idempotency_key),
         causation=None,
+        traceparent=_header(m, "traceparent"),  # the producer's trace, continued if valid
     )
+
+
+def _header(m: BusMessage, name: str) -> str | None:
+    value = next((v for k, v in m.headers if k == name), None)
+    return value.decode("ascii", "replace") if value is not None else None
 
 
 class StageRunner:
@@ -204,6 +211,18 @@ class StageRunner:
             await self._commit(CommitBatch(position=position))
             self.duplicates += 1
             return
+        with handling(self.spec.name, env, m.topic, m.partition):
+            await self._attempts(m, env, msg, handler, position)
+
+    async def _attempts(
+        self,
+        m: BusMessage,
+        env: Envelope,
+        msg: object,
+        handler: Handler,
+        position: ConsumerPosition,
+    ) -> None:
+        """Run the handler until it commits, is refused, or fails every retry."""
         attempt = conflicts = 0
         started = time.perf_counter()
         while attempt < RETRIES:

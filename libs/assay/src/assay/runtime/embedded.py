@@ -227,15 +227,25 @@ class Embedded:
         return found
 
     async def publish(
-        self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str = ""
+        self,
+        topic: str,
+        msg: Versioned,
+        tenant: TenantId,
+        *,
+        idem: str = "",
+        traceparent: str | None = None,
     ) -> None:
         """Produce a message as an outside producer would (tasks, workflow registrations).
 
         The message id derives from `idem` (or the content), so producing the same
-        thing twice is deduplicated by the consumers' inboxes.
+        thing twice is deduplicated by the consumers' inboxes. With a W3C `traceparent`,
+        everything the message causes belongs to that trace.
         """
         key = idem or content_hash(msg.model_dump(mode="json"))
-        await self.publish_many([(topic, msg, tenant, key)])
+        entry = producer_entry(
+            topic, msg, tenant, key, occurred_at=self.clock(), traceparent=traceparent
+        )
+        await self.bus.publish([entry])
 
     async def publish_many(self, items: Sequence[tuple[str, Versioned, TenantId, str]]) -> None:
         """Produce many messages in one durable write; each tuple ends with its `idem`."""

@@ -38,6 +38,7 @@ from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, ReadModel, StateKey
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
+from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
 from assay.verification.verifiers import Verifier
@@ -299,6 +300,7 @@ class UnitOfWork(Generic[D]):
             key=spec.key(msg),
             id=message_id(*parts, *((str(occurrence),) if occurrence else ())),
             causation=self.envelope,
+            traceparent=current_traceparent(),
         )
         self._touch()
         self._pending.outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
