@@ -22,12 +22,14 @@ from assay.runtime.embedded import discover_stages, stage_log
 from assay.store import FsBlobStore
 from assay_aggregate.tallies import AGGREGATE_STATE
 from assay_decide.state import DECIDE_STATE
+from assay_tournament.state import TOURNAMENT_STATE
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "demo-data-v1.tar.xz"
 
 MODELS: dict[str, tuple[type[ReadModel], ...]] = {
     "aggregate": AGGREGATE_STATE,
     "decide": DECIDE_STATE,
+    "tournament": TOURNAMENT_STATE,
 }
 
 
