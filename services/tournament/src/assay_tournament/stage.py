@@ -80,9 +80,9 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
             await release_parked(s, msg)
         return
     workflow = _workflow(episode, uow.deps)
-    capped = await _screened_out(s, msg, episode, workflow)
-    if capped is not None:
-        s.finish(Candidate(msg, episode), capped)
+    kept_out = await _screened_out(s, msg, episode, workflow)
+    if kept_out is not None:
+        s.finish(Candidate(msg, episode), kept_out)
         return
     spec = workflow.grading
     attempts = await s.rank_attempts(episode, spec, list(workflow.rubric))
