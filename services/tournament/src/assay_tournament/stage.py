@@ -42,7 +42,7 @@ from assay_tournament.grading import (
 from assay_tournament.groups import clock_ms, group_due, join_group, on_group_due
 from assay_tournament.pairwise import grade_pairwise, release_parked
 from assay_tournament.rollouts import on_rollout_closed, on_sibling
-from assay_tournament.state import Group, Scored, fold_tournament
+from assay_tournament.state import Group, Scored, backlog_gauges, fold_tournament
 
 __all__ = [
     "TOURNAMENT_EVENTS",
@@ -112,6 +112,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         handlers=routes(on_run_verified, on_group_due, on_rollout_closed),
         deps=judging,
         background=(timer(Group.kind, group_due, lambda: clock_ms() / 1000),),
+        gauges=backlog_gauges,
     )
 
 

@@ -36,6 +36,8 @@ from assay.kernel.scores import (
 )
 from assay.messages import JudgePurpose, RolloutResult, RunVerified
 from assay.record import Delete, LogRecord, Put, ReadModel, StateDelta
+from assay.runtime import Gauge
+from assay.store import EventLog
 from assay_tournament.events import (
     METER_STREAM,
     ChallengerParked,
@@ -310,3 +312,37 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
             )
             return [answer.put(t, e.key)]
     return []
+
+
+async def backlog_gauges(log: EventLog) -> list[Gauge]:
+    """§15's grading backlog, per tenant: open tournament groups and the runs waiting in
+    them, and runs parked until their task's reference run is graded."""
+    groups: Counter[str] = Counter()
+    waiting: Counter[str] = Counter()
+    for tenant, _, doc in await log.scan_kind(Group.kind):
+        group = Group.model_validate(doc)
+        if group.members:
+            groups[str(tenant)] += 1
+            waiting[str(tenant)] += group.members
+    parked = Counter(str(tenant) for tenant, _, _ in await log.scan_kind(Parked.kind))
+    tenants = sorted(set(groups) | set(parked))
+    return [
+        Gauge(
+            "assay_tournament_groups_open",
+            "Tournament groups open (waiting for their quorum or their timeout), per tenant.",
+            ("tenant",),
+            tuple(((t,), float(groups[t])) for t in tenants),
+        ),
+        Gauge(
+            "assay_tournament_runs_waiting",
+            "Verified runs waiting in an open tournament group, per tenant.",
+            ("tenant",),
+            tuple(((t,), float(waiting[t])) for t in tenants),
+        ),
+        Gauge(
+            "assay_tournament_runs_parked",
+            "Verified runs parked until their task's reference run is graded, per tenant.",
+            ("tenant",),
+            tuple(((t,), float(parked[t])) for t in tenants),
+        ),
+    ]
