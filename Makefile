@@ -10,9 +10,9 @@ export ASSAY_DATA_DIR
 # Strict: a broken link or anchor, or a page missing from nav, fails the build.
 # Offline: the theme loads no web fonts (mkdocs.yml), so nothing is fetched.
 MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide
+STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide assay_console
 
-.PHONY: run test test-fast lint docs bench sync schemas config-docs clean up down
+.PHONY: run test test-fast lint docs bench sync schemas config-docs clean up down console chromium
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -37,7 +37,19 @@ run: sync  ## the embedded demo on a freshly emptied data directory
 # `make test TEST_TMPDIR=/some/disk/dir` runs it on a disk instead.
 TEST_TMPDIR ?= $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo $${TMPDIR:-/tmp})
 
-test: sync  ## the whole suite
+console: sync  ## serve the console over the demo's data directory (after `make run`)
+	$(VENV)/bin/assay console
+
+# The console's browser tests drive Debian's chromium (never a downloaded browser).
+CHROMIUM ?= /usr/bin/chromium
+export ASSAY_CHROMIUM := $(CHROMIUM)
+chromium:  ## install Debian's chromium when missing; fail when it cannot be
+	@test -x "$(CHROMIUM)" || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
+	@test -x "$(CHROMIUM)" || { echo "chromium is missing and could not be installed" >&2; exit 1; }
+
+test: sync chromium  ## the whole suite
 	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest
 
 test-fast: sync  ## the inner loop: every test not marked slow (no end-to-end, crash or fault tests)

@@ -112,6 +112,10 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_S3_SECRET_ACCESS_KEY": ("sk", "s3.secret_access_key", "sk"),
     "ASSAY_S3_REGION": ("eu-west-1", "s3.region", "eu-west-1"),
     "ASSAY_HTTP_PORT": ("9090", "http.port", 9090),
+    "ASSAY_CONSOLE_HOST": ("0.0.0.0", "console.host", "0.0.0.0"),
+    "ASSAY_CONSOLE_PORT": ("9091", "console.port", 9091),
+    "ASSAY_CONSOLE_TOKENS": ("t=x", "console.tokens", "t=x"),
+    "ASSAY_CONSOLE_ADMIN_TOKEN": ("adm", "console.admin_token", "adm"),
 }
 
 NEEDS = {  # a variable that only parses beside another

@@ -53,6 +53,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="serve /metrics, /healthz and /readyz on 127.0.0.1:N while the demo runs",
     )
+    demo.add_argument(
+        "--console-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve the console on 127.0.0.1:N (default: $ASSAY_CONSOLE_PORT, else any free)",
+    )
+    demo.add_argument("--no-console", action="store_true", help="do not serve the console")
+    console = sub.add_parser(
+        "console", help="serve the operator console over the data directory's topics"
+    )
+    console.add_argument("--host", default=None, help="address (default: $ASSAY_CONSOLE_HOST)")
+    console.add_argument(
+        "--port", type=int, default=None, help="port (default: $ASSAY_CONSOLE_PORT)"
+    )
     for name, what in [
         ("p0", "win rate under H0"),
         ("p1", "win rate under H1"),
@@ -119,6 +134,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     which.add_argument("--all-branches", action="store_true", help="show every branch")
     show.add_argument("--json", action="store_true", help="print JSON with stable keys")
+    listing = runs_sub.add_parser(
+        "list",
+        help="the console's runs list, newest first (filtered, one page)",
+        description="One page of a tenant's runs from the console's store in the data directory.",
+    )
+    listing.add_argument("--tenant", default=None, help="tenant UUID (default: the only one)")
+    for name in ("workflow", "version", "state", "passed", "since", "until", "key", "cursor"):
+        listing.add_argument(f"--{name}", default=None, help=f"the API's `{name}` parameter")
+    listing.add_argument("--limit", default=None, help="page size (at most 200)")
+    listing.add_argument("--json", action="store_true", help="print the API's JSON")
     serve = sub.add_parser("serve", help="run one stage against Kafka, Postgres and S3")
     serve.add_argument("stage", help="ingest, execute, verify, tournament, aggregate or decide")
     db = sub.add_parser("db", help="database administration")
@@ -371,7 +396,19 @@ async def _dispatch(args: argparse.Namespace) -> int:
             limit=args.limit,
             progress=not args.no_progress,
             metrics_port=args.metrics_port,
+            console=not args.no_console,
+            console_port=args.console_port,
         )
+    if args.command == "console":
+        from assay.cli.console import console_command
+
+        return await console_command(data_dir, args.host, args.port)
+    if args.command == "runs" and args.runs_command == "list":
+        from assay.cli.console import runs_list_command
+
+        keys = ("workflow", "version", "state", "passed", "since", "until", "key", "cursor")
+        query = {k: getattr(args, k) for k in (*keys, "limit") if getattr(args, k) is not None}
+        return await runs_list_command(data_dir, args.tenant, query, args.json)
     if args.command == "run":
         from assay.cli.run import run_once
 

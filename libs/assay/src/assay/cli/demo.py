@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
+from assay.cli.console import CONSOLE_STAGE, announce, console_installed, start_console
 from assay.cli.summary import print_summary, summarise
 from assay.cli.tasks import read_tasks
 from assay.grading.sprt import SprtPolicy
@@ -30,7 +31,7 @@ from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.record import StateKey
-from assay.runtime.embedded import Embedded
+from assay.runtime.embedded import STAGES, Embedded
 from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.workflow import WorkflowDef, load_workflow
 
@@ -148,11 +149,16 @@ async def demo(
     progress: bool,
     sprt: dict[str, float] | None = None,
     metrics_port: int | None = None,
+    console: bool = False,
+    console_port: int | None = None,
 ) -> int:
     """Run the demo; return 0 when every task has exactly one result.
 
     With `metrics_port`, the process serves `/metrics` (every stage's signals), `/healthz`
-    and `/readyz` on 127.0.0.1 at that port while the demo runs.
+    and `/readyz` on 127.0.0.1 at that port while the demo runs. With `console` (and
+    `assay-console` installed), the console stage folds alongside and the console is
+    served while the demo runs, on `console_port` (else `ASSAY_CONSOLE_PORT`, or any
+    free port if that one is taken).
 
     `workflows` are the current version, then the challengers in turn (one or two).
     `sprt` overrides fields of the sequential test's policy (else `ASSAY_SPRT_*`).
@@ -178,8 +184,12 @@ async def demo(
         ladder_policy = settings.ladder.over(DEMO_LADDER)
     except ValidationError as exc:
         raise SettingsInvalid(f"invalid ASSAY_LADDER_* settings: {one_line(exc)}") from exc
+    serve_console = console and console_installed()
+    stages = (*STAGES, CONSOLE_STAGE) if serve_console else STAGES
     async with (
-        Embedded(data_dir, sprt=policy, ladder=ladder_policy, settings=settings) as rt,
+        Embedded(
+            data_dir, sprt=policy, ladder=ladder_policy, settings=settings, stages=stages
+        ) as rt,
         contextlib.AsyncExitStack() as stack,
     ):
         if metrics_port is not None:
@@ -187,6 +197,8 @@ async def demo(
             stack.push_async_callback(status.close)
             print(f"metrics on http://127.0.0.1:{status.port}/metrics", flush=True)
         rt.start()
+        if serve_console:
+            await _serve_console(rt, settings, console_port, stack)
         ladder = _Ladder(rt, versions)
         await ladder.register_next()
         await ladder.register_next()
@@ -207,6 +219,21 @@ async def demo(
     print_summary(summary)
     dupes = summary["duplicate_results"]
     return 0 if len(results) == len(keys) and not dupes else 1
+
+
+async def _serve_console(
+    rt: Embedded, settings: AssaySettings, port: int | None, stack: contextlib.AsyncExitStack
+) -> None:
+    """Serve the console on loopback while the demo runs (on another port than metrics).
+    A busy default port falls back to any free one; a port asked for must be free."""
+    try:
+        running = await start_console(rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, port)
+    except OSError:
+        if port is not None:
+            raise
+        running = await start_console(rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, 0)
+    stack.push_async_callback(running.aclose)
+    announce(running)
 
 
 async def _decided_or_idle(ladder: _Ladder) -> bool:

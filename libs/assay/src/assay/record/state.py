@@ -85,3 +85,44 @@ def apply_delta(current: dict[str, Any] | None, delta: StateDelta) -> dict[str, 
             return {**(current or {}), **fields}
         case Delete():
             return None
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of a `DocumentTable`: the document's top-level `field`, as `sql_type`."""
+
+    name: str
+    sql_type: str
+    """`text`, `integer` or `boolean`."""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.sql_type not in ("text", "integer", "boolean"):
+            raise ValueError(f"bad column {self.name!r} of type {self.sql_type!r}")
+
+
+@dataclass(frozen=True)
+class DocumentTable:
+    """A table the store keeps in step with the derived documents of one `kind`, in the
+    same transaction as the documents themselves (and so as the inbox and position).
+
+    Each document of `kind` is one row `(tenant, key, <columns>)`, its columns taken
+    from the document's top-level fields of the same name (absent: NULL); a deleted
+    document's row goes. `indexes` are composite indexes, each after `tenant` and
+    before `key` — so a query that fixes the tenant and a prefix of an index's columns
+    walks one index range in key order (keyset paging). The table is derived like
+    the documents: rebuilding state rebuilds it. It exists so a stage can answer
+    filtered, paged queries over its own state; nothing but the stage reads it.
+    """
+
+    kind: str
+    table: str
+    columns: tuple[TableColumn, ...]
+    indexes: tuple[tuple[str, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = {c.name for c in self.columns}
+        if not self.table.isidentifier() or {"tenant", "key"} & names:
+            raise ValueError(f"bad document table {self.table!r}")
+        for index in self.indexes:
+            if not set(index) <= names:
+                raise ValueError(f"index {index} names a column {self.table} does not have")

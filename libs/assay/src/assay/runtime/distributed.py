@@ -72,7 +72,9 @@ async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> Non
         stack.push_async_callback(wiring.aclose)
         deps = wiring.deps
         spec = factories[stage](deps)
-        event_log = PostgresEventLog(settings.database.url, stage, spec.events, spec.fold)
+        event_log = PostgresEventLog(
+            settings.database.url, stage, spec.events, spec.fold, tables=spec.tables
+        )
         await event_log.open()
         stack.push_async_callback(event_log.close)
         transport = KafkaTransport(settings.kafka.bootstrap, client_id=f"assay-{stage}")

@@ -70,7 +70,9 @@ def discover_stages() -> dict[str, StageFactory]:
 
 def stage_log(data_dir: Path, spec: StageSpec) -> SqliteEventLog:
     """The SQLite event log of one stage in a data directory."""
-    return SqliteEventLog(data_dir / f"{spec.name}.sqlite", spec.events, spec.fold)
+    return SqliteEventLog(
+        data_dir / f"{spec.name}.sqlite", spec.events, spec.fold, tables=spec.tables
+    )
 
 
 def wall_clock() -> datetime:

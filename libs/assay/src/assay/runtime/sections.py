@@ -92,6 +92,26 @@ class HttpSettings(_Section):
     port: int = Field(8080, ge=0, le=65535, description="Port of /healthz, /readyz and /metrics.")
 
 
+class ConsoleSettings(_Section):
+    """The operator console (`ASSAY_CONSOLE_*`), served by the `console` component."""
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the console listens on; other than loopback, a token is required.",
+    )
+    port: int = Field(8090, ge=0, le=65535, description="Port of the console's pages and API.")
+    tokens: str | None = Field(
+        None,
+        description=(
+            "Tenant tokens, comma-separated `tenant=token` pairs (or `tenant=blake3:<hex>` "
+            "to give only the token's digest); kept only as digests."
+        ),
+    )
+    admin_token: str | None = Field(
+        None, description="A token that reads every tenant (naming it with `?tenant=`)."
+    )
+
+
 _DEFAULT_LIMITS = Limits()
 
 

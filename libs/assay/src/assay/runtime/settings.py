@@ -42,6 +42,7 @@ from assay.runtime.endpoints import (
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S
 from assay.runtime.sections import (
     STAGE_ROLES,
+    ConsoleSettings,
     DatabaseSettings,
     HttpSettings,
     KafkaSettings,
@@ -53,6 +54,7 @@ from assay.runtime.sections import (
 __all__ = [
     "RENAMED",
     "AssaySettings",
+    "ConsoleSettings",
     "DatabaseSettings",
     "HttpSettings",
     "JudgeSettings",
@@ -75,7 +77,7 @@ RENAMED: dict[tuple[str, str], str] = {
 }
 """Fields of a section read from a variable other than `ASSAY_<SECTION>_<FIELD>`."""
 
-_SECRET = frozenset({"api_key", "secret_access_key"})
+_SECRET = frozenset({"api_key", "secret_access_key", "tokens", "admin_token"})
 """Fields whose value an error message never shows (nor any `*_password`)."""
 
 
@@ -229,6 +231,9 @@ class AssaySettings(BaseSettings):
     s3: S3Settings = Field(default_factory=S3Settings, description="S3, in distributed mode.")
     http: HttpSettings = Field(
         default_factory=HttpSettings, description="A served stage's status server."
+    )
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings, description="The operator console."
     )
 
     @classmethod

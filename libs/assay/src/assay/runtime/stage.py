@@ -36,7 +36,7 @@ from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
-from assay.record.state import Fold, ReadModel, StateKey
+from assay.record.state import DocumentTable, Fold, ReadModel, StateKey
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider
@@ -84,6 +84,9 @@ class StageSpec:
     """Housekeeping that runs beside the consumers while the stage runs (timers)."""
     gauges: Gauges | None = None
     """Gauges derived from the stage's state, exported on `/metrics` (read when scraped)."""
+    tables: tuple[DocumentTable, ...] = ()
+    """Tables its store keeps in step with some kinds of its documents, for the stage's
+    own filtered, paged queries."""
 
     @property
     def topics(self) -> list[str]:

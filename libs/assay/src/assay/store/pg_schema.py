@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from assay.record.state import DocumentTable
+
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 
 DUPLICATE_MESSAGE = "AS001"
@@ -406,3 +408,59 @@ async def migrate(
             await conn.execute(f"INSERT INTO {s}.assay_migrations (version) VALUES ($1)", version)
             applied_now.append(version)
     return applied_now
+
+
+_PG_TYPES = {"text": 'text COLLATE "C"', "integer": "bigint", "boolean": "boolean"}
+_PG_CAST = {"text": "", "integer": "::bigint", "boolean": "::boolean"}
+
+
+async def create_document_tables(
+    conn: Connection, schema: str, tables: Sequence[DocumentTable]
+) -> None:
+    """Create each `DocumentTable` of a stage (idempotent): its table, indexes and the row
+    trigger on `state` that keeps it in step inside the writing transaction. A document
+    written as a tombstone (`value` NULL) or deleted loses its row.
+
+    Raises:
+        asyncpg.PostgresError: the server refused.
+    """
+    s = quoted(schema)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key("tables", schema))
+        for t in tables:
+            cols = ", ".join(f"{c.name} {_PG_TYPES[c.sql_type]}" for c in t.columns)
+            names = ", ".join(c.name for c in t.columns)
+            values = ", ".join(f"(d ->> '{c.name}'){_PG_CAST[c.sql_type]}" for c in t.columns)
+            sets = ", ".join(f"{c.name} = EXCLUDED.{c.name}" for c in t.columns)
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {s}.{t.table} (tenant uuid NOT NULL,"
+                f' key text COLLATE "C" NOT NULL, {cols}, PRIMARY KEY (tenant, key))'
+            )
+            for index in t.indexes:
+                await conn.execute(
+                    f"CREATE INDEX IF NOT EXISTS {t.table}_by_{'_'.join(index)}"
+                    f" ON {s}.{t.table} (tenant, {', '.join(index)}, key)"
+                )
+            await conn.execute(
+                f"""CREATE OR REPLACE FUNCTION {s}.{t.table}_sync() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+DECLARE d jsonb;
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        DELETE FROM {s}.{t.table} WHERE tenant = OLD.tenant AND key = OLD.key;
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.value IS NOT NULL THEN
+        d := convert_from(NEW.value, 'UTF8')::jsonb;
+        INSERT INTO {s}.{t.table} (tenant, key, {names}) VALUES (NEW.tenant, NEW.key, {values})
+        ON CONFLICT (tenant, key) DO UPDATE SET {sets};
+    END IF;
+    RETURN NULL;
+END
+$fn$"""
+            )
+            for name, ops, row in (("put", "INSERT OR UPDATE", "NEW"), ("del", "DELETE", "OLD")):
+                await conn.execute(
+                    f"CREATE OR REPLACE TRIGGER {t.table}_{name} AFTER {ops} ON {s}.state"
+                    f" FOR EACH ROW WHEN ({row}.kind = '{t.kind}')"
+                    f" EXECUTE FUNCTION {s}.{t.table}_sync()"
+                )

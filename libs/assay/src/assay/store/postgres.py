@@ -21,11 +21,17 @@ import asyncpg
 
 from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
 from assay.record.events import BranchKey, EventRegistry, LogRecord
-from assay.record.state import Fold, StateKey
+from assay.record.state import DocumentTable, Fold, StateKey
 from assay.store.pg_commit import GroupCommitter
 from assay.store.pg_fold import apply_to
 from assay.store.pg_relay import OutboxListener, PgAdvisoryLeader, listen_for_outbox
-from assay.store.pg_schema import MIGRATIONS, Connection, migrate, quoted
+from assay.store.pg_schema import (
+    MIGRATIONS,
+    Connection,
+    create_document_tables,
+    migrate,
+    quoted,
+)
 from assay.store.ports import (
     Checkpoint,
     CommitBatch,
@@ -62,6 +68,7 @@ class PostgresEventLog:
         fold: Fold,
         *,
         pool_size: int = 4,
+        tables: tuple[DocumentTable, ...] = (),
     ) -> None:
         """Describe the log; nothing connects until `open()`.
 
@@ -74,6 +81,7 @@ class PostgresEventLog:
         self._registry = registry
         self._fold = fold
         self._pool_size = pool_size
+        self._tables = tables
         self._pool: asyncpg.Pool | None = None
         self._writer: GroupCommitter | None = None
 
@@ -113,6 +121,7 @@ class PostgresEventLog:
             if migrate_schema:
                 async with pool.acquire() as conn:
                     await migrate(conn, self._schema, MIGRATIONS)
+                    await create_document_tables(conn, self._schema, self._tables)
         except BaseException:
             await pool.close()
             raise

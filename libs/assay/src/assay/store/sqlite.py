@@ -20,7 +20,7 @@ from typing import Any
 from assay.kernel.canonical import document_bytes
 from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
 from assay.record.events import BranchKey, EventRegistry, LogRecord
-from assay.record.state import Delete, Fold, Patch, Put, StateDelta, StateKey
+from assay.record.state import Delete, DocumentTable, Fold, Patch, Put, StateDelta, StateKey
 from assay.store.ports import (
     Checkpoint,
     CommitBatch,
@@ -120,8 +120,16 @@ class SqliteEventLog:
     batch in its own savepoint so a failing batch never takes another down.
     """
 
-    def __init__(self, path: str | Path, registry: EventRegistry, fold: Fold) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        registry: EventRegistry,
+        fold: Fold,
+        *,
+        tables: tuple[DocumentTable, ...] = (),
+    ) -> None:
         self._path = Path(path)
+        self._tables = tables
         self._registry = registry
         self._fold = fold
         self._conn: sqlite3.Connection | None = None
@@ -138,6 +146,8 @@ class SqliteEventLog:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self._path)
         self._conn.executescript(_SCHEMA)
+        for table in self._tables:
+            self._conn.executescript(document_table_ddl(table))
         self._cursor = self._conn.cursor()
         return self
 
@@ -548,3 +558,36 @@ def encode_headers(headers: tuple[tuple[str, bytes], ...]) -> bytes:
 def decode_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
     """Inverse of `encode_headers`."""
     return tuple((k, v.encode("latin-1")) for k, v in json.loads(raw))
+
+
+_SQLITE_TYPES = {"text": "TEXT", "integer": "INTEGER", "boolean": "INTEGER"}
+
+
+def document_table_ddl(t: DocumentTable) -> str:
+    """A `DocumentTable`'s table, indexes and the triggers on `state` that keep it in step
+    (in the writing transaction; `INSERT OR REPLACE` on `state` fires the insert trigger)."""
+    cols = ", ".join(f"{c.name} {_SQLITE_TYPES[c.sql_type]}" for c in t.columns)
+    names = ", ".join(c.name for c in t.columns)
+    values = ", ".join(f"json_extract(CAST(NEW.value AS TEXT), '$.{c.name}')" for c in t.columns)
+    upsert = (
+        f"INSERT OR REPLACE INTO {t.table} (tenant, key, {names}) "
+        f"VALUES (NEW.tenant, NEW.key, {values});"
+    )
+    when = f"WHEN NEW.kind = '{t.kind}'"
+    parts = [
+        f"CREATE TABLE IF NOT EXISTS {t.table} (tenant TEXT NOT NULL, key TEXT NOT NULL, "
+        f"{cols}, PRIMARY KEY (tenant, key)) WITHOUT ROWID;",
+        f"CREATE TRIGGER IF NOT EXISTS {t.table}_ins AFTER INSERT ON state {when} "
+        f"BEGIN {upsert} END;",
+        f"CREATE TRIGGER IF NOT EXISTS {t.table}_upd AFTER UPDATE ON state {when} "
+        f"BEGIN {upsert} END;",
+        f"CREATE TRIGGER IF NOT EXISTS {t.table}_del AFTER DELETE ON state "
+        f"WHEN OLD.kind = '{t.kind}' BEGIN "
+        f"DELETE FROM {t.table} WHERE tenant = OLD.tenant AND key = OLD.key; END;",
+    ]
+    for index in t.indexes:
+        name = f"{t.table}_by_{'_'.join(index)}"
+        parts.append(
+            f"CREATE INDEX IF NOT EXISTS {name} ON {t.table} (tenant, {', '.join(index)}, key);"
+        )
+    return "\n".join(parts)

@@ -1,0 +1,226 @@
+"""The console's HTTP app: the JSON API (the contract) and the pages built on it.
+
+Every request acts for one identity (`access.py`). A tenant's token sees its own
+tenant only: another tenant's run answers 404 exactly like a missing one. The admin
+token (or an open loopback console) names the tenant with `?tenant=`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from importlib.resources import files
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from assay.kernel import RunState
+from assay.kernel.ids import TenantId, is_run_id, tenant_id
+from assay.kernel.schema import one_line
+from assay_console.access import Access
+from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+
+FILTERS = frozenset(RunFilters.model_fields)
+PAGING = frozenset({"cursor", "limit", "tenant"})
+DEFAULT_LIMIT = 50
+
+
+class Problem(Exception):
+    """An HTTP error with a message naming the problem."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+NOT_FOUND = "no such run"
+
+
+def _tenant(request: Request, access: Access) -> TenantId:
+    """The tenant a request reads: its token's, or the admin's `?tenant=`."""
+    who = access.identify(request.headers.get("authorization"))
+    if who is None:
+        raise Problem(401, "a bearer token is required")
+    asked = request.query_params.get("tenant")
+    if who.tenant is not None:
+        if asked is not None and asked != str(who.tenant):
+            raise Problem(404, "no such tenant")
+        return who.tenant
+    if asked is None:
+        raise Problem(400, "tenant: required with an admin token (?tenant=<uuid>)")
+    try:
+        return tenant_id(asked)
+    except ValueError as exc:
+        raise Problem(400, f"tenant: {asked!r} is not a UUID") from exc
+
+
+def parse_filters(request: Request) -> tuple[RunFilters, str | None, int]:
+    """The runs list's filters, cursor and limit from the query string.
+
+    Raises:
+        Problem: 400 naming an unknown parameter or a value that does not parse.
+    """
+    params = request.query_params
+    unknown = sorted(set(params) - FILTERS - PAGING)
+    if unknown:
+        raise Problem(400, f"unknown filter: {', '.join(unknown)}")
+    given = {k: v for k, v in params.items() if k in FILTERS and v != ""}
+    try:
+        filters = RunFilters.model_validate(given)
+    except ValidationError as exc:
+        raise Problem(400, one_line(exc)) from exc
+    raw = params.get("limit") or str(DEFAULT_LIMIT)
+    if not raw.isdigit() or int(raw) < 1:
+        raise Problem(400, f"limit: {raw!r} is not a positive integer")
+    return filters, params.get("cursor") or None, int(raw)
+
+
+def _run_id(request: Request) -> str:
+    run_id = str(request.path_params["run_id"])
+    if not is_run_id(run_id):
+        raise Problem(400, f"run id {run_id!r} is not a ULID")
+    return run_id
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(reads: ConsoleReads, access: Access) -> Starlette:
+    """The console app over `reads`, guarded by `access`."""
+    env = Environment(
+        loader=PackageLoader("assay_console", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S UTC") if d else ""
+    env.filters["pct"] = lambda x: "-" if x is None else f"{x:.1%}"
+    env.filters["short"] = lambda s: (s or "")[:12]
+
+    def guarded(fn: Callable[[Request], Awaitable[Response]], html: bool = False) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except (Problem, BadQuery) as exc:
+                status = exc.status if isinstance(exc, Problem) else 400
+                detail = exc.detail if isinstance(exc, Problem) else str(exc)
+                if html:
+                    page = env.get_template("problem.html").render(status=status, detail=detail)
+                    return HTMLResponse(page, status_code=status)
+                return JSONResponse({"detail": detail}, status_code=status)
+
+        return endpoint
+
+    async def api_runs(request: Request) -> Response:
+        filters, cursor, limit = parse_filters(request)
+        page = await reads.runs(_tenant(request, access), filters, cursor, limit)
+        return Response(page.model_dump_json(), media_type="application/json")
+
+    async def api_run(request: Request) -> Response:
+        run_id = _run_id(request)
+        detail = await reads.run(_tenant(request, access), run_id)
+        if detail is None:
+            raise Problem(404, NOT_FOUND)
+        return Response(detail.model_dump_json(), media_type="application/json")
+
+    async def api_overview(request: Request) -> Response:
+        extra = sorted(set(request.query_params) - {"tenant"})
+        if extra:
+            raise Problem(400, f"unknown parameter: {', '.join(extra)}")
+        overview = await reads.overview(_tenant(request, access))
+        return Response(overview.model_dump_json(), media_type="application/json")
+
+    async def api_openapi(request: Request) -> Response:
+        from assay_console.openapi import document
+
+        return JSONResponse(document())
+
+    def render(name: str, **context: Any) -> HTMLResponse:
+        return HTMLResponse(env.get_template(name).render(**context))
+
+    async def page_overview(request: Request) -> Response:
+        who = access.identify(request.headers.get("authorization"))
+        if who is None:
+            raise Problem(401, "a bearer token is required")
+        if who.tenant is None and "tenant" not in request.query_params:
+            tenants = await reads.tenants()
+            views = [await reads.overview(t) for t in tenants]
+        else:
+            views = [await reads.overview(_tenant(request, access))]
+        return render("overview.html", views=views, open=access.open)
+
+    async def page_runs(request: Request) -> Response:
+        filters, cursor, limit = parse_filters(request)
+        tenant = _tenant(request, access)
+        page = await reads.runs(tenant, filters, cursor, limit)
+        base = {k: v for k, v in request.query_params.items() if k != "cursor"}
+        template = "runs_rows.html" if request.headers.get("x-console-poll") else "runs.html"
+        return render(
+            template,
+            page=page,
+            tenant=tenant,
+            filters=filters,
+            base=base,
+            first=cursor is None,
+            states=[s.value for s in RunState],
+        )
+
+    async def page_run(request: Request) -> Response:
+        run_id = _run_id(request)
+        tenant = _tenant(request, access)
+        detail = await reads.run(tenant, run_id)
+        if detail is None:
+            raise Problem(404, NOT_FOUND)
+        pretty = json.dumps(detail.input, indent=2, sort_keys=True) if detail.input else None
+        return render("run.html", d=detail, tenant=tenant, input_json=pretty)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ("console.js", "console.css"):
+            raise Problem(404, "no such file")
+        body = files("assay_console").joinpath("static", name).read_text()
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        return Response(body, media_type=kind, headers={"cache-control": "max-age=300"})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    routes = [
+        Route("/api/runs", guarded(api_runs)),
+        Route("/api/runs/{run_id}", guarded(api_run)),
+        Route("/api/overview", guarded(api_overview)),
+        Route("/api/openapi.json", api_openapi),
+        Route("/", guarded(page_overview, html=True)),
+        Route("/runs", guarded(page_runs, html=True)),
+        Route("/runs/{run_id}", guarded(page_run, html=True)),
+        Route("/static/{name}", guarded(static, html=True)),
+        Route("/healthz", healthz),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(_SecurityHeaders)
+    return app
+
+
+class _SecurityHeaders:
+    """A content security policy that allows only the app's own script and style."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [
+                    *message["headers"],
+                    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'"),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, sending)

@@ -1,0 +1,125 @@
+"""The console API's OpenAPI document, generated from the response models.
+
+`schemas/console-openapi.json` is this document, committed; a test keeps them equal
+(`assay-console-openapi` rewrites it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
+
+REF = "#/components/schemas/{model}"
+
+
+def _param(name: str, description: str, schema: dict[str, Any], where: str = "query") -> Any:
+    return {
+        "name": name,
+        "in": where,
+        "required": where == "path",
+        "description": description,
+        "schema": schema,
+    }
+
+
+def _errors() -> dict[str, Any]:
+    problem = {"$ref": REF.format(model="Problem")}
+    return {
+        str(code): {"description": text, "content": {"application/json": {"schema": problem}}}
+        for code, text in [
+            (400, "Bad input: the detail names the parameter."),
+            (401, "No bearer token, or an unknown one."),
+            (404, "No such run or tenant, or another tenant's (the same answer)."),
+        ]
+    }
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `/api`."""
+    _, defs = models_json_schema(
+        [(m, "serialization") for m in (RunsPage, RunDetail, Overview)],
+        ref_template=REF,
+    )
+    schemas = dict(sorted(defs["$defs"].items()))
+    schemas["Problem"] = {
+        "type": "object",
+        "properties": {"detail": {"type": "string", "description": "What is wrong."}},
+        "required": ["detail"],
+    }
+    tenant = _param(
+        "tenant", "Tenant (admin token only; a tenant token reads its own).", {"type": "string"}
+    )
+    filters = []
+    for name, info in RunFilters.model_fields.items():
+        schema: dict[str, Any] = {"type": "string"}
+        if name == "passed":
+            schema = {"type": "boolean"}
+        elif name in ("since", "until"):
+            schema = {"type": "string", "format": "date-time"}
+        elif name == "state":
+            schema = {"$ref": REF.format(model="RunState")}
+        filters.append(_param(name, info.description or name, schema))
+    if "RunState" not in schemas:
+        from assay.kernel import RunState
+
+        schemas["RunState"] = {"type": "string", "enum": [s.value for s in RunState]}
+
+    def ok(model: str, text: str) -> dict[str, Any]:
+        content = {"application/json": {"schema": {"$ref": REF.format(model=model)}}}
+        return {"200": {"description": text, "content": content}, **_errors()}
+
+    paging = [
+        _param("limit", "Page size (the server caps it at 200).", {"type": "integer"}),
+        _param("cursor", "Opaque cursor from the previous page.", {"type": "string"}),
+    ]
+    run_id = _param("run_id", "The run (ULID).", {"type": "string"}, where="path")
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Assay console API", "version": "1"},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/runs": {
+                "get": {
+                    "summary": "A tenant's runs, newest first, filtered, one keyset page.",
+                    "parameters": [tenant, *filters, *paging],
+                    "responses": ok("RunsPage", "One page."),
+                }
+            },
+            "/api/runs/{run_id}": {
+                "get": {
+                    "summary": "One run: timeline, verdict, score, usage, input, output.",
+                    "parameters": [run_id, tenant],
+                    "responses": ok("RunDetail", "The run."),
+                }
+            },
+            "/api/overview": {
+                "get": {
+                    "summary": "A tenant at a glance.",
+                    "parameters": [tenant],
+                    "responses": ok("Overview", "The overview."),
+                }
+            },
+        },
+    }
+
+
+def rendered() -> str:
+    """The committed file's text."""
+    return json.dumps(document(), indent=2, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    """Write the document to the path given (default: schemas/console-openapi.json)."""
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas/console-openapi.json")
+    path.write_text(rendered())
+    print(path)

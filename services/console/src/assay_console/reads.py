@@ -1,0 +1,323 @@
+"""The console's queries over its own store: the runs list (keyset pages), one run, and
+a tenant's overview. Every query is scoped to one tenant.
+
+The runs list reads the `console_runs` table (`RUNS_TABLE`) through a read-only
+connection of its own: the tenant and the filters select one index range, walked in
+descending run-id order (newest first) from the cursor, `limit + 1` rows at most.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import sqlite3
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from assay.kernel import RunState
+from assay.kernel.canonical import content_hash
+from assay.kernel.errors import AssayError
+from assay.kernel.ids import TenantId, is_run_id, new_run_id, tenant_id
+from assay.kernel.scores import Score
+from assay.messages import Usage, VerifierResult
+from assay.store.ports import EventLog
+from assay_console.stage import (
+    GradeSeen,
+    IndeterminateSeen,
+    ResultSeen,
+    RunRow,
+    RunSeen,
+    StatusSeen,
+    run_stream,
+)
+
+MAX_LIMIT = 200
+"""The largest page the server returns, whatever `limit` asks."""
+
+
+class BadQuery(AssayError):
+    """A query the console cannot answer as asked (a malformed cursor, a bad filter)."""
+
+
+class RunFilters(BaseModel):
+    """Filters of the runs list; every one optional, all of them combined."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    workflow: str | None = Field(None, description="Workflow id.")
+    version: str | None = Field(None, description="Workflow version (needs `workflow`).")
+    state: RunState | None = Field(None, description="Current lifecycle state.")
+    passed: bool | None = Field(None, description="Verification outcome.")
+    since: datetime | None = Field(None, description="Created at or after (ISO 8601).")
+    until: datetime | None = Field(None, description="Created before (ISO 8601).")
+    key: str | None = Field(
+        None, max_length=500, description="Idempotency keys starting with this text."
+    )
+
+
+class RunSummary(BaseModel):
+    """One row of the runs list."""
+
+    run_id: str = Field(description="The run (ULID).")
+    created_at: datetime = Field(description="When the run was created (from its id).")
+    workflow_id: str = Field(description="Workflow.")
+    workflow_version: str = Field(description="Pinned version.")
+    idempotency_key: str = Field(description="The submitting task's idempotency key.")
+    role: str = Field(description="Current or challenger.")
+    purpose: str = Field(description="Work or shadow.")
+    state: str | None = Field(description="Latest lifecycle state seen.")
+    passed: bool | None = Field(description="Verification outcome, once known.")
+    status: str | None = Field(description="Result status: graded, ungraded or cancelled.")
+    score_kind: str | None = Field(description="The score's variant.")
+    ungraded_reason: str | None = Field(description="Why the run is ungraded, if it is.")
+    indeterminate: bool = Field(description="An attempt ended Indeterminate.")
+
+
+class RunsPage(BaseModel):
+    """One page of the runs list, newest first."""
+
+    runs: list[RunSummary] = Field(description="The page's runs.")
+    next_cursor: str | None = Field(description="Opaque cursor of the next page; None: last.")
+
+
+class StatusEntry(BaseModel):
+    """One step of a run's lifecycle timeline."""
+
+    state: str = Field(description="State entered.")
+    detail: str = Field(description="Why, for people.")
+    at: datetime = Field(description="When the console recorded it.")
+
+
+class IndeterminateEntry(BaseModel):
+    """An attempt whose outcome is unknown."""
+
+    step: str = Field(description="Step.")
+    attempt: int = Field(description="Attempt number.")
+    tool: str = Field(description="Tool.")
+    reason: str = Field(description="Why unknown.")
+
+
+class RunDetail(BaseModel):
+    """Everything the console knows of one run."""
+
+    run: RunSummary = Field(description="The run's row.")
+    input: dict[str, Any] | None = Field(description="The task input, once seen.")
+    timeline: list[StatusEntry] = Field(description="Lifecycle states, in order.")
+    indeterminate: list[IndeterminateEntry] = Field(description="Indeterminate attempts.")
+    verdict: list[VerifierResult] | None = Field(description="Each verifier's result.")
+    score: Score | None = Field(description="The score.")
+    usage: Usage | None = Field(description="Model usage.")
+    termination: str | None = Field(description="How execution ended.")
+    output: str | None = Field(description="The run's output, when small.")
+
+
+class Overview(BaseModel):
+    """One tenant at a glance."""
+
+    tenant: TenantId = Field(description="The tenant.")
+    runs: int = Field(description="Runs seen.")
+    by_state: dict[str, int] = Field(description="Runs by current state.")
+    results: int = Field(description="Runs with a result.")
+    pass_rate: float | None = Field(description="Passed over verified; None: none verified.")
+    indeterminate: int = Field(description="Runs with an Indeterminate attempt.")
+    graded: int = Field(description="Results that carry a score.")
+    ungraded: dict[str, int] = Field(description="Ungraded results by reason.")
+
+
+def encode_cursor(filters: RunFilters, after: str) -> str:
+    """An opaque cursor: the last run id shown, bound to the filters it was shown under."""
+    raw = f"1:{_filters_tag(filters)}:{after}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(filters: RunFilters, cursor: str) -> str:
+    """The run id a cursor continues after.
+
+    Raises:
+        BadQuery: the cursor is malformed or belongs to other filters.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        version, tag, after = raw.split(":")
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise BadQuery("cursor is malformed") from exc
+    if version != "1" or not is_run_id(after):
+        raise BadQuery("cursor is malformed")
+    if tag != _filters_tag(filters):
+        raise BadQuery("cursor belongs to other filters: start again from the first page")
+    return after
+
+
+def _filters_tag(filters: RunFilters) -> str:
+    return content_hash(filters.model_dump(mode="json"))[:12]
+
+
+def _bound(at: datetime) -> str:
+    """The lowest run id created at `at`."""
+    ms = int(at.timestamp() * 1000) if at.tzinfo else int(at.replace(tzinfo=UTC).timestamp() * 1000)
+    return new_run_id(max(ms, 0), bytes(10))
+
+
+def runs_query(
+    tenant: TenantId, filters: RunFilters, after: str | None, limit: int
+) -> tuple[str, list[Any]]:
+    """The SQL (`?` placeholders) of one page: one index range of `console_runs`."""
+    where: list[str] = ["tenant = ?"]
+    args: list[Any] = [str(tenant)]
+    equal = [
+        ("workflow_id", filters.workflow),
+        ("workflow_version", filters.version),
+        ("state", filters.state.value if filters.state else None),
+        ("passed", filters.passed),
+    ]
+    for column, value in equal:
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    if filters.key:
+        where.append("idempotency_key >= ? AND idempotency_key < ?")
+        args += [filters.key, filters.key + "\U0010ffff"]
+    if filters.since is not None:
+        where.append("key >= ?")
+        args.append(_bound(filters.since))
+    if filters.until is not None:
+        where.append("key < ?")
+        args.append(_bound(filters.until))
+    if after is not None:
+        where.append("key < ?")
+        args.append(after)
+    sql = f"SELECT key FROM console_runs WHERE {' AND '.join(where)} ORDER BY key DESC LIMIT ?"
+    return sql, [*args, limit + 1]
+
+
+class ConsoleReads:
+    """The console's queries, on its SQLite store: the log (documents, streams) and a
+    read-only connection of its own to the file for the table."""
+
+    def __init__(self, log: EventLog, path: Path) -> None:
+        self._log = log
+        self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+
+    def close(self) -> None:
+        """Close the read connection."""
+        self._conn.close()
+
+    async def runs(
+        self, tenant: TenantId, filters: RunFilters, cursor: str | None, limit: int
+    ) -> RunsPage:
+        """One page of the tenant's runs, newest first.
+
+        Raises:
+            BadQuery: a malformed cursor, or `version` without `workflow`.
+        """
+        if filters.version is not None and filters.workflow is None:
+            raise BadQuery("version filters need a workflow")
+        after = decode_cursor(filters, cursor) if cursor else None
+        limit = max(1, min(limit, MAX_LIMIT))
+        sql, args = runs_query(tenant, filters, after, limit)
+        keys = [k for (k,) in self._conn.execute(sql, args).fetchall()]
+        more = len(keys) > limit
+        rows = []
+        for key in keys[:limit]:
+            doc = await self._log.get(RunRow.at(tenant, key))
+            if doc is not None:
+                rows.append(summary(RunRow.model_validate(doc)))
+        nxt = encode_cursor(filters, keys[limit - 1]) if more else None
+        return RunsPage(runs=rows, next_cursor=nxt)
+
+    async def run(self, tenant: TenantId, run_id: str) -> RunDetail | None:
+        """One run of the tenant; None when the tenant has no such run."""
+        doc = await self._log.get(RunRow.at(tenant, run_id))
+        if doc is None:
+            return None
+        detail = RunDetail(
+            run=summary(RunRow.model_validate(doc)),
+            input=None,
+            timeline=[],
+            indeterminate=[],
+            verdict=None,
+            score=None,
+            usage=None,
+            termination=None,
+            output=None,
+        )
+        for record in await self._log.read(run_stream(tenant, run_id)):
+            at = datetime.fromtimestamp(record.at_ms / 1000, UTC)
+            match record.event:
+                case RunSeen(input=task_input):
+                    detail.input = task_input
+                case StatusSeen(state=state, detail=why):
+                    detail.timeline.append(StatusEntry(state=state.value, detail=why, at=at))
+                case IndeterminateSeen() as e:
+                    detail.indeterminate.append(
+                        IndeterminateEntry(
+                            step=e.step, attempt=e.attempt, tool=e.tool, reason=e.reason
+                        )
+                    )
+                case GradeSeen(score=score):
+                    detail.score = detail.score or score
+                case ResultSeen(result=r):
+                    detail.verdict, detail.score, detail.usage = r.verification, r.score, r.usage
+                    detail.termination, detail.output = r.termination, r.output
+        return detail
+
+    async def tenants(self) -> list[TenantId]:
+        """Tenants with a run (for an administrator's overview)."""
+        rows = self._conn.execute("SELECT DISTINCT tenant FROM console_runs ORDER BY tenant")
+        return [tenant_id(t) for (t,) in rows.fetchall()]
+
+    async def overview(self, tenant: TenantId) -> Overview:
+        """The tenant's runs by state, results, pass rate, Indeterminate and Ungraded."""
+        sql = (
+            "SELECT state, passed, status, ungraded_reason, indeterminate, count(*)"
+            " FROM console_runs WHERE tenant = ? GROUP BY 1, 2, 3, 4, 5"
+        )
+        by_state: Counter[str] = Counter()
+        ungraded: Counter[str] = Counter()
+        runs = results = passed = verified = indeterminate = graded = 0
+        for state, ok, status, reason, indet, n in self._conn.execute(sql, (str(tenant),)):
+            runs += n
+            by_state[state or "unknown"] += n
+            if ok is not None:
+                verified += n
+                passed += n if ok else 0
+            if status is not None:
+                results += n
+            if status == "graded":
+                graded += n
+            if status == "ungraded":
+                ungraded[reason or "unknown"] += n
+            if indet:
+                indeterminate += n
+        return Overview(
+            tenant=tenant,
+            runs=runs,
+            by_state=dict(sorted(by_state.items())),
+            results=results,
+            pass_rate=passed / verified if verified else None,
+            indeterminate=indeterminate,
+            graded=graded,
+            ungraded=dict(sorted(ungraded.items())),
+        )
+
+
+def summary(row: RunRow) -> RunSummary:
+    """A row of the list from a run's document."""
+    return RunSummary(
+        run_id=row.run_id,
+        created_at=datetime.fromtimestamp(row.created_ms / 1000, UTC),
+        workflow_id=row.workflow_id,
+        workflow_version=row.workflow_version,
+        idempotency_key=row.idempotency_key,
+        role=row.role,
+        purpose=row.purpose,
+        state=row.state,
+        passed=row.passed,
+        status=row.status,
+        score_kind=row.score_kind,
+        ungraded_reason=row.ungraded_reason,
+        indeterminate=row.indeterminate,
+    )

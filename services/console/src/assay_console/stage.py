@@ -1,0 +1,247 @@
+"""Console: folds what the operator pages show from the topics into its own store.
+
+It consumes `assay.runs` (a run's input), `assay.run-status` (its lifecycle),
+`assay.graded` (its score) and `assay.results` (its result, verdict and usage);
+it emits nothing. Each fact lands as an event on the run's stream in the
+console's own log, and folds into one `RunRow` per run. The store keeps the
+`console_runs` table in step with those rows in the same transaction (a
+`DocumentTable`), so the runs list is one indexed range scan in run-id order —
+which is creation order, run ids being ULIDs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from assay.kernel import RunState
+from assay.kernel.scores import Score, Ungraded
+from assay.messages import (
+    AttemptIndeterminate,
+    RunGraded,
+    RunRef,
+    RunResult,
+    RunSpawned,
+    RunStatusChanged,
+)
+from assay.record import (
+    BranchKey,
+    DocumentTable,
+    Event,
+    EventRegistry,
+    LogRecord,
+    Patch,
+    ReadModel,
+    StateDelta,
+    TableColumn,
+)
+from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
+
+
+class RunSeen(Event):
+    """The run was spawned with this input."""
+
+    type: ClassVar[str] = "console.RunSeen"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    input: dict[str, Any] = Field(description="The immutable task input.")
+
+
+class StatusSeen(Event):
+    """The run entered a lifecycle state."""
+
+    type: ClassVar[str] = "console.StatusSeen"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    state: RunState = Field(description="The state entered.")
+    detail: str = Field("", description="Why, for people.")
+
+
+class IndeterminateSeen(Event):
+    """An attempt of the run ended with an outcome nobody can know."""
+
+    type: ClassVar[str] = "console.IndeterminateSeen"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    step: str = Field(description="Step of the attempt.")
+    attempt: int = Field(description="Attempt number.")
+    tool: str = Field(description="Tool whose call may or may not have landed.")
+    reason: str = Field(description="Why the outcome is unknown.")
+
+
+class GradeSeen(Event):
+    """The run was graded (or ended ungraded)."""
+
+    type: ClassVar[str] = "console.GradeSeen"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    passed: bool = Field(description="Verifier outcome class.")
+    score: Score = Field(description="The score.")
+
+
+class ResultSeen(Event):
+    """The run's result, as consumers received it."""
+
+    type: ClassVar[str] = "console.ResultSeen"
+    version: ClassVar[int] = 1
+    result: RunResult = Field(description="The result.")
+
+
+CONSOLE_EVENTS = EventRegistry([RunSeen, StatusSeen, IndeterminateSeen, GradeSeen, ResultSeen])
+
+
+class RunRow(ReadModel):
+    """What the runs list shows of one run, and filters on. Built by patches, so every
+    field has a default."""
+
+    kind: ClassVar[str] = "console_run"
+    run_id: str = ""
+    task_id: str = ""
+    idempotency_key: str = ""
+    workflow_id: str = ""
+    workflow_version: str = ""
+    role: str = ""
+    purpose: str = ""
+    created_ms: int = 0
+    state: str | None = None
+    passed: bool | None = None
+    status: str | None = None
+    score_kind: str | None = None
+    ungraded_reason: str | None = None
+    indeterminate: bool = False
+
+
+RUNS_TABLE = DocumentTable(
+    kind=RunRow.kind,
+    table="console_runs",
+    columns=(
+        TableColumn("workflow_id", "text"),
+        TableColumn("workflow_version", "text"),
+        TableColumn("idempotency_key", "text"),
+        TableColumn("state", "text"),
+        TableColumn("passed", "boolean"),
+        TableColumn("status", "text"),
+        TableColumn("score_kind", "text"),
+        TableColumn("ungraded_reason", "text"),
+        TableColumn("indeterminate", "boolean"),
+        TableColumn("created_ms", "integer"),
+    ),
+    indexes=(
+        ("workflow_id", "workflow_version"),
+        ("state",),
+        ("passed",),
+        ("idempotency_key",),
+    ),
+)
+"""Every run of a tenant, by run id (creation order) and by each filter."""
+
+
+def run_stream(tenant: Any, run_id: str) -> BranchKey:
+    """The console's stream of one run."""
+    return BranchKey.main(tenant, f"run:{run_id}")
+
+
+def ulid_ms(run_id: str) -> int:
+    """The creation time a ULID carries, in Unix milliseconds."""
+    value = 0
+    for c in run_id[:10]:
+        value = value * 32 + "0123456789ABCDEFGHJKMNPQRSTVWXYZ".index(c)
+    return value
+
+
+def _identity(run: RunRef) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "task_id": run.task_id,
+        "idempotency_key": run.idempotency_key,
+        "workflow_id": run.workflow_id,
+        "workflow_version": run.workflow_version,
+        "role": run.role.value,
+        "purpose": run.purpose.value,
+        "created_ms": ulid_ms(run.run_id),
+    }
+
+
+def _score_fields(score: Score | None) -> dict[str, Any]:
+    if score is None:
+        return {"score_kind": None, "ungraded_reason": None}
+    reason = score.reason.value if isinstance(score, Ungraded) else None
+    return {"score_kind": score.kind, "ungraded_reason": reason}
+
+
+def fold_console(record: LogRecord) -> list[StateDelta]:
+    """One `RunRow` per run, patched by each fact about it."""
+    tenant = record.key.tenant
+    match record.event:
+        case (
+            RunSeen(run=run) | StatusSeen(run=run) | IndeterminateSeen(run=run) | GradeSeen(run=run)
+        ):
+            fields = _identity(run)
+        case ResultSeen(result=r):
+            fields = {"run_id": r.run_id, "passed": r.passed, "status": r.status}
+            fields |= _score_fields(r.score)
+            return [Patch(RunRow.at(tenant, r.run_id), fields)]
+        case _:
+            return []
+    match record.event:
+        case StatusSeen(state=state):
+            fields["state"] = state.value
+            if state in (RunState.VERIFIED_PASS, RunState.VERIFIED_FAIL):
+                fields["passed"] = state is RunState.VERIFIED_PASS
+        case IndeterminateSeen():
+            fields["indeterminate"] = True
+        case GradeSeen(passed=passed, score=score):
+            fields["passed"] = passed
+            fields |= _score_fields(score)
+    return [Patch(RunRow.at(tenant, run.run_id), fields)]
+
+
+ConsoleUnitOfWork = UnitOfWork[None]
+
+
+async def on_run_spawned(msg: RunSpawned, uow: ConsoleUnitOfWork) -> None:
+    """Remember the run and its input."""
+    uow.record(run_stream(uow.tenant, msg.run.run_id), RunSeen(run=msg.run, input=msg.input))
+
+
+async def on_status_changed(msg: RunStatusChanged, uow: ConsoleUnitOfWork) -> None:
+    """Add a lifecycle state to the run's timeline."""
+    event = StatusSeen(run=msg.run, state=msg.state, detail=msg.detail)
+    uow.record(run_stream(uow.tenant, msg.run.run_id), event)
+
+
+async def on_attempt_indeterminate(msg: AttemptIndeterminate, uow: ConsoleUnitOfWork) -> None:
+    """Mark the run as holding an attempt whose outcome is unknown."""
+    event = IndeterminateSeen(
+        run=msg.run, step=msg.step, attempt=msg.attempt, tool=msg.tool, reason=msg.reason
+    )
+    uow.record(run_stream(uow.tenant, msg.run.run_id), event)
+
+
+async def on_run_graded(msg: RunGraded, uow: ConsoleUnitOfWork) -> None:
+    """Record the run's score."""
+    event = GradeSeen(run=msg.run, passed=msg.passed, score=msg.score)
+    uow.record(run_stream(uow.tenant, msg.run.run_id), event)
+
+
+async def on_run_result(msg: RunResult, uow: ConsoleUnitOfWork) -> None:
+    """Record the run's result: status, verdict, score, usage, output."""
+    uow.record(run_stream(uow.tenant, msg.run_id), ResultSeen(result=msg))
+
+
+def create_stage(deps: StageDeps) -> StageSpec:
+    """Wire the console's read model: five handlers, one fold, one table; no deps."""
+    return StageSpec(
+        name="console",
+        events=CONSOLE_EVENTS,
+        fold=fold_console,
+        handlers=routes(
+            on_run_spawned,
+            on_status_changed,
+            on_attempt_indeterminate,
+            on_run_graded,
+            on_run_result,
+        ),
+        tables=(RUNS_TABLE,),
+    )
