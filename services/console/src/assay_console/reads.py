@@ -32,6 +32,7 @@ from assay_console.stage import (
     RunRow,
     RunSeen,
     StatusSeen,
+    VerdictSeen,
     run_stream,
 )
 
@@ -257,6 +258,8 @@ class ConsoleReads:
                             step=e.step, attempt=e.attempt, tool=e.tool, reason=e.reason
                         )
                     )
+                case VerdictSeen(results=results, usage=usage):
+                    detail.verdict, detail.usage = results, usage
                 case GradeSeen(score=score):
                     detail.score = detail.score or score
                 case ResultSeen(result=r):

@@ -1,12 +1,12 @@
 """Console: folds what the operator pages show from the topics into its own store.
 
 It consumes `assay.runs` (a run's input), `assay.run-status` (its lifecycle),
-`assay.graded` (its score) and `assay.results` (its result, verdict and usage);
-it emits nothing. Each fact lands as an event on the run's stream in the
-console's own log, and folds into one `RunRow` per run. The store keeps the
-`console_runs` table in step with those rows in the same transaction (a
-`DocumentTable`), so the runs list is one indexed range scan in run-id order —
-which is creation order, run ids being ULIDs.
+`assay.verified` (its verdict and usage, for every run), `assay.graded` (its score)
+and `assay.results` (a served run's result and output); it emits nothing. Each
+fact lands as an event on the run's stream in the console's own log, and folds
+into one `RunRow` per run. The store keeps the `console_runs` table in step with
+those rows in the same transaction (a `DocumentTable`), so the runs list is one
+indexed range scan in run-id order — which is creation order, run ids being ULIDs.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from assay.messages import (
     RunResult,
     RunSpawned,
     RunStatusChanged,
+    RunVerified,
+    Usage,
+    VerifierResult,
 )
 from assay.record import (
     BranchKey,
@@ -70,6 +73,17 @@ class IndeterminateSeen(Event):
     reason: str = Field(description="Why the outcome is unknown.")
 
 
+class VerdictSeen(Event):
+    """The verifiers' outcome for the run (every run, shadow ones too)."""
+
+    type: ClassVar[str] = "console.VerdictSeen"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run.")
+    passed: bool = Field(description="Outcome class.")
+    results: list[VerifierResult] = Field(description="Each verifier's result.")
+    usage: Usage = Field(description="Model usage of the run.")
+
+
 class GradeSeen(Event):
     """The run was graded (or ended ungraded)."""
 
@@ -88,7 +102,9 @@ class ResultSeen(Event):
     result: RunResult = Field(description="The result.")
 
 
-CONSOLE_EVENTS = EventRegistry([RunSeen, StatusSeen, IndeterminateSeen, GradeSeen, ResultSeen])
+CONSOLE_EVENTS = EventRegistry(
+    [RunSeen, StatusSeen, IndeterminateSeen, VerdictSeen, GradeSeen, ResultSeen]
+)
 
 
 class RunRow(ReadModel):
@@ -173,28 +189,27 @@ def _score_fields(score: Score | None) -> dict[str, Any]:
 def fold_console(record: LogRecord) -> list[StateDelta]:
     """One `RunRow` per run, patched by each fact about it."""
     tenant = record.key.tenant
-    match record.event:
-        case (
-            RunSeen(run=run) | StatusSeen(run=run) | IndeterminateSeen(run=run) | GradeSeen(run=run)
-        ):
-            fields = _identity(run)
-        case ResultSeen(result=r):
-            fields = {"run_id": r.run_id, "passed": r.passed, "status": r.status}
-            fields |= _score_fields(r.score)
-            return [Patch(RunRow.at(tenant, r.run_id), fields)]
-        case _:
-            return []
-    match record.event:
+    event = record.event
+    if isinstance(event, ResultSeen):
+        r = event.result
+        fields = {"run_id": r.run_id, "passed": r.passed, "status": r.status}
+        return [Patch(RunRow.at(tenant, r.run_id), fields | _score_fields(r.score))]
+    if not isinstance(event, RunSeen | StatusSeen | IndeterminateSeen | VerdictSeen | GradeSeen):
+        return []
+    fields = _identity(event.run)
+    match event:
         case StatusSeen(state=state):
             fields["state"] = state.value
             if state in (RunState.VERIFIED_PASS, RunState.VERIFIED_FAIL):
                 fields["passed"] = state is RunState.VERIFIED_PASS
         case IndeterminateSeen():
             fields["indeterminate"] = True
+        case VerdictSeen(passed=passed):
+            fields["passed"] = passed
         case GradeSeen(passed=passed, score=score):
             fields["passed"] = passed
             fields |= _score_fields(score)
-    return [Patch(RunRow.at(tenant, run.run_id), fields)]
+    return [Patch(RunRow.at(tenant, event.run.run_id), fields)]
 
 
 ConsoleUnitOfWork = UnitOfWork[None]
@@ -219,6 +234,12 @@ async def on_attempt_indeterminate(msg: AttemptIndeterminate, uow: ConsoleUnitOf
     uow.record(run_stream(uow.tenant, msg.run.run_id), event)
 
 
+async def on_run_verified(msg: RunVerified, uow: ConsoleUnitOfWork) -> None:
+    """Record the run's verdict and usage."""
+    event = VerdictSeen(run=msg.run, passed=msg.passed, results=msg.results, usage=msg.usage)
+    uow.record(run_stream(uow.tenant, msg.run.run_id), event)
+
+
 async def on_run_graded(msg: RunGraded, uow: ConsoleUnitOfWork) -> None:
     """Record the run's score."""
     event = GradeSeen(run=msg.run, passed=msg.passed, score=msg.score)
@@ -231,7 +252,7 @@ async def on_run_result(msg: RunResult, uow: ConsoleUnitOfWork) -> None:
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
-    """Wire the console's read model: five handlers, one fold, one table; no deps."""
+    """Wire the console's read model: six handlers, one fold, one table; no deps."""
     return StageSpec(
         name="console",
         events=CONSOLE_EVENTS,
@@ -240,6 +261,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             on_run_spawned,
             on_status_changed,
             on_attempt_indeterminate,
+            on_run_verified,
             on_run_graded,
             on_run_result,
         ),

@@ -1,0 +1,161 @@
+"""The console in a real headless Chromium (Debian's, driven by Playwright): the demo's
+data renders, filters and paging keep their state in the URL, the list refreshes
+itself, another tenant's run is not reachable by URL, hostile strings show as text.
+
+One demo, one served data directory and one browser for the whole module.
+Screenshots are kept under pytest's temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from assay.cli.demo import DEMO_TENANT
+from services.console.tests.console_seed import HOSTILE, TENANT_B, run_ref, seed
+
+ASSAY = str(Path(sys.executable).parent / "assay")
+CHROMIUM = os.environ.get("ASSAY_CHROMIUM", "/usr/bin/chromium")
+TOKENS = f"{DEMO_TENANT}=token-demo,{TENANT_B}=token-b"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A demo's data directory plus seeded hostile runs, served by `assay console`."""
+    data = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "ASSAY_DATA_DIR": str(data)}
+    subprocess.run(
+        [ASSAY, "demo", "--limit", "8", "--no-progress", "--no-console"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    # Playwright's sync API may already run a loop on this thread: seed on another.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, seed(data, {DEMO_TENANT: 3, TENANT_B: 2})).result()
+    env |= {"ASSAY_CONSOLE_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [ASSAY, "console", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the console says where it is
+    assert line.startswith("console on "), line
+    try:
+        yield line.split()[2]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no chromium at {CHROMIUM}: `make chromium` installs Debian's")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(extra_http_headers={"authorization": "Bearer token-demo"})
+    tab = context.new_page()
+    tab.on("dialog", lambda d: pytest.fail(f"a script ran: dialog {d.message!r}"))
+    yield tab
+    context.close()
+
+
+def test_the_demo_renders_on_the_overview(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}?tenant={DEMO_TENANT}")
+    page.screenshot(path=shots / "overview.png", full_page=True)
+    assert int(page.locator("#runs-count").inner_text()) >= 8
+    page.get_by_role("link", name="runs").first.click()
+    page.wait_for_url("**/runs?**")
+    assert page.locator("tr.run").count() >= 8
+
+
+def test_a_filter_lives_in_the_url_and_survives_back(page: Page, served: str) -> None:
+    page.goto(f"{served}runs?tenant={DEMO_TENANT}")
+    page.select_option("select[name=passed]", "false")
+    page.click("#filters button[type=submit]")
+    page.wait_for_url("**passed=false**")
+    outcomes = page.locator("tr.run td.outcome").all_inner_texts()
+    assert outcomes
+    assert set(outcomes) == {"failed"}
+    page.go_back()
+    page.wait_for_url(lambda url: "passed=false" not in url)
+    assert "passed" in page.locator("tr.run td.outcome").all_inner_texts()
+
+
+def test_pages_walk_the_list_by_keyset(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}runs?tenant={DEMO_TENANT}&limit=5")
+    first = page.locator("tr.run").evaluate_all("rows => rows.map(r => r.dataset.run)")
+    page.click("#next")
+    page.wait_for_url("**cursor=**")
+    page.screenshot(path=shots / "runs-page-2.png", full_page=True)
+    second = page.locator("tr.run").evaluate_all("rows => rows.map(r => r.dataset.run)")
+    assert len(first) == 5
+    assert second
+    assert not set(first) & set(second)
+    assert max(second) < min(first)  # newest first: the next page is older
+    query = parse_qs(urlparse(page.url).query)
+    assert query["limit"] == ["5"]
+
+
+def test_a_run_page_shows_its_timeline_and_verdict(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}runs?tenant={DEMO_TENANT}&state=graded")
+    page.locator("tr.run a").first.click()
+    page.wait_for_url("**/runs/*")
+    page.screenshot(path=shots / "run.png", full_page=True)
+    assert page.locator("#timeline li").count() >= 3
+    assert page.locator("#verdict tr").count() >= 2
+    assert page.locator("#state").inner_text() == "graded"
+
+
+def test_another_tenants_run_is_not_reachable_by_url(page: Page, served: str) -> None:
+    theirs = run_ref(TENANT_B, 0).run_id
+    response = page.goto(f"{served}runs/{theirs}?tenant={DEMO_TENANT}")
+    assert response is not None
+    assert response.status == 404
+    assert page.locator("#problem").inner_text() == "no such run"
+    response = page.goto(f"{served}runs/{theirs}?tenant={TENANT_B}")
+    assert response is not None
+    assert response.status == 404
+
+
+def test_hostile_strings_show_as_text(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}runs?tenant={DEMO_TENANT}&key=%3Cscript%3E")
+    assert page.locator("tr.run td.key").first.inner_text() == f"{HOSTILE}-0"
+    page.locator("tr.run a").first.click()
+    page.wait_for_url("**/runs/*")
+    page.screenshot(path=shots / "hostile-run.png", full_page=True)
+    assert page.locator("#output").inner_text() == HOSTILE
+    assert HOSTILE in page.locator("#input").inner_text()
+    assert HOSTILE in page.locator("#verdict").inner_text()
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img[src=x]").count() == 0
+
+
+def test_the_first_page_refreshes_itself_while_visible(page: Page, served: str) -> None:
+    page.goto(f"{served}runs?tenant={DEMO_TENANT}")
+    # Waits for the poll to land (a locator assertion: the page's CSP forbids eval).
+    expect(page.locator("#runs")).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"))
+    assert page.locator("#updated").inner_text().endswith("UTC")
+    assert page.locator("tr.run").count() >= 8
