@@ -121,7 +121,8 @@ class DocumentTable:
 
     def __post_init__(self) -> None:
         names = {c.name for c in self.columns}
-        if not self.table.isidentifier() or {"tenant", "key"} & names:
+        plain_kind = self.kind.replace(".", "_").replace("-", "_").isidentifier()
+        if not self.table.isidentifier() or not plain_kind or {"tenant", "key"} & names:
             raise ValueError(f"bad document table {self.table!r}")
         for index in self.indexes:
             if not set(index) <= names:

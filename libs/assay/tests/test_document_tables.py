@@ -1,0 +1,155 @@
+"""`DocumentTable`s in both `EventLog` adapters: the table follows its kind of documents
+inside the commit (put, patch, delete), leaves other kinds alone, and is rebuilt with
+them; its composite indexes are there for the planner."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import asyncpg
+import pytest
+from pydantic import Field
+
+from assay.devstack import Service
+from assay.devstack.postgres import scratch_database
+from assay.kernel.ids import MessageId, TenantId
+from assay.record import (
+    BranchKey,
+    Delete,
+    DocumentTable,
+    Event,
+    EventRegistry,
+    LogRecord,
+    Patch,
+    Put,
+    StateDelta,
+    StateKey,
+    TableColumn,
+)
+from assay.store import CommitBatch, DuplicateMessage, EventLog, SqliteEventLog
+from assay.store.postgres import PostgresEventLog
+
+ADAPTERS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+TENANT = TenantId(uuid.UUID("11111111-0000-4000-8000-000000000001"))
+TABLE = DocumentTable(
+    kind="thing",
+    table="things",
+    columns=(
+        TableColumn("colour", "text"),
+        TableColumn("size", "integer"),
+        TableColumn("ok", "boolean"),
+    ),
+    indexes=(("colour", "size"),),
+)
+
+
+class Changed(Event):
+    type: ClassVar[str] = "tables.Changed"
+    version: ClassVar[int] = 1
+    name: str
+    fields: dict[str, Any] = Field(default_factory=dict)
+    put: bool = False
+    delete: bool = False
+
+
+def fold(record: LogRecord) -> list[StateDelta]:
+    e = record.event
+    assert isinstance(e, Changed)
+    at = StateKey(record.key.tenant, "thing", e.name)
+    other = Put(StateKey(record.key.tenant, "other", e.name), {"colour": "none"})
+    if e.delete:
+        return [Delete(at)]
+    return [Put(at, e.fields) if e.put else Patch(at, e.fields), other]
+
+
+@pytest.fixture(scope="module")
+def tables_database(postgres: Service) -> Iterator[str]:
+    with scratch_database(postgres, "assay_tables") as dsn:
+        yield dsn
+
+
+@pytest.fixture(params=ADAPTERS)
+async def log(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EventLog]:
+    registry = EventRegistry([Changed])
+    opened: EventLog
+    if request.param == "sqlite":
+        opened = await SqliteEventLog(tmp_path / "s.sqlite", registry, fold, tables=(TABLE,)).open()
+        opened.rows = lambda: _sqlite_rows(tmp_path / "s.sqlite")  # type: ignore[attr-defined]
+    else:
+        dsn = str(request.getfixturevalue("tables_database"))
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        opened = await PostgresEventLog(dsn, schema, registry, fold, tables=(TABLE,)).open()
+        opened.rows = lambda: _pg_rows(dsn, schema)  # type: ignore[attr-defined]
+    yield opened
+    await opened.close()
+
+
+async def _sqlite_rows(path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as conn:
+        found = conn.execute("SELECT key, colour, size, ok FROM things ORDER BY key").fetchall()
+    return [(k, c, s, None if ok is None else bool(ok)) for k, c, s, ok in found]
+
+
+async def _pg_rows(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        found = await conn.fetch(
+            f'SELECT key, colour, size, ok FROM "{schema}".things ORDER BY key'
+        )
+    finally:
+        await conn.close()
+    return [tuple(r) for r in found]
+
+
+async def _commit(log: EventLog, n: int, *events: Changed) -> None:
+    key = BranchKey.main(TENANT, "things")
+    await log.commit(
+        CommitBatch(records=[(key, e) for e in events], inbox=(TENANT, MessageId(f"m{n}")))
+    )
+
+
+async def rows(log: EventLog) -> list[tuple[Any, ...]]:
+    return await log.rows()  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_the_table_follows_puts_patches_and_deletes(log: EventLog) -> None:
+    await _commit(
+        log,
+        1,
+        Changed(name="a", put=True, fields={"colour": "red", "size": 3, "ok": True}),
+        Changed(name="b", fields={"colour": "blue"}),
+    )
+    assert await rows(log) == [("a", "red", 3, True), ("b", "blue", None, None)]
+    await _commit(log, 2, Changed(name="b", fields={"size": 9, "ok": False}))
+    await _commit(log, 3, Changed(name="a", delete=True))
+    assert await rows(log) == [("b", "blue", 9, False)]
+
+
+async def test_a_refused_commit_leaves_the_table_as_it_was(log: EventLog) -> None:
+    await _commit(log, 1, Changed(name="a", put=True, fields={"colour": "red"}))
+    with pytest.raises(DuplicateMessage):
+        await _commit(log, 1, Changed(name="z", put=True, fields={"colour": "green"}))
+    assert await rows(log) == [("a", "red", None, None)]
+
+
+async def test_a_rebuild_rebuilds_the_table(log: EventLog) -> None:
+    await _commit(log, 1, Changed(name="a", put=True, fields={"colour": "red", "size": 1}))
+    await _commit(log, 2, Changed(name="a", fields={"size": 2}))
+    report = await log.rebuild(keep=True)
+    assert report.identical
+    assert await rows(log) == [("a", "red", 2, None)]
+
+
+def test_a_table_refuses_what_it_cannot_name() -> None:
+    with pytest.raises(ValueError, match="does not have"):
+        DocumentTable(kind="k", table="t", columns=(TableColumn("a", "text"),), indexes=(("b",),))
+    with pytest.raises(ValueError, match="bad column"):
+        TableColumn("a; drop", "text")
+    with pytest.raises(ValueError, match="bad document table"):
+        DocumentTable(kind="k", table="t", columns=(TableColumn("tenant", "text"),))
+    with pytest.raises(ValueError, match="bad document table"):
+        DocumentTable(kind="k' OR 1=1", table="t", columns=(TableColumn("a", "text"),))
