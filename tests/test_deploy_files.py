@@ -32,6 +32,8 @@ K8S = REPO / "deploy" / "k8s"
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 
 STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
+COMPONENTS = (*STAGES, "console")
+"""The stages and the console, which is deployed like one (its own role and schema)."""
 IMAGE = "assay:dev"
 SECRET = "assay-secrets"
 # A recent release that kubernetes-validate ships schemas for.
@@ -45,7 +47,7 @@ Manifest = dict[str, Any]
 
 def test_stages_are_the_workspace_services() -> None:
     found = sorted(p.parent.name for p in (REPO / "services").glob("*/pyproject.toml"))
-    assert found == sorted(STAGES)
+    assert found == sorted(COMPONENTS)
 
 
 # --------------------------------------------------------------------------
@@ -153,7 +155,7 @@ def test_stage_environment(compose_model: dict[str, Any]) -> None:
         "ASSAY_HTTP_PORT",
         "ASSAY_LOG_LEVEL",
     )
-    for stage in STAGES:
+    for stage in COMPONENTS:
         env = services[stage]["environment"]
         for name in shared:
             assert env.get(name), f"{stage}: {name}"
@@ -165,6 +167,17 @@ def test_stage_environment(compose_model: dict[str, Any]) -> None:
         assert "ASSAY_ADMIN_DATABASE_URL" not in env
     assert init_env["ASSAY_ADMIN_DATABASE_URL"].startswith("postgresql://postgres:")
     assert init_env["ASSAY_STAGE_PASSWORD"]
+
+
+def test_the_console_is_published_and_guarded(compose_model: dict[str, Any]) -> None:
+    console = compose_model["services"]["console"]
+    assert console["command"] == ["serve", "console"]
+    assert console["image"] == IMAGE
+    assert [p["target"] for p in console["ports"]] == [8090]
+    env = console["environment"]
+    # Bound beyond loopback, it must have a token, or it refuses to start.
+    assert env["ASSAY_CONSOLE_HOST"] == "0.0.0.0"
+    assert env["ASSAY_CONSOLE_ADMIN_TOKEN"]
 
 
 def test_infrastructure_and_init(compose_model: dict[str, Any]) -> None:
@@ -257,9 +270,9 @@ def test_the_validator_is_strict(base: list[Manifest]) -> None:
 @pytest.mark.parametrize("overlay", ["base", "overlays/dev"])
 def test_one_deployment_per_stage(overlay: str) -> None:
     deployments = of_kind(render(K8S / overlay), "Deployment")
-    assert sorted(deployments) == sorted(f"assay-{s}" for s in STAGES)
+    assert sorted(deployments) == sorted(f"assay-{s}" for s in COMPONENTS)
     images = set()
-    for stage in STAGES:
+    for stage in COMPONENTS:
         deployment = deployments[f"assay-{stage}"]
         pod = deployment["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -294,7 +307,8 @@ def test_secret_references(base: list[Manifest], dev: list[Manifest]) -> None:
     refs = list(secret_refs(base))
     assert {ref.split("/")[0] for _, _, ref in refs} == {SECRET}
     by_var = {(c, v): ref for c, v, ref in refs}
-    for stage in STAGES:
+    assert by_var[("console", "ASSAY_CONSOLE_ADMIN_TOKEN")] == f"{SECRET}/console-admin-token"
+    for stage in COMPONENTS:
         assert by_var[(stage, "ASSAY_DATABASE_URL")] == f"{SECRET}/{stage}-database-url"
         assert by_var[(stage, "ASSAY_S3_ACCESS_KEY_ID")] == f"{SECRET}/s3-access-key-id"
         assert by_var[(stage, "ASSAY_S3_SECRET_ACCESS_KEY")] == f"{SECRET}/s3-secret-access-key"
@@ -352,7 +366,7 @@ def test_dev_overlay(dev: list[Manifest]) -> None:
     assert "assay-dev" in of_kind(dev, "Namespace")
     deployments = of_kind(dev, "Deployment")
     replicas = {name: d["spec"]["replicas"] for name, d in deployments.items()}
-    assert replicas == {f"assay-{s}": 2 if s == "execute" else 1 for s in STAGES}
+    assert replicas == {f"assay-{s}": 2 if s == "execute" else 1 for s in COMPONENTS}
     for workload in [*deployments.values(), *of_kind(dev, "Job").values()]:
         for container in containers(workload):
             assert container["image"] == IMAGE

@@ -106,6 +106,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_TOURNAMENT_PASSWORD": ("pt", "database.tournament_password", "pt"),
     "ASSAY_AGGREGATE_PASSWORD": ("pa", "database.aggregate_password", "pa"),
     "ASSAY_DECIDE_PASSWORD": ("pd", "database.decide_password", "pd"),
+    "ASSAY_CONSOLE_PASSWORD": ("pc", "database.console_password", "pc"),
     "ASSAY_S3_ENDPOINT": ("http://s3:9000", "s3.endpoint", "http://s3:9000"),
     "ASSAY_S3_BUCKET": ("b", "s3.bucket", "b"),
     "ASSAY_S3_ACCESS_KEY_ID": ("ak", "s3.access_key_id", "ak"),

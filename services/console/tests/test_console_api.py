@@ -14,7 +14,7 @@ from assay.kernel.ids import TenantId
 from assay.store.sqlite import SqliteEventLog
 from assay_console.access import Access
 from assay_console.app import create_app
-from assay_console.reads import ConsoleReads
+from assay_console.reads import ConsoleReads, SqliteRunsTable
 from assay_console.stage import CONSOLE_EVENTS, RUNS_TABLE, fold_console
 from services.console.tests.console_seed import HOSTILE, T0_MS, TENANT_A, TENANT_B, run_ref, seed
 
@@ -37,12 +37,12 @@ async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[http
     await seed(data, {TENANT_A: COUNT_A, TENANT_B: COUNT_B})
     store = data / "console.sqlite"
     log = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=(RUNS_TABLE,)).open()
-    reads = ConsoleReads(log, store)
+    reads = ConsoleReads(log, SqliteRunsTable(store))
     app = create_app(reads, Access.parse(TOKENS, "token-admin", "127.0.0.1"))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://console") as c:
         yield c
-    reads.close()
+    await reads.close()
     await log.close()
 
 

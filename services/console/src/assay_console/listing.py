@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from assay.kernel.ids import tenant_id
 from assay.kernel.schema import one_line
 from assay.store.sqlite import SqliteEventLog
-from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+from assay_console.reads import BadQuery, ConsoleReads, RunFilters, SqliteRunsTable
 from assay_console.stage import CONSOLE_EVENTS, RUNS_TABLE, fold_console
 
 
@@ -22,7 +22,7 @@ async def runs_page(store: Path, tenant: str | None, query: dict[str, str]) -> d
         BadQuery: a filter or cursor does not parse, or the tenant is ambiguous.
     """
     log = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=(RUNS_TABLE,)).open()
-    reads = ConsoleReads(log, store)
+    reads = ConsoleReads(log, SqliteRunsTable(store))
     try:
         if tenant is None:
             known = await reads.tenants()
@@ -43,5 +43,5 @@ async def runs_page(store: Path, tenant: str | None, query: dict[str, str]) -> d
         page = await reads.runs(who, filters, paging.get("cursor"), limit)
         return page.model_dump(mode="json")
     finally:
-        reads.close()
+        await reads.close()
         await log.close()

@@ -12,10 +12,12 @@ import base64
 import binascii
 import sqlite3
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import asyncpg
 from pydantic import BaseModel, ConfigDict, Field
 
 from assay.kernel import RunState
@@ -24,6 +26,7 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, is_run_id, new_run_id, tenant_id
 from assay.kernel.scores import Score
 from assay.messages import Usage, VerifierResult
+from assay.store.pg_schema import quoted
 from assay.store.ports import EventLog
 from assay_console.stage import (
     GradeSeen,
@@ -194,17 +197,64 @@ def runs_query(
     return sql, [*args, limit + 1]
 
 
-class ConsoleReads:
-    """The console's queries, on its SQLite store: the log (documents, streams) and a
-    read-only connection of its own to the file for the table."""
+class RunsTable(Protocol):
+    """Read access to the `console_runs` table of the console's own store."""
 
-    def __init__(self, log: EventLog, path: Path) -> None:
-        self._log = log
+    async def fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Rows of a query written with `?` placeholders over `console_runs`."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+class SqliteRunsTable:
+    """The table in embedded mode: a read-only connection of its own to the console's file."""
+
+    def __init__(self, path: Path) -> None:
         self._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
 
-    def close(self) -> None:
-        """Close the read connection."""
+    async def fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, list(args)).fetchall()
+
+    async def close(self) -> None:
         self._conn.close()
+
+
+class PostgresRunsTable:
+    """The table in distributed mode: the console schema's, through a small pool."""
+
+    def __init__(self, pool: asyncpg.Pool, schema: str) -> None:
+        self._pool = pool
+        self._schema = quoted(schema)
+
+    @classmethod
+    async def connect(cls, dsn: str, schema: str) -> PostgresRunsTable:
+        """Open a pool of two connections to the console's own role and schema."""
+        return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=2), schema)
+
+    async def fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        parts = sql.replace("console_runs", f"{self._schema}.console_runs").split("?")
+        numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
+        async with self._pool.acquire() as conn:
+            return [tuple(r) for r in await conn.fetch(numbered, *args)]
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+class ConsoleReads:
+    """The console's queries: documents and streams through its log, the runs list and
+    counts through its `console_runs` table."""
+
+    def __init__(self, log: EventLog, table: RunsTable) -> None:
+        self._log = log
+        self._table = table
+
+    async def close(self) -> None:
+        """Close the table's connection (the log is its owner's)."""
+        await self._table.close()
 
     async def runs(
         self, tenant: TenantId, filters: RunFilters, cursor: str | None, limit: int
@@ -219,7 +269,7 @@ class ConsoleReads:
         after = decode_cursor(filters, cursor) if cursor else None
         limit = max(1, min(limit, MAX_LIMIT))
         sql, args = runs_query(tenant, filters, after, limit)
-        keys = [k for (k,) in self._conn.execute(sql, args).fetchall()]
+        keys = [k for (k,) in await self._table.fetch(sql, args)]
         more = len(keys) > limit
         rows = []
         for key in keys[:limit]:
@@ -269,8 +319,8 @@ class ConsoleReads:
 
     async def tenants(self) -> list[TenantId]:
         """Tenants with a run (for an administrator's overview)."""
-        rows = self._conn.execute("SELECT DISTINCT tenant FROM console_runs ORDER BY tenant")
-        return [tenant_id(t) for (t,) in rows.fetchall()]
+        rows = await self._table.fetch("SELECT DISTINCT tenant FROM console_runs ORDER BY 1", ())
+        return [tenant_id(str(t)) for (t,) in rows]
 
     async def overview(self, tenant: TenantId) -> Overview:
         """The tenant's runs by state, results, pass rate, Indeterminate and Ungraded."""
@@ -281,7 +331,7 @@ class ConsoleReads:
         by_state: Counter[str] = Counter()
         ungraded: Counter[str] = Counter()
         runs = results = passed = verified = indeterminate = graded = 0
-        for state, ok, status, reason, indet, n in self._conn.execute(sql, (str(tenant),)):
+        for state, ok, status, reason, indet, n in await self._table.fetch(sql, (str(tenant),)):
             runs += n
             by_state[state or "unknown"] += n
             if ok is not None:

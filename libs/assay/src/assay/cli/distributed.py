@@ -29,7 +29,7 @@ from assay.messages import (
     WorkflowRegistered,
     open_envelope,
 )
-from assay.runtime.embedded import STAGES
+from assay.runtime.sections import STAGE_ROLES
 from assay.runtime.settings import AssaySettings
 from assay.store.pg_provision import provision_stage
 from assay.store.ports import OutboxEntry
@@ -87,7 +87,7 @@ async def provision_command() -> int:
     settings = AssaySettings.from_env()
     settings.require("database.admin_url")
     assert settings.database.admin_url is not None
-    for stage in STAGES:
+    for stage in STAGE_ROLES:
         await provision_stage(
             settings.database.admin_url, stage, settings.database.stage_password_for(stage)
         )

@@ -12,7 +12,10 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from importlib.metadata import entry_points
+from typing import Protocol
 
 from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
@@ -125,12 +128,31 @@ async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> Non
         )
         await status.start()
         stack.push_async_callback(status.close)
+        for start_server in stage_servers(stage):
+            server = await start_server(event_log, settings)
+            stack.push_async_callback(server.aclose)
         log.info("stage %s serving; status on port %d", stage, status.port)
         watch = asyncio.create_task(vitals.watch(event_log.ping, stop), name=f"{stage}-vitals")
         stack.push_async_callback(_cancelled, watch)
         await runner.run(stop)
         if vitals.gave_up is not None:
             raise StageGaveUp(f"stage {stage} gave up: {vitals.gave_up}")
+
+
+class StageServer(Protocol):
+    """A server an installed package runs beside a stage (the console's pages and API)."""
+
+    async def aclose(self) -> None:
+        """Stop serving."""
+        ...
+
+
+def stage_servers(
+    stage: str,
+) -> list[Callable[[PostgresEventLog, AssaySettings], Awaitable[StageServer]]]:
+    """Servers registered for `stage` under the `assay.stage_servers` entry-point group:
+    each is started with the stage's store and the settings, and closed when it stops."""
+    return [ep.load() for ep in entry_points(group="assay.stage_servers") if ep.name == stage]
 
 
 class StageGaveUp(AssayError):

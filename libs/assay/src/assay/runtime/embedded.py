@@ -31,7 +31,7 @@ from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import StagesCollector, process_registry
-from assay.runtime.sections import STAGE_ROLES
+from assay.runtime.sections import PIPELINE_STAGES
 from assay.runtime.settings import AssaySettings
 from assay.runtime.signals import Signals
 from assay.runtime.stage import StageFactory, StageSpec
@@ -42,8 +42,9 @@ from assay.store.sqlite import SqliteEventLog
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-STAGES = STAGE_ROLES
-"""The pipeline's stages, in pipeline order."""
+STAGES = PIPELINE_STAGES
+"""The pipeline's stages, in pipeline order (what `Embedded` runs unless told otherwise;
+the console is added where it is served)."""
 
 
 class DataDirBusy(AssayError):

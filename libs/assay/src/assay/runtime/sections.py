@@ -16,8 +16,11 @@ from assay.sandbox.local import Limits, LocalSandbox
 from assay.sandbox.port import NetworkPolicy
 from assay.store.ports import BlobStore
 
-STAGE_ROLES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
-"""The stages whose Postgres roles `assay db provision` creates, in pipeline order."""
+PIPELINE_STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
+"""The pipeline's stages, in pipeline order."""
+STAGE_ROLES = (*PIPELINE_STAGES, "console")
+"""The components whose Postgres roles `assay db provision` creates: the pipeline's
+stages in order, then the console (which folds from the topics like a stage)."""
 
 
 class SettingsInvalid(AssayError):
@@ -60,6 +63,7 @@ class DatabaseSettings(_Section):
     tournament_password: str | None = Field(None, description="Password of the tournament role.")
     aggregate_password: str | None = Field(None, description="Password of the aggregate role.")
     decide_password: str | None = Field(None, description="Password of the decide role.")
+    console_password: str | None = Field(None, description="Password of the console role.")
 
     def stage_password_for(self, stage: str) -> str:
         """The password of one stage's role at provisioning: its own, else the shared one.
