@@ -1,7 +1,7 @@
 """The console API's OpenAPI document, generated from the response models.
 
 `schemas/console-openapi.json` is this document, committed; a test keeps them equal
-(`assay-console-openapi` rewrites it).
+(`make schemas` rewrites it with the rest of `schemas/`, as does `assay-console-openapi`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ A test regenerates them and fails on any drift from the committed copies.
 from __future__ import annotations
 
 import json
+from importlib.metadata import entry_points
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,9 @@ def render() -> dict[str, str]:
     files["asyncapi.yaml"] = yaml.safe_dump(doc, sort_keys=True, width=100)
     for name, example in examples().items():
         files[f"examples/{name}.json"] = json.dumps(example, indent=2, sort_keys=True) + "\n"
+    # Documents installed components contribute (the console's OpenAPI), by file name.
+    for ep in entry_points(group="assay.schemas"):
+        files[ep.name] = ep.load()()
     return files
 
 
