@@ -9,6 +9,7 @@ Screenshots are kept under pytest's temporary directory.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -16,8 +17,10 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
@@ -30,20 +33,30 @@ TOKENS = f"{DEMO_TENANT}=token-demo,{TENANT_B}=token-b"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A demo's data directory plus seeded hostile runs, served by `assay console`."""
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo's data directory plus seeded hostile runs of two tenants."""
     data = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "ASSAY_DATA_DIR": str(data)}
-    subprocess.run(
-        [ASSAY, "demo", "--limit", "8", "--no-progress", "--no-console"],
+    demo = subprocess.run(
+        [ASSAY, "demo", "--limit", "8", "--no-progress", "--console-port", "0"],
         env=env,
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    # The demo served the console while it ran, and said where.
+    assert "console on http://127.0.0.1:" in demo.stdout
     # Playwright's sync API may already run a loop on this thread: seed on another.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, seed(data, {DEMO_TENANT: 3, TENANT_B: 2})).result()
+    return data
+
+
+@pytest.fixture(scope="module")
+def served(data_dir: Path) -> Iterator[str]:
+    """The data directory served by `assay console` (which keeps folding)."""
+    env = {**os.environ, "ASSAY_DATA_DIR": str(data_dir)}
     env |= {"ASSAY_CONSOLE_TOKENS": TOKENS, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [ASSAY, "console", "--port", "0"], env=env, stdout=subprocess.PIPE, text=True
@@ -159,3 +172,27 @@ def test_the_first_page_refreshes_itself_while_visible(page: Page, served: str) 
     expect(page.locator("#runs")).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"))
     assert page.locator("#updated").inner_text().endswith("UTC")
     assert page.locator("tr.run").count() >= 8
+
+
+def test_the_cli_lists_what_the_api_lists(served: str, data_dir: Path) -> None:
+    argv = [ASSAY, "--data-dir", str(data_dir), "runs", "list", "--tenant", str(DEMO_TENANT)]
+    token = {"authorization": "Bearer token-demo"}
+
+    def api(**params: str) -> dict[str, Any]:
+        got = httpx.get(f"{served}api/runs", params=params, headers=token, timeout=30)
+        return dict(got.json())
+
+    listed = subprocess.run(
+        [*argv, "--limit", "5", "--passed", "true", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert json.loads(listed.stdout) == api(limit="5", passed="true")
+    table = subprocess.run(
+        [*argv, "--limit", "5"], capture_output=True, text=True, check=True, timeout=120
+    )
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[0] == "run_id"
+    assert [line.split()[0] for line in lines[1:6]] == [r["run_id"] for r in api(limit="5")["runs"]]
