@@ -335,9 +335,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
-    from assay.runtime.embedded import default_data_dir
+    # Each command imports what it runs, below: `assay grade bt` loads no stage, no
+    # store and no message model. The settings are read (and checked) for every one.
+    from assay.runtime.settings import AssaySettings
 
-    data_dir: Path = args.data_dir or default_data_dir()
+    data_dir: Path = args.data_dir or AssaySettings.from_env().data_dir
     if args.command == "demo":
         from assay.cli.demo import demo
 

@@ -23,12 +23,13 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from assay.engine.models import Completion, ModelError, Prices
 from assay.kernel.canonical import digest
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class ChatCompletionsModel:
         self.retry = retry or RetryPolicy()
         self.prices = prices or Prices()
         self.temperature = temperature
+        import httpx  # here: a process whose models are all stubs does not load it
+
         headers = {"Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -164,6 +167,8 @@ class ChatCompletionsModel:
             ModelRequestRefused: any other non-2xx status (not retried).
             ModelResponseInvalid: a 2xx whose body lacks the text or the token counts.
         """
+        import httpx
+
         messages = [{"role": "user", "content": prompt}]
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})

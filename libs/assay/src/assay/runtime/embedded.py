@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
 from assay.runtime.sections import STAGE_ROLES
 from assay.runtime.settings import AssaySettings
-from assay.runtime.stage import StageFactory, StageSpec
+from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
 from assay.store.ports import OutboxEntry
 from assay.store.sqlite import SqliteEventLog
@@ -61,8 +61,22 @@ def default_data_dir() -> Path:
 
 
 def discover_stages() -> dict[str, StageFactory]:
-    """Stage factories registered under the `assay.stages` entry-point group."""
-    return {ep.name: ep.load() for ep in entry_points(group="assay.stages")}
+    """Stage factories registered under the `assay.stages` entry-point group.
+
+    A stage's module is imported when its factory is first called, not here: `assay
+    serve verify` does not import the five other stages (nor what they import).
+    """
+    return {ep.name: _on_first_call(ep) for ep in entry_points(group="assay.stages")}
+
+
+def _on_first_call(entry: EntryPoint) -> StageFactory:
+    """The factory `entry` names, imported when first called."""
+
+    def factory(deps: StageDeps) -> StageSpec:
+        loaded: StageFactory = entry.load()
+        return loaded(deps)
+
+    return factory
 
 
 def stage_log(data_dir: Path, spec: StageSpec) -> SqliteEventLog:

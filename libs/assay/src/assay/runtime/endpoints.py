@@ -7,7 +7,6 @@ settings tree fills each endpoint setting they do not set from `ASSAY_MODEL_*`.
 
 from __future__ import annotations
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
@@ -65,6 +64,8 @@ class EndpointSettings(BaseModel):
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        import httpx  # here: settings without a URL do not load the HTTP client
+
         try:
             parsed = httpx.URL(value)
         except httpx.InvalidURL as exc:
