@@ -357,14 +357,14 @@ async def _dispatch(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     if args.command == "run":
-        from assay.cli.run import run_once
-
         try:
             task_input = json.loads(args.input)
         except json.JSONDecodeError as exc:
             raise UsageError(f"--input is not JSON: {exc}") from exc
         if not isinstance(task_input, dict):
             raise UsageError("--input must be a JSON object")
+        from assay.cli.run import run_once  # the whole pipeline: after the input is checked
+
         return await run_once(data_dir, args.workflow, task_input)
     if args.command == "rebuild":
         from assay.cli.rebuild import check_postgres, rebuild

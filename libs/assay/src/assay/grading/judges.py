@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from assay.kernel.errors import AssayError
 from assay.kernel.scores import CoreViolation, Verdict
-from assay.messages.episode import Episode
-from assay.workflow.ir import RubricItem
+
+if TYPE_CHECKING:
+    from assay.messages.episode import Episode
+    from assay.workflow.ir import RubricItem
 
 EXCERPT_CHARS = 200
 """Characters of a judge's raw output that `JudgeFailed` keeps."""

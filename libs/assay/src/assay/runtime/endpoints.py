@@ -7,12 +7,11 @@ settings tree fills each endpoint setting they do not set from `ASSAY_MODEL_*`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
 from assay.engine.models import Prices, StubModel
-from assay.grading.chat_judge import ChatJudge
-from assay.grading.chat_proposer import ChatProposer
 from assay.grading.judge_prompts import (
     DEFAULT_EPISODE_CHARS,
     DEFAULT_RUBRIC_CHARS,
@@ -21,6 +20,13 @@ from assay.grading.judge_prompts import (
 from assay.grading.judges import StubJudge
 from assay.grading.proposers import CatalogProposer, ProposalPolicy
 from assay.runtime.sections import SettingsInvalid
+
+if TYPE_CHECKING:
+    # Imported by the methods that build them: settings that name no URL (every
+    # command's, most stages') load no chat client and no message model.
+    from assay.engine.chat_model import ChatCompletionsModel
+    from assay.grading.chat_judge import ChatJudge
+    from assay.grading.chat_proposer import ChatProposer
 
 SHARED_WITH_THE_AGENT = (
     "url",
@@ -82,6 +88,8 @@ class EndpointSettings(BaseModel):
         """
         if self.url is None or not self.name:
             raise SettingsInvalid("missing settings: a model name is required with a URL")
+        from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
+
         return ChatCompletionsModel(
             self.url,
             self.name,
@@ -149,6 +157,8 @@ class JudgeSettings(EndpointSettings):
         """
         if self.url is None:
             return StubJudge()
+        from assay.grading.chat_judge import ChatJudge
+
         return ChatJudge(
             self._chat_model(), episode_chars=self.episode_chars, rubric_chars=self.rubric_chars
         )
@@ -177,4 +187,6 @@ class ProposerSettings(EndpointSettings, ProposalPolicy):
         """
         if self.url is None:
             return CatalogProposer()
+        from assay.grading.chat_proposer import ChatProposer
+
         return ChatProposer(self._chat_model(), max_answer_tokens=self.max_tokens)
