@@ -314,6 +314,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the judge ASSAY_JUDGE_* (or ASSAY_MODEL_*) describe (default: the stub judge)",
     )
+    from assay.cli.fleet import add_parser as add_fleet  # `assay fleet` (cli/fleet.py)
+
+    add_fleet(sub)
     return p
 
 
@@ -513,4 +516,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.calibrate import calibrate_command
 
         return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
+    if args.command == "fleet":
+        from assay.cli.fleet import dispatch as fleet_dispatch
+
+        return await fleet_dispatch(args, data_dir)
     raise UsageError(f"unknown command {args.command}")
