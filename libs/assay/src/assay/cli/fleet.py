@@ -9,11 +9,13 @@ problem, one per line.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from assay.fleet.errors import FleetError
-from assay.fleet.trace import Trace
+from assay.fleet.simulate import Gates, Policy, simulate
+from assay.fleet.trace import Trace, WaitKind
 from assay.fleet.validate import TraceInvalid, parse_trace
 
 METRICS_SUFFIX = ".metrics.jsonl"
@@ -69,6 +71,81 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a tool that runs in the sandbox (repeat; default: command, write_file)",
     )
 
+    simulate = cmds.add_parser(
+        "simulate",
+        help="always-on sandboxes against idle suspension, behind the acceptance gate",
+        description=(
+            "Simulate traces with sandboxes always on and with suspension after --idle-after"
+            " seconds idle, charging checkpoint and resume costs and the latency a resume adds;"
+            " print resource-time both ways, the saving and the completion-time overhead as"
+            " JSON. Exit 0 when the gate passes, 1 when it does not."
+        ),
+    )
+    simulate.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="files or dirs")
+    policy_args(simulate)
+    gate_args(simulate)
+    pretty_arg(simulate)
+
+    plan = cmds.add_parser(
+        "plan",
+        help="observe-only decision log: would_suspend / would_resume with times and reasons",
+    )
+    plan.add_argument("trace", type=Path, help="one trace file")
+    policy_args(plan)
+    pretty_arg(plan)
+
+
+def policy_args(p: argparse.ArgumentParser) -> None:
+    """The suspension policy's flags."""
+    p.add_argument("--idle-after", type=float, default=30.0, metavar="S", help="idle seconds (30)")
+    p.add_argument(
+        "--checkpoint-s", type=float, default=0.0, metavar="S", help="checkpoint cost (0)"
+    )
+    p.add_argument("--resume-s", type=float, default=0.0, metavar="S", help="resume cost (0)")
+    p.add_argument(
+        "--kinds",
+        default="model,tool,human",
+        metavar="K,K",
+        help="wait kinds suspended (model,tool,human)",
+    )
+
+
+def gate_args(p: argparse.ArgumentParser) -> None:
+    """The acceptance gate's flags; the defaults are the seed's."""
+    p.add_argument("--min-cpu-saving", type=float, default=0.20, help="fraction (0.20)")
+    p.add_argument("--min-memory-saving", type=float, default=0.20, help="fraction (0.20)")
+    p.add_argument("--max-overhead", type=float, default=0.05, help="fraction (0.05)")
+
+
+def pretty_arg(p: argparse.ArgumentParser) -> None:
+    """`--pretty`: indented JSON."""
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+
+
+def policy_of(args: argparse.Namespace) -> Policy:
+    """The policy the flags describe.
+
+    Raises:
+        FleetError: a negative time or an unknown kind.
+    """
+    kinds = []
+    for name in args.kinds.split(","):
+        try:
+            kinds.append(WaitKind(name.strip()))
+        except ValueError as exc:
+            raise FleetError(f"--kinds: unknown wait kind {name!r} (model, tool, human)") from exc
+    return Policy.from_seconds(args.idle_after, args.checkpoint_s, args.resume_s, kinds)
+
+
+def gates_of(args: argparse.Namespace) -> Gates:
+    """The gate the flags describe."""
+    return Gates(args.min_cpu_saving, args.min_memory_saving, args.max_overhead)
+
+
+def dump(doc: object, pretty: bool) -> str:
+    """JSON with sorted keys: the same input prints the same bytes."""
+    return json.dumps(doc, sort_keys=True, indent=2 if pretty else None)
+
 
 def read_traces(paths: list[Path]) -> list[Trace]:
     """Every trace in `paths` (files, or directories of `*.jsonl` but metrics files).
@@ -112,6 +189,26 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
                     print(f"assay: error: {issue}", file=sys.stderr)
                 return 2
             print(f"{len(traces)} valid trace(s)")
+            return 0
+        case "simulate":
+            policy, gates = policy_of(args), gates_of(args)
+            result = simulate(read_traces(args.paths), policy)
+            reasons = result.verdict(gates)
+            doc = {
+                "policy": policy.to_json(),
+                "gates": gates.to_json(),
+                "result": result.to_json(),
+                "gate": {"passed": not reasons, "reasons": reasons},
+            }
+            print(dump(doc, args.pretty))
+            return 0 if not reasons else 1
+        case "plan":
+            from assay.fleet.plan import plan
+
+            policy = policy_of(args)
+            trace = read_traces([args.trace])[0]
+            for decision in plan(trace, policy):
+                print(dump(decision.to_json(), args.pretty))
             return 0
         case "export":
             from assay.cli.fleet_export import export_command
