@@ -86,6 +86,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     gate_args(simulate)
     pretty_arg(simulate)
 
+    analyze = cmds.add_parser(
+        "analyze",
+        help="per workload class: p50/p95/p99 waits, saving, overhead and a gate each",
+        description=(
+            "Group traces by workload class (workflow id and version); print each class's"
+            " wait percentiles by kind, its simulation and its own gate as JSON. Exit 0 only"
+            " when enough classes hold enough traces and every class passes."
+        ),
+    )
+    analyze.add_argument("paths", type=Path, nargs="+", metavar="DIR", help="traces")
+    policy_args(analyze)
+    gate_args(analyze)
+    minimum_args(analyze)
+    pretty_arg(analyze)
+
     plan = cmds.add_parser(
         "plan",
         help="observe-only decision log: would_suspend / would_resume with times and reasons",
@@ -115,6 +130,12 @@ def gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-cpu-saving", type=float, default=0.20, help="fraction (0.20)")
     p.add_argument("--min-memory-saving", type=float, default=0.20, help="fraction (0.20)")
     p.add_argument("--max-overhead", type=float, default=0.05, help="fraction (0.05)")
+
+
+def minimum_args(p: argparse.ArgumentParser) -> None:
+    """How much evidence a verdict needs."""
+    p.add_argument("--minimum-traces-per-class", type=int, default=30, metavar="N", help="(30)")
+    p.add_argument("--minimum-workload-classes", type=int, default=2, metavar="N", help="(2)")
 
 
 def pretty_arg(p: argparse.ArgumentParser) -> None:
@@ -202,6 +223,14 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
             }
             print(dump(doc, args.pretty))
             return 0 if not reasons else 1
+        case "analyze":
+            from assay.fleet.analyze import Minimums, analyze
+
+            minimums = Minimums(args.minimum_traces_per_class, args.minimum_workload_classes)
+            policy, gates = policy_of(args), gates_of(args)
+            report = analyze(read_traces(args.paths), policy, gates, minimums)
+            print(dump(report, args.pretty))
+            return 0 if report["passed"] else 1
         case "plan":
             from assay.fleet.plan import plan
 
