@@ -101,6 +101,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     minimum_args(analyze)
     pretty_arg(analyze)
 
+    generate = cmds.add_parser(
+        "generate",
+        help="seeded synthetic traces (same seed, same bytes); for testing, not evidence",
+    )
+    generate.add_argument("--output", type=Path, required=True, help="directory (new files)")
+    generate.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    generate.add_argument("--traces-per-class", type=int, default=30, metavar="N", help="(30)")
+    generate.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="coding-agent or review-agent (repeat; default: both)",
+    )
+
     plan = cmds.add_parser(
         "plan",
         help="observe-only decision log: would_suspend / would_resume with times and reasons",
@@ -231,6 +247,14 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
             report = analyze(read_traces(args.paths), policy, gates, minimums)
             print(dump(report, args.pretty))
             return 0 if report["passed"] else 1
+        case "generate":
+            from assay.cli.fleet_export import write_new
+            from assay.fleet.generate import generate
+
+            made = generate(args.seed, args.traces_per_class, args.classes)
+            write_new(args.output, {f"{t.header.run}.jsonl": t.to_jsonl() for t in made})
+            print(dump({"directory": str(args.output), "written": len(made)}, False))
+            return 0
         case "plan":
             from assay.fleet.plan import plan
 
