@@ -117,6 +117,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="coding-agent or review-agent (repeat; default: both)",
     )
 
+    experiment = cmds.add_parser(
+        "experiment",
+        help="run a manifest that pins traces, baseline, policy, gates and evaluator",
+        description=(
+            "Validate the manifest strictly, check that its trace directory hashes to the"
+            " pinned content hash, and print the report (byte-identical for the same"
+            " manifest). Exit 0 when every gate passes, 1 when one fails."
+        ),
+    )
+    experiment.add_argument("manifest", type=Path, help="the manifest (JSON)")
+    digest = cmds.add_parser("hash", help="the content hash of a trace directory, for a manifest")
+    digest.add_argument("directory", type=Path, help="the traces")
+
     plan = cmds.add_parser(
         "plan",
         help="observe-only decision log: would_suspend / would_resume with times and reasons",
@@ -182,6 +195,24 @@ def gates_of(args: argparse.Namespace) -> Gates:
 def dump(doc: object, pretty: bool) -> str:
     """JSON with sorted keys: the same input prints the same bytes."""
     return json.dumps(doc, sort_keys=True, indent=2 if pretty else None)
+
+
+def trace_files(directory: Path) -> dict[str, bytes]:
+    """The traces under `directory`: relative POSIX path -> bytes.
+
+    Raises:
+        FleetError: it is not a directory, or holds no trace.
+    """
+    if not directory.is_dir():
+        raise FleetError(f"{directory}: not a directory")
+    found = {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*.jsonl"))
+        if not p.name.endswith(METRICS_SUFFIX)
+    }
+    if not found:
+        raise FleetError(f"{directory}: no *.jsonl traces")
+    return found
 
 
 def read_traces(paths: list[Path]) -> list[Trace]:
@@ -255,6 +286,25 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
             write_new(args.output, {f"{t.header.run}.jsonl": t.to_jsonl() for t in made})
             print(dump({"directory": str(args.output), "written": len(made)}, False))
             return 0
+        case "hash":
+            from assay.fleet.experiment import trace_set_hash
+
+            print(trace_set_hash(trace_files(args.directory)))
+            return 0
+        case "experiment":
+            from assay.fleet.experiment import parse_manifest, run_experiment, trace_set_hash
+
+            try:
+                text = args.manifest.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise FleetError(f"{args.manifest}: cannot read: {exc}") from exc
+            manifest = parse_manifest(text, str(args.manifest))
+            where = args.manifest.parent / manifest.traces.directory
+            files = trace_files(where)
+            traces = read_traces([where / name for name in files])
+            report = run_experiment(manifest, traces, trace_set_hash(files))
+            print(dump(report, True))
+            return 0 if report["analysis"]["passed"] else 1
         case "plan":
             from assay.fleet.plan import plan
 

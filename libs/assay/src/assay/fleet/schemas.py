@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from assay.fleet.experiment import ExperimentManifest
 from assay.fleet.trace import EVENT, TRACE_VERSION, TraceHeader
 
 
@@ -13,4 +14,5 @@ def fleet_schemas() -> dict[str, dict[str, Any]]:
     return {
         f"FleetTraceHeader.v{v}.schema.json": TraceHeader.model_json_schema(),
         f"FleetTraceEvent.v{v}.schema.json": EVENT.json_schema(),
+        "FleetExperiment.v1.schema.json": ExperimentManifest.model_json_schema(),
     }
