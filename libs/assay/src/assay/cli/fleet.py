@@ -130,6 +130,33 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     digest = cmds.add_parser("hash", help="the content hash of a trace directory, for a manifest")
     digest.add_argument("directory", type=Path, help="the traces")
 
+    record = cmds.add_parser(
+        "record",
+        help="run a command, observe it, and write its trace and sampled metrics",
+        description=(
+            "Run CMD with its output passed through unread; sample its process tree's CPU,"
+            " RSS and process count from /proc into OUTPUT's sibling .metrics.jsonl; turn the"
+            " wait marks it makes (assay fleet mark, assay.fleet.markers.wait) into the trace"
+            " OUTPUT. Files are owner-only and never overwritten. Exits with CMD's status."
+        ),
+    )
+    record.add_argument("--output", type=Path, required=True, help="the trace (*.jsonl)")
+    record.add_argument("--name", required=True, help="the workload class's name")
+    record.add_argument(
+        "--workflow-version", default="unversioned", help="the class's version (unversioned)"
+    )
+    record.add_argument("--cpu-cores", type=float, required=True, help="declared cores")
+    record.add_argument("--memory-gib", type=float, required=True, help="declared memory")
+    record.add_argument(
+        "--sample-interval", type=float, default=1.0, metavar="S", help="seconds (1)"
+    )
+    record.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD ARG...")
+    mark = cmds.add_parser(
+        "mark",
+        help="mark a wait's start or end inside `assay fleet record` (nothing outside it)",
+    )
+    mark.add_argument("edge", choices=MARKS, help="what happened")
+
     plan = cmds.add_parser(
         "plan",
         help="observe-only decision log: would_suspend / would_resume with times and reasons",
@@ -137,6 +164,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     plan.add_argument("trace", type=Path, help="one trace file")
     policy_args(plan)
     pretty_arg(plan)
+
+
+MARKS = [f"{k.value}-wait-{e}" for k in WaitKind for e in ("started", "finished")]
 
 
 def policy_args(p: argparse.ArgumentParser) -> None:
@@ -305,6 +335,37 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
             report = run_experiment(manifest, traces, trace_set_hash(files))
             print(dump(report, True))
             return 0 if report["analysis"]["passed"] else 1
+        case "record":
+            from assay.fleet.recorder import Recording, record
+
+            if not args.output.name.endswith(".jsonl") or args.output.name.endswith(METRICS_SUFFIX):
+                raise FleetError("--output must name a *.jsonl trace (not *.metrics.jsonl)")
+            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            try:
+                return (
+                    record(
+                        Recording(
+                            output=args.output,
+                            name=args.name,
+                            workflow_version=args.workflow_version,
+                            cpu_cores=args.cpu_cores,
+                            memory_gib=args.memory_gib,
+                            sample_interval_s=args.sample_interval,
+                        ),
+                        command,
+                    )
+                    & 0xFF
+                )
+            except TraceInvalid as bad:
+                for issue in bad.issues:
+                    print(f"assay: error: {issue}", file=sys.stderr)
+                return 2
+        case "mark":
+            from assay.fleet.markers import mark
+
+            kind, _, edge = args.edge.partition("-wait-")
+            mark(kind, "started" if edge == "started" else "finished")
+            return 0
         case "plan":
             from assay.fleet.plan import plan
 
