@@ -157,6 +157,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     mark.add_argument("edge", choices=MARKS, help="what happened")
 
+    sweep = cmds.add_parser(
+        "sweep",
+        help="a range of --idle-after values per class: the frontier of saving and overhead",
+        description=(
+            "Simulate each workload class at --idle-after values from --from to --to by"
+            " --step (seconds), checkpoint and resume costs fixed; print a table with the"
+            " frontier marked (or --json), and write the plot to --svg FILE."
+        ),
+    )
+    sweep.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="files or dirs")
+    sweep.add_argument("--from", dest="start", type=float, default=0.0, metavar="S", help="(0)")
+    sweep.add_argument("--to", dest="stop", type=float, default=120.0, metavar="S", help="(120)")
+    sweep.add_argument("--step", type=float, default=10.0, metavar="S", help="(10)")
+    policy_args(sweep)
+    gate_args(sweep)
+    sweep.add_argument("--svg", type=Path, default=None, metavar="FILE", help="write the plot")
+    sweep.add_argument("--json", action="store_true", help="print JSON, not the table")
+
     plan = cmds.add_parser(
         "plan",
         help="observe-only decision log: would_suspend / would_resume with times and reasons",
@@ -365,6 +383,24 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
 
             kind, _, edge = args.edge.partition("-wait-")
             mark(kind, "started" if edge == "started" else "finished")
+            return 0
+        case "sweep":
+            from assay.cli.fleet_export import create_new
+            from assay.fleet.sweep import idle_values, render_svg, render_table, sweep
+
+            values = idle_values(args.start, args.stop, args.step)
+            policy, gates = policy_of(args), gates_of(args)
+            traces = read_traces(args.paths)
+            if args.svg is not None and args.svg.exists():
+                raise FleetError(f"{args.svg} exists: refusing to overwrite it")
+            points = sweep(traces, policy, values, gates)
+            if args.svg is not None:
+                create_new(args.svg, render_svg(points, gates))
+            if args.json:
+                per_class = {k: [p.to_json() for p in ps] for k, ps in points.items()}
+                print(dump({"policy": policy.to_json(), "classes": per_class}, True))
+            else:
+                print(render_table(points), end="")
             return 0
         case "plan":
             from assay.fleet.plan import plan
