@@ -338,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "fleet" and args.fleet_command == "mark":
+        from assay.cli.fleet import mark_command  # before anything heavy: agents call it often
+
+        return mark_command(args.edge)
     from assay.runtime.embedded import default_data_dir
 
     data_dir: Path = args.data_dir or default_data_dir()
@@ -517,7 +521,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 
         return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
     if args.command == "fleet":
-        from assay.cli.fleet import dispatch as fleet_dispatch
+        from assay.cli.fleet_commands import dispatch as fleet_dispatch
 
         return await fleet_dispatch(args, data_dir)
     raise UsageError(f"unknown command {args.command}")

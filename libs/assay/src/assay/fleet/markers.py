@@ -21,10 +21,13 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from assay.fleet.trace import WaitKind
+if TYPE_CHECKING:
+    from assay.fleet.trace import WaitKind
 
+KINDS = ("model", "tool", "human")
+"""The wait kinds (`WaitKind`'s values; not imported, so that markers stay light)."""
 MARKS_ENV = "ASSAY_FLEET_MARKS"
 """Where the recorder tells its command to append marks."""
 
@@ -37,11 +40,13 @@ def mark(kind: WaitKind | str, edge: Edge) -> bool:
     Raises:
         ValueError: `kind` is not model, tool or human.
     """
-    kind = WaitKind(kind)
+    value = kind if isinstance(kind, str) else kind.value
+    if value not in KINDS:
+        raise ValueError(f"{value!r} is not a wait kind (model, tool, human)")
     path = os.environ.get(MARKS_ENV)
     if not path:
         return False
-    line = json.dumps({"t_ns": time.monotonic_ns(), "kind": kind.value, "edge": edge}) + "\n"
+    line = json.dumps({"t_ns": time.monotonic_ns(), "kind": value, "edge": edge}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)  # the recorder made it; never create one
     try:
         os.write(fd, line.encode())  # one short append: atomic among writers
