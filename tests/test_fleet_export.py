@@ -323,6 +323,21 @@ async def test_export_from_postgres_reads_what_the_driver_wrote(
             [WaitKind.MODEL, WaitKind.TOOL],
             [WaitKind.MODEL],
         )
+    code, out, err = await asyncio.to_thread(
+        cli,
+        "--data-dir",
+        str(tmp_path),
+        "fleet",
+        "export",
+        "--output",
+        str(tmp_path / "old"),
+        "--database-url",
+        export_database,
+        "--until",
+        "2000-01-01",
+    )
+    assert code == 0, err
+    assert json.loads(out)["written"] == 0
     code, _, err = await asyncio.to_thread(
         cli,
         "--data-dir",

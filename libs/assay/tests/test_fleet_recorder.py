@@ -146,3 +146,12 @@ def test_markers_outside_a_recording_do_nothing(
     assert set(line) == {"t_ns", "kind", "edge"}
     with pytest.raises(ValueError, match="nap"):
         mark("nap", "started")
+
+
+def test_a_command_killed_by_a_signal_exits_as_a_shell_says(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "killed.jsonl"
+    code = record(out, sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 15)")
+    assert code == 128 + 15
+    assert parse_trace(out.read_text(), str(out)).waits() == []

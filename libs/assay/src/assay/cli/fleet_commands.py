@@ -159,25 +159,23 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
             if not args.output.name.endswith(".jsonl") or args.output.name.endswith(METRICS_SUFFIX):
                 raise FleetError("--output must name a *.jsonl trace (not *.metrics.jsonl)")
             command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            recording = Recording(
+                output=args.output,
+                name=args.name,
+                workflow_version=args.workflow_version,
+                cpu_cores=args.cpu_cores,
+                memory_gib=args.memory_gib,
+                sample_interval_s=args.sample_interval,
+            )
             try:
-                return (
-                    record(
-                        Recording(
-                            output=args.output,
-                            name=args.name,
-                            workflow_version=args.workflow_version,
-                            cpu_cores=args.cpu_cores,
-                            memory_gib=args.memory_gib,
-                            sample_interval_s=args.sample_interval,
-                        ),
-                        command,
-                    )
-                    & 0xFF
-                )
+                status = record(recording, command)
             except TraceInvalid as bad:
                 for issue in bad.issues:
                     print(f"assay: error: {issue}", file=sys.stderr)
                 return 2
+            return (
+                128 - status if status < 0 else status
+            )  # killed by signal N: 128 + N, as shells say
         case "sweep":
             from assay.cli.fleet_export import create_new
             from assay.fleet.sweep import idle_values, render_svg, render_table, sweep
