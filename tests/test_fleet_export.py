@@ -47,7 +47,7 @@ from assay.kernel import (
 )
 from assay.messages import Purpose, Role, RunRef, Usage
 from assay.record import BranchKey, Event, LogRecord
-from assay.store import CommitBatch
+from assay.store import CommitBatch, SqliteEventLog
 from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef
 
@@ -353,3 +353,42 @@ async def test_export_from_postgres_reads_what_the_driver_wrote(
     )
     assert code == 2
     assert "--since must be an ISO 8601 time" in err
+
+
+OTHER = tenant_id("9c8b7a6f-5e4d-4c3b-8a29-18f7e6d5c4b3")
+
+
+async def test_runs_of_two_tenants_need_a_tenant_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ASSAY_DATABASE_URL", raising=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    log = await SqliteEventLog(data / "execute.sqlite", WORK_EVENTS, fold_work).open()
+    try:
+        for tenant in (TENANT, OTHER):
+            r = ref(DEFINITION).model_copy(update={"tenant": tenant})
+            key = BranchKey(tenant, r.run_id, BranchId(0))
+            finished = RunFinished(succeeded=True, episode="e", usage=NO_USAGE)
+            await log.commit(CommitBatch(records=[(key, RunStarted(run=r)), (key, finished)]))
+    finally:
+        await log.close()
+    code, out, err = await asyncio.to_thread(
+        cli, "--data-dir", str(data), "fleet", "export", "--output", str(tmp_path / "all")
+    )
+    assert (code, out) == (2, "")
+    assert "belong to 2 tenants: name one with --tenant" in err
+    assert not (tmp_path / "all").exists()
+    code, out, err = await asyncio.to_thread(
+        cli,
+        "--data-dir",
+        str(data),
+        "fleet",
+        "export",
+        "--output",
+        str(tmp_path / "one"),
+        "--tenant",
+        str(OTHER),
+    )
+    assert code == 0, err
+    assert json.loads(out)["written"] == 1

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from assay.cli import main
 from assay.fleet import Gates, Policy, Trace
 from assay.fleet.analyze import Minimums, analyze, percentile
 from libs.assay.tests.fleet_traces import run
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exit_:
+            return int(exit_.code or 0), out.getvalue(), err.getvalue()
+    raise AssertionError("main() returned without exiting")
 
 
 def test_nearest_rank_percentiles() -> None:
@@ -51,3 +67,32 @@ def test_too_little_evidence_fails() -> None:
         "1 workload classes < 2",
         "class strong@v1 fails its gate",
     ]
+
+
+def test_recorder_metrics_are_summarised_beside_the_class_and_checked(tmp_path: Path) -> None:
+    trace = run(10_000, ("model", 1_000, 9_000), workflow_id="rec", run="r1")
+    (tmp_path / "r1.jsonl").write_text(trace.to_jsonl())
+    samples = [
+        {"type": "header", "format": "assay.fleet.metrics", "version": 1},
+        {"type": "sample", "t_ms": 0, "cpu_seconds": 0.0, "rss_bytes": 100, "processes": 1},
+        {"type": "sample", "t_ms": 5_000, "cpu_seconds": 1.5, "rss_bytes": 900, "processes": 3},
+        {"type": "sample", "t_ms": 8_000, "cpu_seconds": 1.75, "rss_bytes": 400, "processes": 2},
+    ]
+    metrics = tmp_path / "r1.metrics.jsonl"
+    metrics.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    flags = ["--minimum-traces-per-class", "1", "--minimum-workload-classes", "1"]
+    code, out, err = cli("fleet", "analyze", str(tmp_path), *flags)
+    assert code == 1, err  # a 10 s run with an 8 s wait, idle_after 30 s: nothing saved
+    assert json.loads(out)["classes"]["rec@v1"]["observed"] == {
+        "recordings": 1,
+        "samples": 3,
+        "peak_cpu_seconds": 1.75,
+        "peak_rss_bytes": 900,
+        "peak_processes": 3,
+        "mean_coverage": 0.8,
+    }
+    samples[2] = {**samples[2], "t_ms": 9_000}  # now the third goes back
+    metrics.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    code, out, err = cli("fleet", "analyze", str(tmp_path), *flags)
+    assert (code, out) == (2, "")
+    assert f"{metrics}:4: order: t_ms 8000 goes back" in err

@@ -102,3 +102,15 @@ def issues(source: str) -> list[tuple[int, str]]:
 )
 def test_each_rule_is_named_with_its_line(source: str, expected: list[tuple[int, str]]) -> None:
     assert issues(source) == expected
+
+
+def test_the_stored_v1_trace_still_reads_byte_for_byte() -> None:
+    """A trace written by version 1 must read back as it is, for as long as v1 exists."""
+    stored = (SCHEMAS.parent / "tests" / "fixtures" / "fleet" / "trace.v1.jsonl").read_text()
+    trace = parse_trace(stored, "trace.v1.jsonl")
+    assert [(w.kind.value, w.duration_ms) for w in trace.waits()] == [
+        ("model", 40_000),
+        ("tool", 3_000),
+        ("human", 600_000),
+    ]
+    assert trace.to_jsonl() == stored

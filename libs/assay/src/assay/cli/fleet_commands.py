@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from assay.fleet.errors import FleetError
+from assay.fleet.metrics import MetricsSummary
 from assay.fleet.simulate import Gates, Policy, simulate
 from assay.fleet.trace import Trace, WaitKind
 from assay.fleet.validate import TraceInvalid, parse_trace
@@ -70,6 +71,15 @@ def read_traces(paths: list[Path]) -> list[Trace]:
         TraceInvalid: a trace breaks a rule (every problem of every file is listed).
         FleetError: a path does not exist, or names no trace.
     """
+    return _parse(trace_paths(paths))
+
+
+def trace_paths(paths: list[Path]) -> list[Path]:
+    """The trace files `paths` name: files as given, directories' `*.jsonl` but metrics.
+
+    Raises:
+        FleetError: a path does not exist, or a directory holds no trace.
+    """
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -81,6 +91,10 @@ def read_traces(paths: list[Path]) -> list[Trace]:
             files.append(path)
         else:
             raise FleetError(f"{path}: no such file or directory")
+    return files
+
+
+def _parse(files: list[Path]) -> list[Trace]:
     traces, issues = [], []
     for f in files:
         try:
@@ -92,6 +106,21 @@ def read_traces(paths: list[Path]) -> list[Trace]:
     if issues:
         raise TraceInvalid(issues)
     return traces
+
+
+def read_metrics(files: list[Path]) -> list[MetricsSummary | None]:
+    """Each trace's sibling recorder metrics, summarised (None where there is none).
+
+    Raises:
+        TraceInvalid: a metrics file breaks a rule.
+    """
+    from assay.fleet.metrics import parse_metrics
+
+    out: list[MetricsSummary | None] = []
+    for f in files:
+        sibling = f.with_name(f.name.removesuffix(".jsonl") + METRICS_SUFFIX)
+        out.append(parse_metrics(sibling.read_text(), str(sibling)) if sibling.is_file() else None)
+    return out
 
 
 async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
@@ -123,7 +152,8 @@ async def dispatch(args: argparse.Namespace, data_dir: Path) -> int:
 
             minimums = Minimums(args.minimum_traces_per_class, args.minimum_workload_classes)
             policy, gates = policy_of(args), gates_of(args)
-            report = analyze(read_traces(args.paths), policy, gates, minimums)
+            found = trace_paths(args.paths)
+            report = analyze(_parse(found), policy, gates, minimums, read_metrics(found))
             print(dump(report, args.pretty))
             return 0 if report["passed"] else 1
         case "generate":

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.fleet.errors import FleetError
+from assay.fleet.metrics import MetricsSummary, observed
 from assay.fleet.simulate import Gates, Policy, simulate
 from assay.fleet.trace import Trace, WaitKind
 
@@ -55,16 +56,30 @@ def wait_stats(traces: Sequence[Trace]) -> dict[str, Any]:
 
 
 def analyze(
-    traces: Sequence[Trace], policy: Policy, gates: Gates, minimums: Minimums
+    traces: Sequence[Trace],
+    policy: Policy,
+    gates: Gates,
+    minimums: Minimums,
+    metrics: Sequence[MetricsSummary | None] = (),
 ) -> dict[str, Any]:
-    """The report: each class's waits, simulation and verdict, and the overall verdict."""
-    classes: dict[str, list[Trace]] = defaultdict(list)
-    for t in traces:
-        classes[t.header.workload_class].append(t)
+    """The report: each class's waits, simulation and verdict, and the overall verdict.
+
+    `metrics`, when given, holds each trace's recorder metrics (or None), in the order of
+    `traces`; a class with any is reported with what they observed. They never change a
+    verdict: they are supporting evidence.
+    """
+    classes: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(traces):
+        classes[t.header.workload_class].append(i)
     report: dict[str, Any] = {}
     failing: list[str] = []
     for name in sorted(classes):
-        members = classes[name]
+        members = [traces[i] for i in classes[name]]
+        recorded = [
+            (m, traces[i].duration_ms)
+            for i in classes[name]
+            if i < len(metrics) and (m := metrics[i]) is not None
+        ]
         result = simulate(members, policy)
         reasons = result.verdict(gates)
         if len(members) < minimums.traces_per_class:
@@ -77,6 +92,8 @@ def analyze(
             "result": result.to_json(),
             "gate": {"passed": not reasons, "reasons": reasons},
         }
+        if recorded:
+            report[name]["observed"] = observed([m for m, _ in recorded], [d for _, d in recorded])
     overall = []
     if len(classes) < minimums.workload_classes:
         overall.append(f"{len(classes)} workload classes < {minimums.workload_classes}")

@@ -28,10 +28,9 @@ from typing import Any
 
 from assay.fleet.errors import FleetError
 from assay.fleet.markers import MARKS_ENV
+from assay.fleet.metrics import METRICS_FORMAT
 from assay.fleet.trace import TRACE_FORMAT, TRACE_VERSION, Trace
 from assay.fleet.validate import parse_trace
-
-METRICS_FORMAT = "assay.fleet.metrics"
 
 
 @dataclass(frozen=True)

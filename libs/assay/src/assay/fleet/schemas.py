@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from assay.fleet.experiment import ExperimentManifest
+from assay.fleet.metrics import MetricsHeader, MetricsSample
 from assay.fleet.trace import EVENT, TRACE_VERSION, TraceHeader
 
 
@@ -15,4 +16,6 @@ def fleet_schemas() -> dict[str, dict[str, Any]]:
         f"FleetTraceHeader.v{v}.schema.json": TraceHeader.model_json_schema(),
         f"FleetTraceEvent.v{v}.schema.json": EVENT.json_schema(),
         "FleetExperiment.v1.schema.json": ExperimentManifest.model_json_schema(),
+        "FleetMetricsHeader.v1.schema.json": MetricsHeader.model_json_schema(),
+        "FleetMetricsSample.v1.schema.json": MetricsSample.model_json_schema(),
     }
