@@ -322,6 +322,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the judge ASSAY_JUDGE_* (or ASSAY_MODEL_*) describe (default: the stub judge)",
     )
+    from assay.cli.fleet import add_parser as add_fleet  # `assay fleet` (cli/fleet.py)
+
+    add_fleet(sub)
     return p
 
 
@@ -352,6 +355,10 @@ def _trace(args: argparse.Namespace) -> None:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "fleet" and args.fleet_command == "mark":
+        from assay.cli.fleet import mark_command  # before anything heavy: agents call it often
+
+        return mark_command(args.edge)
     from assay.runtime.embedded import default_data_dir
 
     data_dir: Path = args.data_dir or default_data_dir()
@@ -531,4 +538,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.calibrate import calibrate_command
 
         return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
+    if args.command == "fleet":
+        from assay.cli.fleet_commands import dispatch as fleet_dispatch
+
+        return await fleet_dispatch(args, data_dir)
     raise UsageError(f"unknown command {args.command}")
