@@ -19,6 +19,8 @@ from assay.engine.models import Model
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
+from assay.runtime.admission import Admission
+from assay.runtime.capacity_plan import plan_capacity
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import AssaySettings
 from assay.runtime.stage import StageDeps
@@ -82,16 +84,22 @@ def stage_deps(
     test's or the demo's own); the sandbox's default root is under `data_dir`
     (default: `settings.data_dir`). The caller closes the result (`aclose`).
 
+    With a declared capacity (§14.2), the judge's episode budget and the retention
+    ceilings are cut to what the derived context ceiling allows, and ingest's admission
+    holds runs against it.
+
     Raises:
-        SettingsInvalid: an endpoint with a URL but no model name.
+        SettingsInvalid: an endpoint with a URL but no model name, or a declared capacity
+            that does not hold the resident models.
     """
     owned = AsyncExitStack()
+    plan = plan_capacity(settings)
     if model is None:
         built_model = settings.model.build()
         owned.push_async_callback(built_model.aclose)
         model = built_model
     if judge is None:
-        built_judge = settings.judge.build()
+        built_judge = settings.judge.build(plan.judge_episode_chars if plan else None)
         owned.push_async_callback(built_judge.aclose)
         judge = built_judge
     proposer = settings.proposer.build()
@@ -107,10 +115,11 @@ def stage_deps(
         lease_ttl_s=settings.lease_ttl_s,
         sandbox=sandbox_for(settings, blobs, settings.data_dir if data_dir is None else data_dir),
         verifiers=load_verifiers(),
-        retention=settings.retention,
+        retention=plan.retention(settings.retention) if plan else settings.retention,
         grading=settings.grading,
         replay=settings.replay,
         proposer=proposer,
         proposals=settings.proposer,
+        admission=Admission(plan, settings.capacity.default_context_tokens),
     )
     return StageWiring(deps, owned)

@@ -138,10 +138,12 @@ class JudgeSettings(EndpointSettings):
         description="Characters a prompt's rubric criteria may take; a longer rubric fails.",
     )
 
-    def build(self) -> StubJudge | ChatJudge:
+    def build(self, episode_chars: int | None = None) -> StubJudge | ChatJudge:
         """The judge these settings describe: the stub without a URL.
 
-        The caller owns the result and closes it with `aclose()`.
+        `episode_chars`, when given, replaces the configured episode budget (the one the
+        derived context ceiling allows, §14.2). The caller owns the result and closes it
+        with `aclose()`.
 
         Raises:
             SettingsInvalid: a URL without a model name.
@@ -149,7 +151,9 @@ class JudgeSettings(EndpointSettings):
         if self.url is None:
             return StubJudge()
         return ChatJudge(
-            self._chat_model(), episode_chars=self.episode_chars, rubric_chars=self.rubric_chars
+            self._chat_model(),
+            episode_chars=self.episode_chars if episode_chars is None else episode_chars,
+            rubric_chars=self.rubric_chars,
         )
 
 

@@ -33,6 +33,7 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, StateKey
+from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.sandbox.port import SandboxProvider
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
@@ -117,6 +118,8 @@ class StageDeps:
     """The slow loop's generator: drafts a new version when a challenger's time ends."""
     proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
     """Which tenants' proposals skip the operator's approval."""
+    admission: Admission = field(default_factory=lambda: Admission(None))
+    """Capacity checks at registration and admission (§14.2); none without a declaration."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
