@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assay.engine.models import Model
+from assay.engine.priority import PriorityLimiter
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
@@ -52,6 +53,25 @@ class StageWiring:
         await self.aclose()
 
 
+class EndpointLimiters:
+    """One `PriorityLimiter` per endpoint URL: the agent's model, the judge and the
+    proposer share one when they share a URL, so agent calls go first on it."""
+
+    def __init__(self, slots: int, reserved: int) -> None:
+        self.slots = slots
+        self.reserved = reserved
+        self._by_url: dict[str, PriorityLimiter] = {}
+
+    def at(self, url: str | None) -> PriorityLimiter | None:
+        """The limiter of the endpoint at `url` (None without a URL: the stub)."""
+        if url is None:
+            return None
+        key = url.rstrip("/")
+        if key not in self._by_url:
+            self._by_url[key] = PriorityLimiter(self.slots, self.reserved)
+        return self._by_url[key]
+
+
 def sandbox_for(
     settings: AssaySettings, blobs: BlobStore, data_dir: Path
 ) -> SandboxProvider | None:
@@ -84,7 +104,10 @@ def stage_deps(
     test's or the demo's own); the sandbox's default root is under `data_dir`
     (default: `settings.data_dir`). The caller closes the result (`aclose`).
 
-    With a declared capacity (§14.2), the judge's episode budget and the retention
+    The agent's model, the judge and the proposer built here share one priority
+    limiter per endpoint URL (agent calls first, `ASSAY_CAPACITY_ENDPOINT_CONCURRENCY`
+    slots, `ASSAY_CAPACITY_AGENT_RESERVED_CALLS` of them for agent calls alone). With a
+    declared capacity (§14.2), the judge's episode budget and the retention
     ceilings are cut to what the derived context ceiling allows, and ingest's admission
     holds runs against it.
 
@@ -94,15 +117,20 @@ def stage_deps(
     """
     owned = AsyncExitStack()
     plan = plan_capacity(settings)
+    limiters = EndpointLimiters(
+        settings.capacity.endpoint_concurrency, settings.capacity.agent_reserved_calls
+    )
     if model is None:
-        built_model = settings.model.build()
+        built_model = settings.model.build(limiters.at(settings.model.url))
         owned.push_async_callback(built_model.aclose)
         model = built_model
     if judge is None:
-        built_judge = settings.judge.build(plan.judge_episode_chars if plan else None)
+        built_judge = settings.judge.build(
+            plan.judge_episode_chars if plan else None, limiters.at(settings.judge.url)
+        )
         owned.push_async_callback(built_judge.aclose)
         judge = built_judge
-    proposer = settings.proposer.build()
+    proposer = settings.proposer.build(limiters.at(settings.proposer.url))
     owned.push_async_callback(proposer.aclose)
     deps = StageDeps(
         blobs=blobs,
