@@ -10,6 +10,7 @@ refused, never queued. A shadow run that does not fit is cut alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,12 +26,26 @@ from assay_ingest.routing import PlannedRun, Route
 
 
 def admit_by_capacity(
+    uow: UnitOfWork,
     admission: Admission,
     plan: Route,
     definitions: dict[str, Any],
     run_id_of: Callable[[PlannedRun], RunId],
 ) -> tuple[Route, tuple[CutRun, ...]]:
-    """The runs of `plan` that fit (held until they stop executing), and those refused."""
+    """The runs of `plan` that fit (held until they stop executing, or until `uow` is
+    discarded without spawning them), and those refused."""
+    route, cut = _admit(admission, plan, definitions, run_id_of)
+    for planned in route.runs:
+        uow.on_discard(functools.partial(admission.release, str(run_id_of(planned))))
+    return route, cut
+
+
+def _admit(
+    admission: Admission,
+    plan: Route,
+    definitions: dict[str, Any],
+    run_id_of: Callable[[PlannedRun], RunId],
+) -> tuple[Route, tuple[CutRun, ...]]:
     kept: list[PlannedRun] = []
     cut: list[CutRun] = []
     for planned in plan.runs:

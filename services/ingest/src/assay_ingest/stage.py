@@ -312,7 +312,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 at_ms, f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}"
             )
 
-        route_, refused = admit_by_capacity(deps.admission, route_, alloc["definitions"], run_id_of)
+        route_, refused = admit_by_capacity(
+            uow, deps.admission, route_, alloc["definitions"], run_id_of
+        )
         admitted = await metered(uow, deps.replay, route_, alloc["definitions"], run_id_of)
         for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
             deps.admission.release(str(gone.run_id))

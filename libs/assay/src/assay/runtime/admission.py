@@ -147,7 +147,8 @@ class Admission:
             Gauge(
                 "assay_admission_refusals",
                 "Runs refused at admission since start, by reason: capacity_<limit> (the "
-                "residency invariant) apart from replay_budget (the tenant's spend ceiling).",
+                "residency invariant; a refused work run's task counts once) apart from "
+                "replay_budget (the tenant's spend ceiling).",
                 ("reason",),
                 refused,
             )

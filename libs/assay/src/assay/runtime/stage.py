@@ -165,6 +165,7 @@ class UnitOfWork:
         self.fence: Lease | None = None
         """The lease every commit of this unit of work is checked against."""
         self.taken_types: list[str] = []
+        self._undo: list[Callable[[], None]] = []
         self.emitted = emitted if emitted is not None else Counter()
         self.committed = 0
 
@@ -208,6 +209,12 @@ class UnitOfWork:
         )
         self._outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
         self._types.append(msg.type)
+
+    def on_discard(self, undo: Callable[[], None]) -> None:
+        """Call `undo` if the pending writes are dropped instead of committed (the handler
+        failed): what the handler did outside the transaction, such as holding capacity
+        for runs it was about to spawn, is undone with them."""
+        self._undo.append(undo)
 
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
@@ -285,11 +292,16 @@ class UnitOfWork:
         )
         self.taken_types = self._types
         self._records, self._outbox, self._types, self._expect = [], [], [], []
+        self._undo = []
         return batch
 
     def discard(self) -> None:
-        """Drop pending writes (a refused message writes only its dead letter)."""
+        """Drop pending writes (a refused message writes only its dead letter), undoing
+        what was registered with `on_discard` since the last commit."""
         self._records, self._outbox, self._types, self._expect = [], [], [], []
+        undo, self._undo = self._undo, []
+        for step in reversed(undo):
+            step()
 
 
 def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:
