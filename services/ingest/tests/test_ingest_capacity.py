@@ -19,6 +19,9 @@ from assay.kernel import RunState
 from assay.messages import (
     AllocationChanged,
     Purpose,
+    RolloutBudget,
+    RolloutProgress,
+    RolloutSpec,
     RunResult,
     RunSpawned,
     RunStatusChanged,
@@ -175,3 +178,39 @@ async def test_registration_refuses_a_run_that_could_never_fit(h: Harness) -> No
     assert len(dead) == 1
     reason = dict(dead[0].headers)["assay-dlq-reason"].decode()
     assert "41.00 GB exceed vram_bytes_per_device x devices = 40.00 GB" in reason
+
+
+async def rollout(h: Harness, key: str, n: int) -> dict[str, Any]:
+    await h.send(TASKS, task(key, rollout=RolloutSpec(n=n, budget=RolloutBudget())))
+    doc = await h.log.get(StateKey(TENANT, "rollout", key))
+    assert doc is not None
+    return doc
+
+
+async def test_rollout_siblings_start_as_capacity_admits_and_a_group_that_cannot_start_closes(
+    h: Harness, admission: Admission
+) -> None:
+    await h.ready(arith(resources=RESOURCES))
+    group = await rollout(h, "g-1", n=4)
+    assert [r["state"] for r in group["runs"]] == ["running"] * 3  # the fourth does not fit
+    first = group["runs"][0]
+    ended = RolloutProgress(
+        tenant=TENANT,
+        idempotency_key="g-1",
+        run_id=first["run_id"],
+        index=0,
+        ended="verified",
+        model_calls=1,
+        tokens=10,
+        cost_usd=0.0,
+    )
+    await h.send(TASKS, ended)
+    after = await h.log.get(StateKey(TENANT, "rollout", "g-1"))
+    assert after is not None
+    assert len(after["runs"]) == 4  # its end let the fourth start
+    assert admission.ledger is not None
+    assert admission.ledger.held == 3
+
+    other = await rollout(h, "g-2", n=2)  # nothing of it fits beside g-1's siblings
+    assert (other["runs"], other["closed"]) == ([], True)
+    assert other["detail"].startswith("the declared capacity admits no further sibling")

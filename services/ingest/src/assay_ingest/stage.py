@@ -371,7 +371,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
             announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
 
-    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}))
+    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}), deps.admission)
 
     return StageSpec(
         name="ingest",
