@@ -385,7 +385,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             },
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             DECISIONS: {AllocationChanged.type: on_allocation},
-            RUN_STATUS: {RunStatusChanged.type: deps.admission.on_run_status},
+            **deps.admission.handlers(),  # run-status lets admitted KV go (§14.2)
         },
         background=(timer("rollout", Rollouts.deadline, time.time),),
         gauges=lambda log: _gauges(log, deps),

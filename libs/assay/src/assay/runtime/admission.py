@@ -16,8 +16,9 @@ admitted before it are no longer held.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from assay.bus.topics import RUN_STATUS
 from assay.grading.strategies import ResourceProfile
 from assay.kernel.capacity import CapacityExceeded, CapacityInvalid, CapacityLedger, Demand
 from assay.kernel.lifecycle import RunState
@@ -137,6 +138,13 @@ class Admission:
         """A handler of `assay.run-status`: a run no longer executing lets its KV go."""
         if msg.state not in HOLDING:
             self.release(str(msg.run.run_id))
+
+    def handlers(self) -> dict[str, dict[str, Any]]:
+        """What ingest must also consume: `assay.run-status`, to let KV go — only with a
+        declared capacity (without one there is nothing to let go)."""
+        if self.ledger is None:
+            return {}
+        return {RUN_STATUS: {RunStatusChanged.type: self.on_run_status}}
 
     def gauges(self) -> list[Gauge]:
         """Refusals by reason and the KV held now, for `/metrics`."""
