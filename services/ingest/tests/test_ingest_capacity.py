@@ -160,7 +160,7 @@ async def test_what_a_discarded_unit_of_work_held_is_let_go(
     h: Harness, admission: Admission, tmp_path: Path
 ) -> None:
     env = open_envelope(envelope_bytes(TASKS, task()))
-    uow = UnitOfWork("ingest", h.log, FsBlobStore(tmp_path / "b"), env)
+    uow: UnitOfWork[None] = UnitOfWork("ingest", h.log, FsBlobStore(tmp_path / "b"), env)
     undone: list[str] = []
     uow.on_discard(lambda: undone.append("first"))
     uow.take()  # committed: nothing to undo any more

@@ -230,9 +230,9 @@ def _screened(score: Score) -> bool:
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the aggregate stage."""
 
-    async def on_graded(msg: RunGraded, uow: UnitOfWork) -> None:
+    async def on_graded(msg: RunGraded, uow: UnitOfWork[Any]) -> None:
         r = msg.run
-        doc = await uow.get("version", r.workflow_version) or {}
+        doc = await uow.get_document("version", r.workflow_version) or {}
         runs, passes = doc.get("runs", 0) + 1, doc.get("passes", 0) + int(msg.passed)
         held: dict[str, Any] | None = doc.get("held_out")
         if r.held_out:
@@ -285,7 +285,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             failures = _keep_failure(uow, msg, failures)
         if not challenger or baseline is None:
             return
-        base = await uow.get("version", baseline) or {}
+        base = await uow.get_document("version", baseline) or {}
         base_runs, base_passes = selection_runs(base)
         mine = {"runs": runs, "passes": passes, "held_out": held}
         sel_runs, sel_passes = selection_runs(mine)
@@ -348,14 +348,14 @@ async def held_out_gauges(log: EventLog) -> list[Gauge]:
     ]
 
 
-async def _failures(uow: UnitOfWork, version: WorkflowVersion) -> list[FailureEvidence]:
+async def _failures(uow: UnitOfWork[Any], version: WorkflowVersion) -> list[FailureEvidence]:
     """The version's latest selection-set failures, oldest first."""
-    doc = await uow.get("failures", version) or {"failures": []}
+    doc = await uow.get_document("failures", version) or {"failures": []}
     return [FailureEvidence.model_validate(f) for f in doc["failures"]]
 
 
 def _keep_failure(
-    uow: UnitOfWork, msg: RunGraded, kept: list[FailureEvidence]
+    uow: UnitOfWork[Any], msg: RunGraded, kept: list[FailureEvidence]
 ) -> list[FailureEvidence]:
     """Keep a failed selection-set run as evidence beside `kept`; only the newest
     `FAILURES_KEPT` stay. The failures after it."""

@@ -19,6 +19,8 @@ decide admits it to shadow like any registration.
 
 from __future__ import annotations
 
+from typing import Any
+
 from assay.bus.topics import DECISIONS, WORKFLOWS
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.proposers import Proposal, ProposalInput, ProposerFailed, ProposerUsage
@@ -74,7 +76,7 @@ class SlowLoop:
         `replacing`: the open proposal was just rejected in this handler (its state still
         reads open until the commit)."""
         uow, workflow = w.uow, w.id
-        if not replacing and await uow.get("open_proposal", workflow) is not None:
+        if not replacing and await uow.get_document("open_proposal", workflow) is not None:
             return  # one proposal waits for an operator at a time
         after = ended.version if ended is not None else current.version
         tried, feedback = await self._history(uow, workflow)
@@ -109,7 +111,7 @@ class SlowLoop:
             return
         self._made(w, request, proposal, after)
 
-    async def review(self, msg: ReviewProposal, uow: UnitOfWork) -> None:
+    async def review(self, msg: ReviewProposal, uow: UnitOfWork[Any]) -> None:
         """An operator approved or rejected a proposal.
 
         Raises:
@@ -117,7 +119,7 @@ class SlowLoop:
                 reviewed the other way, or (approving) the workflow has a challenger.
         """
         w = await Workflow.open(uow, msg.workflow_id)
-        doc = await uow.get("proposal", msg.proposal_id)
+        doc = await uow.get_document("proposal", msg.proposal_id)
         if doc is None or doc["workflow_id"] != msg.workflow_id:
             raise Refused(
                 f"no proposal {msg.proposal_id} of workflow {msg.workflow_id!r} "
@@ -164,15 +166,17 @@ class SlowLoop:
         )
 
     async def _history(
-        self, uow: UnitOfWork, workflow: WorkflowId
+        self, uow: UnitOfWork[Any], workflow: WorkflowId
     ) -> tuple[set[WorkflowVersion], list[str]]:
         """Every version of the workflow decide held, turned away or saw proposed, and
         the reasons operators gave for rejecting proposals."""
         tried = {
-            WorkflowVersion(v) for v, d in await uow.scan("known") if d["workflow_id"] == workflow
+            WorkflowVersion(v)
+            for v, d in await uow.scan_documents("known")
+            if d["workflow_id"] == workflow
         }
         feedback = []
-        for _, doc in await uow.scan("proposal"):
+        for _, doc in await uow.scan_documents("proposal"):
             if doc["workflow_id"] != workflow:
                 continue
             tried.add(WorkflowVersion(doc["workflow_version"]))
@@ -242,7 +246,7 @@ class SlowLoop:
         )
 
 
-def _register(uow: UnitOfWork, proposal: ProposalRequested) -> None:
+def _register(uow: UnitOfWork[Any], proposal: ProposalRequested) -> None:
     """Put the approved version on `assay.workflows`, parented on its draft's base."""
     uow.emit(
         WORKFLOWS,

@@ -63,7 +63,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     known_tools = frozenset(deps.tools)
     loop = SlowLoop(deps)
 
-    async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
+    async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork[Any]) -> None:
         try:
             wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
             check_executable(wf)
@@ -80,7 +80,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 definitions={wf.version: definition},
             )
             return
-        if await uow.get("known", wf.version) is not None:
+        if await uow.get_document("known", wf.version) is not None:
             return  # a re-registration of a version decide holds, held or turned away
         if alloc.get("challenger"):
             raise Refused(
@@ -125,7 +125,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             definitions={**alloc["definitions"], wf.version: definition},
         )
 
-    async def on_aggregate(msg: VariantAggregate, uow: UnitOfWork) -> None:
+    async def on_aggregate(msg: VariantAggregate, uow: UnitOfWork[Any]) -> None:
         w = await Workflow.open(uow, msg.workflow_id)
         alloc = await w.allocation()
         if alloc is None or alloc.get("challenger") != msg.workflow_version:

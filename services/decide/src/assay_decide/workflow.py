@@ -21,16 +21,16 @@ class Workflow:
     is what the commit expects, so whatever the handler reads after it is covered.
     """
 
-    def __init__(self, uow: UnitOfWork, workflow: WorkflowId, head: Lsn) -> None:
+    def __init__(self, uow: UnitOfWork[Any], workflow: WorkflowId, head: Lsn) -> None:
         self.uow = uow
         self.id = workflow
         self._head = head
         self._expecting = False
 
     @classmethod
-    async def open(cls, uow: UnitOfWork, workflow: WorkflowId) -> Workflow:
+    async def open(cls, uow: UnitOfWork[Any], workflow: WorkflowId) -> Workflow:
         """Read the stream's end (first), for the compare-and-swap."""
-        head = await uow.get("head", workflow)
+        head = await uow.get_document("head", workflow)
         return cls(uow, workflow, Lsn(int(head["next"]) if head else 0))
 
     def record(self, event: Event) -> None:
@@ -43,11 +43,11 @@ class Workflow:
 
     async def allocation(self) -> dict[str, Any] | None:
         """The workflow's allocation (an `AllocationChanged` payload)."""
-        return await self.uow.get("allocation", self.id)
+        return await self.uow.get_document("allocation", self.id)
 
     async def standing(self, alloc: dict[str, Any]) -> Standing:
         """Where the challenger stands (rebuilt from the rung for an allocation of v1)."""
-        doc = await self.uow.get("ladder", self.id) or {}
+        doc = await self.uow.get_document("ladder", self.id) or {}
         share = float(alloc["challenger_share"])
         base = {
             "ladder": alloc.get("ladder") or Ladder.DEFAULT.value,

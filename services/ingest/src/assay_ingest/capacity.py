@@ -26,7 +26,7 @@ from assay_ingest.routing import PlannedRun, Route
 
 
 def admit_by_capacity(
-    uow: UnitOfWork,
+    uow: UnitOfWork[Any],
     admission: Admission,
     plan: Route,
     definitions: dict[str, Any],
@@ -86,7 +86,7 @@ def _cut(
 
 
 def announce_refused(
-    uow: UnitOfWork,
+    uow: UnitOfWork[Any],
     msg: TaskSubmitted,
     task_id: TaskId,
     held_out: bool,

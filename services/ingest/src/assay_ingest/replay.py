@@ -94,7 +94,7 @@ class Metered:
 
 
 async def metered(
-    uow: UnitOfWork,
+    uow: UnitOfWork[Any],
     policy: ReplayPolicy,
     plan: Route,
     definitions: dict[str, Any],
@@ -106,7 +106,7 @@ async def metered(
     """
     if not any(p.purpose is Purpose.SHADOW for p in plan.runs):
         return Metered(plan, (), 0)
-    doc = await uow.get("meter", "replay")
+    doc = await uow.get_document("meter", "replay")
     head = Lsn(int(doc["next"]) if doc else 0)
     meter = meter_of(uow.envelope.occurred_at.date().isoformat(), doc)
     ceiling = policy.ceiling_for(str(uow.tenant))
@@ -139,7 +139,7 @@ async def metered(
     return Metered(dataclasses.replace(plan, runs=tuple(kept)), tuple(cut), reserved)
 
 
-def announce_cut(uow: UnitOfWork, gone: CutRun, like: RunRef, ceiling: int | None) -> None:
+def announce_cut(uow: UnitOfWork[Any], gone: CutRun, like: RunRef, ceiling: int | None) -> None:
     """Tell observers a cut run ended before it began (`like`: the task's run reference,
     whose identity the cut run would have shared)."""
     ref = like.model_copy(

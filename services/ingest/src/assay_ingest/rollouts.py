@@ -54,7 +54,7 @@ from assay.workflow import WorkflowDef
 DEADLINE = "deadline"
 """The reason of the `CancelRollout` the deadline timer sends."""
 
-Resolver = Callable[[UnitOfWork, WorkflowDef], Awaitable[dict[str, dict[str, Any]]]]
+Resolver = Callable[[UnitOfWork[Any], WorkflowDef], Awaitable[dict[str, dict[str, Any]]]]
 """Pins the sub-workflows a definition calls (ingest's `_resolve`)."""
 
 
@@ -155,12 +155,12 @@ class Rollouts:
         does not fit is not started, and a group with nothing running closes."""
 
     async def admit(
-        self, uow: UnitOfWork, msg: TaskSubmitted, task_id: TaskId, alloc: dict[str, Any]
+        self, uow: UnitOfWork[Any], msg: TaskSubmitted, task_id: TaskId, alloc: dict[str, Any]
     ) -> None:
         """Admit the task's group and start its first siblings."""
         spec = msg.rollout
         assert spec is not None
-        if await uow.get("rollout", msg.idempotency_key) is not None:
+        if await uow.get_document("rollout", msg.idempotency_key) is not None:
             return  # a resubmission: the first one stands
         version = str(alloc["current"])
         definition = WorkflowDef.model_validate(alloc["definitions"][version])
@@ -200,9 +200,9 @@ class Rollouts:
         uow.record(key, RolloutAdmitted(group=msg.idempotency_key, input=msg.input))
         await self._advance(uow, msg.idempotency_key, doc, msg.input)
 
-    async def on_progress(self, msg: RolloutProgress, uow: UnitOfWork) -> None:
+    async def on_progress(self, msg: RolloutProgress, uow: UnitOfWork[Any]) -> None:
         """A sibling ended: count its calls, start the next, close when all is done."""
-        doc = await uow.get("rollout", msg.idempotency_key)
+        doc = await uow.get_document("rollout", msg.idempotency_key)
         if doc is None:
             return  # not a group of this tenant's: nothing to advance
         sibling = next((r for r in doc["runs"] if r["run_id"] == msg.run_id), None)
@@ -216,12 +216,12 @@ class Rollouts:
         doc["spent_tokens"] += msg.tokens
         # A group admitted before cost caps has no such key: its spend starts counting here.
         doc["spent_cost_usd"] = doc.get("spent_cost_usd", 0.0) + msg.cost_usd
-        task_input = await uow.get("rollout-input", msg.idempotency_key) or {}
+        task_input = await uow.get_document("rollout-input", msg.idempotency_key) or {}
         await self._advance(uow, msg.idempotency_key, doc, task_input)
 
-    async def on_cancel(self, msg: CancelRollout, uow: UnitOfWork) -> None:
+    async def on_cancel(self, msg: CancelRollout, uow: UnitOfWork[Any]) -> None:
         """Stop the group: nothing more starts; running siblings are cancelled."""
-        doc = await uow.get("rollout", msg.idempotency_key)
+        doc = await uow.get_document("rollout", msg.idempotency_key)
         if doc is None or doc["closed"] or doc["cancelled"]:
             return
         deadline = msg.reason == DEADLINE
@@ -245,7 +245,7 @@ class Rollouts:
         )
 
     async def _advance(
-        self, uow: UnitOfWork, group: str, doc: dict[str, Any], task_input: dict[str, Any]
+        self, uow: UnitOfWork[Any], group: str, doc: dict[str, Any], task_input: dict[str, Any]
     ) -> None:
         """Start what may start, close what is done, and record the document."""
         spec = RolloutSpec.model_validate(doc["spec"])
@@ -259,7 +259,7 @@ class Rollouts:
         refused: str | None = None
         while may_spawn(doc):
             if stored is None:
-                stored = await uow.get("definition", doc["workflow_version"])
+                stored = await uow.get_document("definition", doc["workflow_version"])
                 assert stored is not None, "a routed version is always stored"
             refused = self._refused(uow, doc, stored["definition"])
             if refused is not None:
@@ -276,7 +276,9 @@ class Rollouts:
             BranchKey.main(uow.tenant, f"rollout:{group}"), RolloutUpdated(group=group, doc=doc)
         )
 
-    def _refused(self, uow: UnitOfWork, doc: dict[str, Any], pinned: dict[str, Any]) -> str | None:
+    def _refused(
+        self, uow: UnitOfWork[Any], doc: dict[str, Any], pinned: dict[str, Any]
+    ) -> str | None:
         """Hold the next sibling's demand (let go if `uow` is discarded); why not, if it
         does not fit beside the runs in flight."""
         run = str(_next_run_id(doc))
@@ -287,7 +289,7 @@ class Rollouts:
 
     async def _spawn(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         group: str,
         doc: dict[str, Any],
         spec: RolloutSpec,

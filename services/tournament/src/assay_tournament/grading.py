@@ -49,7 +49,7 @@ SPENT_KEY = "judge_spent"
 """Where a waiting run's judge calls so far are kept beside its RunVerified payload."""
 
 
-async def load_episode(uow: UnitOfWork, ref: str) -> Episode | None:
+async def load_episode(uow: UnitOfWork[Any], ref: str) -> Episode | None:
     """The episode blob of the tenant, or None when it is gone or unreadable."""
     raw = await uow.blobs.get(uow.tenant, ref)
     if raw is None:
@@ -213,14 +213,14 @@ class Grading:
     def __init__(self, deps: StageDeps) -> None:
         self.deps = deps
 
-    async def meter(self, uow: UnitOfWork) -> Meter:
+    async def meter(self, uow: UnitOfWork[Any]) -> Meter:
         """The tenant's meter in this message's partition, for the day the handled fact
         occurred, beside today's calls in the other partitions."""
         day = uow.envelope.occurred_at.date().isoformat()
         shard = f"@{uow.partition}"
         mine: dict[str, Any] | None = None
         others = 0
-        for key, doc in await uow.scan("meter", "grading"):
+        for key, doc in await uow.scan_documents("meter", "grading"):
             if key == f"grading{shard}":
                 mine = doc
             elif doc.get("day") == day:
@@ -283,11 +283,11 @@ class Grading:
             )
         return Waiting(verified, grades, JudgeSpend.of(doc))
 
-    def waiting(self, uow: UnitOfWork, msg: RunVerified, why: str) -> None:
+    def waiting(self, uow: UnitOfWork[Any], msg: RunVerified, why: str) -> None:
         """The run rests in `Grading` until its comparison can happen."""
         uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.GRADING, detail=why))
 
-    def flush(self, uow: UnitOfWork, meter: Meter) -> None:
+    def flush(self, uow: UnitOfWork[Any], meter: Meter) -> None:
         """Emit the calls the meter saw and record the meter, once per change."""
         for run, purpose, usage in meter.pending:
             recorded = UsageRecorded(
@@ -314,7 +314,7 @@ class Grading:
 
     @staticmethod
     def graded(
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         msg: RunVerified,
         score: Score,
         spent: JudgeSpend,
@@ -350,7 +350,7 @@ class Grading:
         return graded
 
     def finish_sibling(
-        self, uow: UnitOfWork, msg: RunVerified, score: Score, *, meter: Meter
+        self, uow: UnitOfWork[Any], msg: RunVerified, score: Score, *, meter: Meter
     ) -> None:
         """End a rollout sibling's grading with its score within the group: its group's
         `RolloutResult` is the task's one result, so the sibling gets none of its own."""
@@ -372,7 +372,7 @@ class Grading:
 
     def finish(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         msg: RunVerified,
         episode: Episode | None,
         score: Score,

@@ -44,7 +44,7 @@ class Groups:
 
     async def join(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         msg: RunVerified,
         episode: Episode,
         spec: GradingSpec,
@@ -54,7 +54,7 @@ class Groups:
         """Add the episode to its open group; grade the group if that fills it."""
         r = msg.run
         key = f"{r.task_id}/{outcome_class(msg.passed)}"
-        doc = await uow.get("group", key) or {"epoch": 0, "members": 0}
+        doc = await uow.get_document("group", key) or {"epoch": 0, "members": 0}
         fresh = int(doc["members"]) == 0
         opened_ms = clock_ms() if fresh else int(doc["opened_ms"])
         quorum = spec.group_quorum if fresh else int(doc["quorum"])
@@ -90,17 +90,17 @@ class Groups:
                 uow, msg, f"in tournament group {key}#{doc['epoch']} ({members} of {quorum})"
             )
 
-    async def on_due(self, msg: GroupDue, uow: UnitOfWork) -> None:
+    async def on_due(self, msg: GroupDue, uow: UnitOfWork[Any]) -> None:
         """A group's timeout passed: close it, unless it already closed."""
         key = f"{msg.task_id}/{outcome_class(msg.passed)}"
-        doc = await uow.get("group", key)
+        doc = await uow.get_document("group", key)
         if doc is None or int(doc["epoch"]) != msg.epoch or int(doc["members"]) == 0:
             return  # closed on quorum meanwhile, or a repeated timer
         await self.close(uow, msg.task_id, msg.passed, msg.epoch, extra=None, on_timeout=True)
 
     async def close(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         task: TaskId,
         passed: bool,
         epoch: int,
@@ -115,7 +115,9 @@ class Groups:
         group): the committed one would not hold those changes yet.
         """
         key = f"{task}/{outcome_class(passed)}"
-        members = [Grading.waiting_from(doc) for _, doc in await uow.scan("member", f"{key}/")]
+        members = [
+            Grading.waiting_from(doc) for _, doc in await uow.scan_documents("member", f"{key}/")
+        ]
         if extra is not None and all(
             m.verified.run.run_id != extra.verified.run.run_id for m in members
         ):

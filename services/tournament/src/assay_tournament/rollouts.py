@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from assay.bus.topics import RESULTS, RUN_STATUS, TASKS
 from assay.grading.judges import Judge, JudgeFailed, UsageCallback
@@ -64,7 +64,7 @@ class RecordedJudge:
     twice: a restart repeats no evaluator call (DESIGN §13).
     """
 
-    def __init__(self, judge: Judge, uow: UnitOfWork, group: str, flush: Callable[[], None]):
+    def __init__(self, judge: Judge, uow: UnitOfWork[Any], group: str, flush: Callable[[], None]):
         self.judge, self.uow, self.group, self.flush = judge, uow, group, flush
         self.name = judge.name
         self.max_context_tokens = judge.max_context_tokens
@@ -79,7 +79,7 @@ class RecordedJudge:
         on_usage: UsageCallback | None = None,
     ) -> Verdict:
         key = f"{self.group}/{a.run.run_id}/{b.run.run_id}"
-        known = await self.uow.get("verdict", key)
+        known = await self.uow.get_document("verdict", key)
         if known is not None:
             return Verdict(known["verdict"])
         verdict = await self.judge.compare(a, b, rubric, on_usage=on_usage)
@@ -91,7 +91,7 @@ class RecordedJudge:
         self, episode: Episode, rubric: list[RubricItem], *, on_usage: UsageCallback | None = None
     ) -> list[CoreViolation]:
         key = f"{self.group}/{episode.run.run_id}"
-        known = await self.uow.get("verdict", key)
+        known = await self.uow.get_document("verdict", key)
         if known is not None:
             return [CoreViolation.model_validate(v) for v in known["violations"]]
         violations = await self.judge.screen(episode, rubric, on_usage=on_usage)
@@ -113,12 +113,12 @@ class RolloutSelection:
     def __init__(self, grading: Grading) -> None:
         self.grading = grading
 
-    async def on_sibling(self, msg: RunVerified, uow: UnitOfWork) -> None:
+    async def on_sibling(self, msg: RunVerified, uow: UnitOfWork[Any]) -> None:
         """Keep the sibling's verified episode; tell ingest it ended."""
         r = msg.run
         assert r.rollout is not None
         group = r.rollout.group
-        if await uow.get("sibling", f"{group}/{r.run_id}") is not None:
+        if await uow.get_document("sibling", f"{group}/{r.run_id}") is not None:
             return
         uow.record(
             BranchKey.main(uow.tenant, f"rollout:{group}"),
@@ -144,10 +144,10 @@ class RolloutSelection:
             ),
         )
 
-    async def on_closed(self, msg: RolloutClosed, uow: UnitOfWork) -> None:
+    async def on_closed(self, msg: RolloutClosed, uow: UnitOfWork[Any]) -> None:
         """Select once among the siblings that ran; publish the group's one result."""
         group = msg.idempotency_key
-        if await uow.get("rollout", group) is not None:
+        if await uow.get_document("rollout", group) is not None:
             return  # selected already
         meter = await self.grading.meter(uow)
         judge = RecordedJudge(
@@ -156,7 +156,7 @@ class RolloutSelection:
         verified: list[tuple[RunVerified, Episode | None, list[CoreViolation]]] = []
         cancelled: list[SiblingResult] = []
         for index, run in enumerate(msg.runs):
-            doc = await uow.get("sibling", f"{group}/{run}")
+            doc = await uow.get_document("sibling", f"{group}/{run}")
             if doc is None:
                 cancelled.append(
                     SiblingResult(
@@ -231,7 +231,7 @@ class RolloutSelection:
 
     async def _screen(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         judge: Judge,
         s: RunVerified,
         episode: Episode | None,
@@ -252,7 +252,7 @@ class RolloutSelection:
 
     async def _select(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         judge: Judge,
         msg: RolloutClosed,
         verified: list[tuple[RunVerified, Episode | None, list[CoreViolation]]],
@@ -327,7 +327,7 @@ class RolloutSelection:
 
     async def _tournament(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         judge: Judge,
         msg: RolloutClosed,
         best: list[tuple[RunVerified, Episode]],

@@ -83,12 +83,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
     groups = Groups(grading)
     rollouts = RolloutSelection(grading)
 
-    async def next_index(uow: UnitOfWork, version: WorkflowVersion) -> int:
-        counter = await uow.get("comparisons", version)
+    async def next_index(uow: UnitOfWork[Any], version: WorkflowVersion) -> int:
+        counter = await uow.get_document("comparisons", version)
         return int(counter["next"]) if counter else 0
 
     async def compare(
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         msg: RunVerified,
         episode: Episode,
         reference: dict[str, Any],
@@ -192,11 +192,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
         )
         return index + 1
 
-    async def release_parked(uow: UnitOfWork, msg: RunVerified, meter: Meter) -> None:
+    async def release_parked(uow: UnitOfWork[Any], msg: RunVerified, meter: Meter) -> None:
         """Grade the challengers parked on this task that waited for this current run."""
         r = msg.run
         index: int | None = None
-        for _, parked in await uow.scan("parked", f"{r.task_id}/"):
+        for _, parked in await uow.scan_documents("parked", f"{r.task_id}/"):
             kept = Grading.waiting_from(parked)
             waiting, attempts = kept.verified, kept.attempts
             if waiting.run.baseline_version != r.workflow_version:
@@ -234,7 +234,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             )
 
     async def pairwise(
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         msg: RunVerified,
         episode: Episode,
         attempts: AttemptGrades | None,
@@ -243,7 +243,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         """Pairwise-sequential and deterministic grading against the current reference."""
         r = msg.run
         task_stream = BranchKey.main(uow.tenant, f"task:{r.task_id}")
-        own_ref = await uow.get("reference", f"{r.task_id}/{r.workflow_version}")
+        own_ref = await uow.get_document("reference", f"{r.task_id}/{r.workflow_version}")
         if own_ref is None:
             uow.record(
                 task_stream,
@@ -264,7 +264,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
             return
         baseline = r.baseline_version
         reference = (
-            await uow.get("reference", f"{r.task_id}/{baseline}") if baseline is not None else None
+            await uow.get_document("reference", f"{r.task_id}/{baseline}")
+            if baseline is not None
+            else None
         )
         if reference is not None:
             index = await next_index(uow, r.workflow_version)
@@ -294,9 +296,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 meter=meter,
             )
 
-    async def on_verified(msg: RunVerified, uow: UnitOfWork) -> None:
+    async def on_verified(msg: RunVerified, uow: UnitOfWork[Any]) -> None:
         r = msg.run
-        if await uow.get("scored", r.run_id) is not None:
+        if await uow.get_document("scored", r.run_id) is not None:
             return
         if r.rollout is not None:  # a sibling waits for its group's selection (§13)
             await rollouts.on_sibling(msg, uow)

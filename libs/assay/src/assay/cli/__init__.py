@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--limit", type=int, default=None, help="submit only the first N tasks")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve /metrics, /healthz and /readyz on 127.0.0.1:N while the demo runs",
+    )
     for name, what in [
         ("p0", "win rate under H0"),
         ("p1", "win rate under H1"),
@@ -363,6 +370,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
             workflows=args.workflows,
             limit=args.limit,
             progress=not args.no_progress,
+            metrics_port=args.metrics_port,
         )
     if args.command == "run":
         from assay.cli.run import run_once

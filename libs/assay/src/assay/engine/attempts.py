@@ -177,7 +177,7 @@ class AttemptRunner:
         started = AttemptStarted(
             step=step.id, attempt=n, iteration=iteration, prompt=prompt, args=args
         )
-        await run.append(started)
+        await run.record_and_commit(started)
         t0 = time.monotonic()
         if error is not None:
             return started, await self._finish(
@@ -243,13 +243,13 @@ class AttemptRunner:
             return await self._finish(
                 run, step.id, n, state, t0, output=output, error=error, tool=tool
             )
-        await run.append(intent)
+        await run.record_and_commit(intent)
         if run.cancel.cancelled:  # between Pending and Dispatched: nothing was issued
             return await self._finish(run, step.id, n, AttemptState.CANCELLED, t0, error=_why(run))
         dispatched = intent.model_copy(
             update={"state": intent_transition(intent.state, IntentState.DISPATCHED)}
         )
-        await run.append(dispatched)
+        await run.record_and_commit(dispatched)
         return await self._dispatched(run, tool, step, n, call, dispatched, t0)
 
     async def _dispatched(
@@ -477,7 +477,7 @@ class AttemptRunner:
             interrupted=interrupted,
             workspace=workspace,
         )
-        await run.append(*before, finished, emits=emits)
+        await run.record_and_commit(*before, finished, emits=emits)
         return finished
 
     def needs_sandbox(self, step: object) -> bool:

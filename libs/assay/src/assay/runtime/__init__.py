@@ -17,10 +17,12 @@ from assay.runtime.settings import AssaySettings, SandboxSettings, SettingsInval
 from assay.runtime.stage import (
     Gauge,
     Handler,
+    HandlerInvalid,
     StageDeps,
     StageFactory,
     StageSpec,
     UnitOfWork,
+    routes,
 )
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "Embedded",
     "Gauge",
     "Handler",
+    "HandlerInvalid",
     "PluginInvalid",
     "RedeliveringSource",
     "SandboxSettings",
@@ -46,5 +49,6 @@ __all__ = [
     "discover_stages",
     "load_tools",
     "load_verifiers",
+    "routes",
     "stage_log",
 ]
