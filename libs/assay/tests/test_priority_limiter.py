@@ -28,10 +28,10 @@ from assay.runtime.settings import AssaySettings
 from assay.store.fs_blobs import FsBlobStore
 from libs.assay.tests.chat_endpoint import OK, ChatServer, Reply, Seen
 
-SERVICE_S = 0.2
+SERVICE_S = 0.3
 """The endpoint's fixed service time per call."""
 SLOTS, RESERVED = 4, 1
-AGENT_CALLS = 50
+AGENT_CALLS = 40
 JUDGES = 16
 """Judge callers looping at once: four times the endpoint's slots."""
 
