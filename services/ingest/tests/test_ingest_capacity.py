@@ -214,3 +214,17 @@ async def test_rollout_siblings_start_as_capacity_admits_and_a_group_that_cannot
     other = await rollout(h, "g-2", n=2)  # nothing of it fits beside g-1's siblings
     assert (other["runs"], other["closed"]) == ([], True)
     assert other["detail"].startswith("the declared capacity admits no further sibling")
+
+
+async def test_runs_in_flight_do_not_refuse_a_registration(
+    h: Harness, admission: Admission
+) -> None:
+    await h.ready(arith(resources=RESOURCES))
+    for key in ("t-1", "t-2", "t-3"):
+        await submit(h, key)
+    assert admission.ledger is not None
+    assert admission.ledger.held == 3  # full
+    again = await h.register(arith(resources={**RESOURCES, "concurrent_calls": 2}))
+    stored = await h.log.get(StateKey(TENANT, "workflow", again.id))
+    assert stored is not None
+    assert stored["latest"] == again.version

@@ -15,6 +15,7 @@ admitted before it are no longer held.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -75,26 +76,31 @@ class Admission:
 
     def check_workflow(self, wf: WorkflowDef, grading: ResourceProfile) -> None:
         """Refuse a workflow whose model and grading models cannot be resident together
-        (never swapped per call), or one run of which cannot fit even alone.
+        with the resident ones (never swapped per call), or one run of which cannot fit
+        even alone. The check is of the deployment, not of the moment: runs in flight do
+        not refuse a registration; the models become resident now if they fit beside
+        them, else at their first admission.
 
         Raises:
             CapacityRefused: the reason names the model or the limit and the numbers.
         """
         if self.ledger is None or self.plan is None:
             return
+        capacity = self.ledger.capacity
         demand = self.demand(wf)
         # a stub judge (no judge model served) needs no VRAM
         judges = grading.models if self.plan.judge_model is not None else ()
         models = [*((demand.model,) if demand else ()), *judges]
         try:
-            self.ledger.make_resident(*models)
-            if demand is not None:
-                profile = self.ledger.capacity.profile(demand.model)
-                self.ledger.capacity.check(
-                    self.ledger.resident, {demand.model: demand.kv_bytes(profile)}
-                )
+            resident = capacity.resident_with(*self.ledger.resident, *models)
+            one_run = (
+                {}
+                if demand is None
+                else {demand.model: demand.kv_bytes(capacity.profile(demand.model))}
+            )
+            capacity.check(resident, one_run)
             for judge in judges:
-                ceiling = self.ledger.capacity.max_context_tokens(judge, self.ledger.resident)
+                ceiling = capacity.max_context_tokens(judge, resident)
                 if grading.max_context_tokens > ceiling:
                     raise CapacityExceeded(
                         "max_context_tokens",
@@ -104,6 +110,8 @@ class Admission:
                     )
         except (CapacityExceeded, CapacityInvalid) as exc:
             raise CapacityRefused(f"it does not fit the declared capacity: {exc}") from exc
+        with contextlib.suppress(CapacityExceeded):
+            self.ledger.make_resident(*models)
 
     def admit(self, run: str, wf: WorkflowDef) -> str | None:
         """Hold one run of `wf` under `run`'s id if it fits; why not, if it does not (the
