@@ -57,8 +57,10 @@ from assay.messages import (
     WorkflowRegistered,
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
-from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork
+from assay.runtime.admission import CapacityRefused
 from assay.runtime.timers import timer
+from assay.store import EventLog
 from assay.workflow import (
     LATEST,
     MAX_SUBWORKFLOW_DEPTH,
@@ -70,6 +72,7 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.capacity import admit_by_capacity, announce_refused
 from assay_ingest.replay import (
     REPLAY_EVENTS,
     CutRun,
@@ -218,11 +221,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
             raise Refused(f"invalid workflow: {exc}") from exc
         try:  # §11.1: a strategy that does not fit the declared capacity is refused at load
             grading = deps.grading
-            check_fits(
-                profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check),
-                grading,
+            needs = profile(
+                wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check
             )
-        except StrategyRefused as exc:
+            check_fits(needs, grading)
+            deps.admission.check_workflow(wf, needs)  # §14.2: resident together, never swapped
+        except (StrategyRefused, CapacityRefused) as exc:
             raise Refused(f"workflow {wf.id!r} refused: {exc}") from exc
         if await uow.get_document("definition", wf.version) is not None:
             return  # already stored: registration is idempotent
@@ -312,7 +316,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 at_ms, f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}"
             )
 
+        route_, refused = admit_by_capacity(
+            uow, deps.admission, route_, alloc["definitions"], run_id_of
+        )
         admitted = await metered(uow, deps.replay, route_, alloc["definitions"], run_id_of)
+        for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
+            deps.admission.release(str(gone.run_id))
+        deps.admission.count_budget_cuts(len(admitted.cut))
         plan = admitted.plan
         spawned, refs = [], []
         for planned in plan.runs:
@@ -356,14 +366,16 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 rung=alloc.get("rung") if alloc.get("challenger") else None,
                 held_out=split,
                 held_out_draw=split_draw,
-                cut=list(admitted.cut),
+                cut=[*refused, *admitted.cut],
                 replay_calls=admitted.reserved,
             ),
         )
+        for gone in refused:  # refused at admission, never queued (§14.2)
+            announce_refused(uow, msg, task_id, split, alloc.get("current"), gone)
         for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
             announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
 
-    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}))
+    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}), deps.admission)
 
     return StageSpec(
         name="ingest",
@@ -377,10 +389,17 @@ def create_stage(deps: StageDeps) -> StageSpec:
             },
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             DECISIONS: {AllocationChanged.type: on_allocation},
+            **deps.admission.handlers(),  # run-status lets admitted KV go (§14.2)
         },
         background=(timer("rollout", Rollouts.deadline, time.time),),
-        gauges=lambda log: replay_gauges(log, deps.replay, datetime.now(UTC).date().isoformat()),
+        gauges=lambda log: _gauges(log, deps),
     )
+
+
+async def _gauges(log: EventLog, deps: StageDeps) -> list[Gauge]:
+    """The replay meters, and admission's refusals and held KV."""
+    today = datetime.now(UTC).date().isoformat()
+    return [*await replay_gauges(log, deps.replay, today), *deps.admission.gauges()]
 
 
 async def _parents(

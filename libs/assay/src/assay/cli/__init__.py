@@ -193,6 +193,10 @@ def _parser() -> argparse.ArgumentParser:
     branch.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to wait for the tree (300)"
     )
+    cap = sub.add_parser(
+        "capacity", help="the declared GPU capacity and the context ceiling derived from it"
+    )
+    cap.add_argument("--json", action="store_true", help="print one JSON object")
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -362,6 +366,12 @@ async def _dispatch(args: argparse.Namespace) -> int:
     from assay.runtime.embedded import default_data_dir
 
     data_dir: Path = args.data_dir or default_data_dir()
+    if args.command == "capacity":
+        from assay.cli.capacity import capacity
+        from assay.runtime.settings import AssaySettings
+
+        print(capacity(AssaySettings.from_env(), as_json=args.json))
+        return 0
     if args.command == "demo":
         from assay.cli.demo import demo
 

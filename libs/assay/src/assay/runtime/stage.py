@@ -37,6 +37,7 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, ReadModel, StateKey
+from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider
@@ -127,6 +128,8 @@ class StageDeps:
     """The slow loop's generator: drafts a new version when a challenger's time ends."""
     proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
     """Which tenants' proposals skip the operator's approval."""
+    admission: Admission = field(default_factory=lambda: Admission(None))
+    """Capacity checks at registration and admission (§14.2); none without a declaration."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
@@ -187,6 +190,8 @@ class _Pending:
     fence: Lease | None = None
     taken: list[Versioned] = field(default_factory=list)
     committed: int = 0
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    """What to undo if the pending writes are dropped (`UnitOfWork.on_discard`)."""
 
 
 class UnitOfWork(Generic[D]):
@@ -306,6 +311,12 @@ class UnitOfWork(Generic[D]):
         self._pending.outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
         self._pending.messages.append(msg)
 
+    def on_discard(self, undo: Callable[[], None]) -> None:
+        """Call `undo` if the pending writes are dropped instead of committed (the handler
+        failed): what the handler did outside the transaction, such as holding capacity
+        for runs it was about to spawn, is undone with them."""
+        self._pending.undo.append(undo)
+
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
         self._pending.outbox.append(entry)
@@ -398,12 +409,17 @@ class UnitOfWork(Generic[D]):
         )
         p.taken = p.messages
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        p.undo = []
         return batch
 
     def discard(self) -> None:
-        """Drop pending writes (a refused message writes only its dead letter)."""
+        """Drop pending writes (a refused message writes only its dead letter), undoing
+        what was registered with `on_discard` since the last commit."""
         p = self._pending
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        undo, p.undo = p.undo, []
+        for step in reversed(undo):
+            step()
 
 
 def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:
