@@ -112,13 +112,13 @@ class DyingJournal(LogJournal):
         super().__init__(log)
         self.survive = survive
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         if self.survive <= 0:
             raise ProcessKilled(f"died before committing {[e.type for e in events]}")
         self.survive -= 1
-        await super().append(key, *events, emits=emits)
+        await super().record_and_commit(key, *events, emits=emits)
 
 
 def workflow(name: str, *tools: str, max_attempts: int = 1) -> WorkflowDef:

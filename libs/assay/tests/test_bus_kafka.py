@@ -422,7 +422,7 @@ async def test_a_stage_dead_letters_poison_through_the_relay_and_keeps_going(
     await ensure_topics(kafka.address, [inbound, dlq(stage)], partitions=3)
     handled: list[str] = []
 
-    async def on_task(msg: TaskSubmitted, uow: UnitOfWork) -> None:
+    async def on_task(msg: TaskSubmitted, uow: UnitOfWork[Any]) -> None:
         handled.append(msg.idempotency_key)
 
     spec = StageSpec(

@@ -121,7 +121,7 @@ async def test_a_handler_that_loses_its_store_raises_outage_and_dead_letters_not
     failures = [ConnectionResetError(errno.ECONNRESET, "reset by peer")] * 5
     handled: list[str] = []
 
-    async def on_task(msg: TaskSubmitted, uow: UnitOfWork) -> None:
+    async def on_task(msg: TaskSubmitted, uow: UnitOfWork[Any]) -> None:
         if failures:
             raise failures.pop()
         handled.append(msg.idempotency_key)

@@ -348,10 +348,10 @@ async def test_steps_share_the_runs_workspace_and_a_resumed_run_restores_its_sna
     # The first worker writes the file, then dies before the second step.
 
     class DiesBeforeRead(LogJournal):
-        async def append(self, key: Any, *evs: Event, emits: Any = ()) -> None:
+        async def record_and_commit(self, key: Any, *evs: Event, emits: Any = ()) -> None:
             if any(getattr(e, "step", None) == "read" for e in evs):
                 raise asyncio.CancelledError
-            await super().append(key, *evs, emits=emits)
+            await super().record_and_commit(key, *evs, emits=emits)
 
     with pytest.raises(asyncio.CancelledError):
         await Driver(StubModel(), tools, sandbox).drive(spec, DiesBeforeRead(log))
@@ -502,10 +502,10 @@ async def test_a_resumed_run_starts_from_its_checkpoint_and_deleting_them_change
     log = await work_logs.open()
 
     class DiesAtEnd(LogJournal):
-        async def append(self, key: Any, *evs: Event, emits: Any = ()) -> None:
+        async def record_and_commit(self, key: Any, *evs: Event, emits: Any = ()) -> None:
             if any(getattr(e, "step", None) == "end" for e in evs):
                 raise asyncio.CancelledError
-            await super().append(key, *evs, emits=emits)
+            await super().record_and_commit(key, *evs, emits=emits)
 
     with pytest.raises(asyncio.CancelledError):
         await Driver(StubModel(), tools, checkpoint_every=3).drive(spec, DiesAtEnd(log))

@@ -61,7 +61,7 @@ class LogJournal:
     async def history(self, key: BranchKey) -> list[LogRecord]:
         return await self.log.read(key)
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         lsns = await self.log.commit(CommitBatch(records=[(key, e) for e in events]))
@@ -81,12 +81,12 @@ class CrashingJournal(LogJournal):
         super().__init__(log)
         self.survive = survive
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         if len(self.commits) >= self.survive:
             raise WorkerDied(f"died before committing {events[0].type}")
-        await super().append(key, *events, emits=emits)
+        await super().record_and_commit(key, *events, emits=emits)
 
 
 async def open_log(path: Path) -> SqliteEventLog:

@@ -165,12 +165,12 @@ class DyingJournal(LogJournal):
         self.survive = survive
         self.commits = 0
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         if self.commits >= self.survive:
             raise ProcessKilled(f"died before committing {[e.type for e in events]}")
-        await super().append(key, *events, emits=emits)
+        await super().record_and_commit(key, *events, emits=emits)
         self.commits += 1
 
 

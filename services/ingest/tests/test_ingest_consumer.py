@@ -414,7 +414,7 @@ async def test_handler_that_keeps_failing_is_dead_lettered_after_three_attempts(
 ) -> None:
     calls: list[str] = []
 
-    async def explode(msg: TaskSubmitted, uow: UnitOfWork) -> None:
+    async def explode(msg: TaskSubmitted, uow: UnitOfWork[Any]) -> None:
         calls.append(msg.idempotency_key)
         raise RuntimeError("the database fell over")
 
@@ -444,7 +444,7 @@ async def test_handler_that_keeps_failing_is_dead_lettered_after_three_attempts(
 async def test_handler_that_fails_then_succeeds_commits_once(tmp_path: Path) -> None:
     attempts: list[int] = []
 
-    async def wobbly(msg: TaskSubmitted, uow: UnitOfWork) -> None:
+    async def wobbly(msg: TaskSubmitted, uow: UnitOfWork[Any]) -> None:
         attempts.append(1)
         spawned = _status(msg)
         uow.emit(RUN_STATUS, spawned)  # written on every attempt, kept only on the last
@@ -490,7 +490,7 @@ def _status(msg: TaskSubmitted) -> RunStatusChanged:
 
 
 async def test_refused_handler_discards_its_pending_writes(tmp_path: Path) -> None:
-    async def half_then_refuse(msg: TaskSubmitted, uow: UnitOfWork) -> None:
+    async def half_then_refuse(msg: TaskSubmitted, uow: UnitOfWork[Any]) -> None:
         uow.emit(RUN_STATUS, _status(msg))
         raise Refused("not today")
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from assay.engine import RunFinished, RunSpec
 from assay.engine.branching import forked_deltas, plan_branch, with_deltas
@@ -66,7 +67,7 @@ from assay_execute.forks import (
 
 Pin = Callable[[RunStarted, BranchId], RunSpec]
 """The run a branch's first record pinned, checked (no deltas applied)."""
-Conclude = Callable[[RunSpec, UnitOfWork, Lease], Awaitable[None]]
+Conclude = Callable[[RunSpec, UnitOfWork[Any], Lease], Awaitable[None]]
 """Drive an ungraded branch to its end and record how it ended."""
 
 
@@ -81,7 +82,7 @@ class Brancher:
     pin: Pin
     conclude: Conclude
 
-    async def on_branch(self, msg: BranchRun, uow: UnitOfWork) -> None:
+    async def on_branch(self, msg: BranchRun, uow: UnitOfWork[Any]) -> None:
         """Fork, drive and record the children of one branch command (see the module)."""
         run = msg.run_id
         mine = await forks_of(uow, run)
@@ -89,7 +90,7 @@ class Brancher:
             await refuse_if_driven(uow, run, "branching")
         # An ended run's last worker may hold its lease a while longer: wait it out.
         lease = await acquire(uow.log, uow.tenant, run, self.worker, self.ttl_s)
-        uow.fence = lease
+        uow = uow.fenced(lease)
         if not mine:
             if not await run_ended(uow, run):  # again, under the lease
                 await refuse_if_driven(uow, run, "branching")
@@ -99,10 +100,10 @@ class Brancher:
                 key = BranchKey.for_run(uow.tenant, run, fork.branch)
                 await self.conclude(await self.spec(uow, key), uow, lease)
                 await uow.commit()  # its end is durable before the next child starts
-        if await uow.get("branching", f"{run}/{uow.envelope.id}") is None:
+        if await uow.get_document("branching", f"{run}/{uow.envelope.id}") is None:
             await self._record_tree(msg, uow, mine)
 
-    async def spec(self, uow: UnitOfWork, key: BranchKey) -> RunSpec:
+    async def spec(self, uow: UnitOfWork[Any], key: BranchKey) -> RunSpec:
         """A branch's effective run: pinned by its first record, with the deltas of
         every `Forked` record on it applied in order."""
         records = await uow.log.read(key)
@@ -110,7 +111,7 @@ class Brancher:
         assert isinstance(started, RunStarted)
         return with_deltas(self.pin(started, key.branch), forked_deltas(records))
 
-    async def _fork(self, msg: BranchRun, uow: UnitOfWork) -> list[Fork]:
+    async def _fork(self, msg: BranchRun, uow: UnitOfWork[Any]) -> list[Fork]:
         """Check the command against the parent and fork every child in one commit.
 
         Raises:
@@ -150,7 +151,7 @@ class Brancher:
 
     @staticmethod
     async def _subworkflows_run(
-        uow: UnitOfWork, run: RunId, branch: BranchId, base: RunSpec
+        uow: UnitOfWork[Any], run: RunId, branch: BranchId, base: RunSpec
     ) -> list[StepId]:
         """The sub-workflow steps that ran on `branch` (their streams exist)."""
         ran = []
@@ -161,7 +162,7 @@ class Brancher:
                     ran.append(step.id)
         return ran
 
-    async def _record_tree(self, msg: BranchRun, uow: UnitOfWork, forks: list[Fork]) -> None:
+    async def _record_tree(self, msg: BranchRun, uow: UnitOfWork[Any], forks: list[Fork]) -> None:
         """Write each child's result and the tree as blobs; record `BranchTreeRecorded`."""
         run, first = msg.run_id, forks[0].forked
         if first.after_step is None:  # a branch command's forks always name their step
@@ -238,7 +239,7 @@ def _attribution(children: list[BranchTreeChild]) -> list[StageAttribution]:
     return [StageAttribution(step=s, children=steps[s]) for s in ordered]
 
 
-async def _output(uow: UnitOfWork, records: list[LogRecord]) -> str | None:
+async def _output(uow: UnitOfWork[Any], records: list[LogRecord]) -> str | None:
     """The output of a branch's frozen episode, when its blob is still there."""
     ref = next((r.event.episode for r in records if isinstance(r.event, RunFinished)), None)
     raw = None if ref is None else await uow.blobs.get(uow.tenant, ref)

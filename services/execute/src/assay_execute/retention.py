@@ -100,28 +100,28 @@ class Retention:
         while len(self._tokens) > _REMEMBERED:
             self._tokens.popitem(last=False)
 
-    async def on_result(self, msg: RunResult, uow: UnitOfWork) -> None:
+    async def on_result(self, msg: RunResult, uow: UnitOfWork[Any]) -> None:
         """Grading of `msg.run_id` ended: record it, reduce the run if it is over its
         tenant's ceiling, then sweep the tenant's runs that are due to be tiered."""
         await self._ended(msg.run_id, msg.status, uow)
         await self.sweep(uow)
 
-    async def on_rollout_result(self, msg: RolloutResult, uow: UnitOfWork) -> None:
+    async def on_rollout_result(self, msg: RolloutResult, uow: UnitOfWork[Any]) -> None:
         """Grading of every sibling of a rollout group ended with its selection (§13)."""
         for sibling in msg.siblings:
             status: GradingStatus = "cancelled" if sibling.ended == "cancelled" else "graded"
             await self._ended(sibling.run_id, status, uow)
         await self.sweep(uow)
 
-    async def _ended(self, run: RunId, status: GradingStatus, uow: UnitOfWork) -> None:
-        doc = await uow.get("run", run)
+    async def _ended(self, run: RunId, status: GradingStatus, uow: UnitOfWork[Any]) -> None:
+        doc = await uow.get_document("run", run)
         if doc is None:
             log.info("retention: no run %s of tenant %s here", run, uow.tenant)
         elif not doc.get("tiered"):
             await self._grading_ended(run, status, doc, uow)
 
     async def _grading_ended(
-        self, run: RunId, status: GradingStatus, doc: dict[str, Any], uow: UnitOfWork
+        self, run: RunId, status: GradingStatus, doc: dict[str, Any], uow: UnitOfWork[Any]
     ) -> None:
         key = BranchKey.for_run(uow.tenant, run, BranchId(doc.get("branch", 0)))
         pending = False
@@ -140,7 +140,7 @@ class Retention:
         if reduced and isinstance(episode, str):
             await uow.blobs.delete(uow.tenant, episode)
 
-    async def _reduction(self, uow: UnitOfWork, ref: str) -> Reduced | None:
+    async def _reduction(self, uow: UnitOfWork[Any], ref: str) -> Reduced | None:
         """`Reduced`, its summary blob written, if the episode is over the ceiling."""
         ceiling = self.policy.ceiling_for(uow.tenant)
         tokens = self._tokens.pop((uow.tenant, ref), None)
@@ -167,7 +167,7 @@ class Retention:
             ceiling=ceiling,
         )
 
-    async def sweep(self, uow: UnitOfWork) -> list[RunId]:
+    async def sweep(self, uow: UnitOfWork[Any]) -> list[RunId]:
         """Tier the tenant's reduced runs that are due (unless swept too recently);
         the runs tiered. A run that cannot be tiered now is left for a later sweep."""
         now = self._clock()
@@ -176,7 +176,7 @@ class Retention:
             return []
         self._swept[uow.tenant] = now
         cutoff_ms = (now - self.policy.tier_after_s) * 1000
-        queue = await uow.scan(TIERING_QUEUE)
+        queue = await uow.scan_documents(TIERING_QUEUE)
         due = [RunId(run) for run, q in queue if q["reduced_ms"] <= cutoff_ms]
         tiered: list[RunId] = []
         for run in due[: self.policy.sweep_limit]:

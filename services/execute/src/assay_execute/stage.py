@@ -120,7 +120,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         return RunSpec(ref, wf, input_, branch, children=calls)
 
     async def drive(
-        spec: RunSpec, uow: UnitOfWork, lease: Lease, *, fresh: bool = False
+        spec: RunSpec, uow: UnitOfWork[Any], lease: Lease, *, fresh: bool = False
     ) -> tuple[Episode, CancelScope]:
         """Drive the run's branch under its lease, stoppable by a cancel from anywhere;
         `fresh`: the branch was read empty under this lease (see `Driver.drive`)."""
@@ -129,7 +129,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         active[(uow.tenant, run)] = scope
 
         async def watch() -> None:  # a cancel handled by another worker reaches this one
-            requested = await uow.get("cancel", run)
+            requested = await uow.get_document("cancel", run)
             if requested is not None:
                 scope.cancel(str(requested["reason"]))
 
@@ -143,7 +143,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         return episode, scope
 
     async def conclude(
-        spec: RunSpec, uow: UnitOfWork, lease: Lease, *, graded: bool, fresh: bool = False
+        spec: RunSpec, uow: UnitOfWork[Any], lease: Lease, *, graded: bool, fresh: bool = False
     ) -> None:
         """Drive the branch, then record how it stopped: suspended at an await (the
         lease is given up), cancelled, or ended — handed to verification when the
@@ -152,7 +152,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         try:
             episode, scope = await drive(spec, uow, lease, fresh=fresh)
         except RunSuspended as waiting:
-            uow.fence = None  # what remains to commit is the message's own bookkeeping
+            uow = uow.released()  # what remains to commit is the message's own bookkeeping
             await uow.log.release(lease)  # a suspended run holds no lease (§9.4)
             at = waiting.suspended
             detail = f"waiting at {at.step!r} for {at.signal!r}"
@@ -190,7 +190,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         )
         uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
 
-    async def conclude_child(spec: RunSpec, uow: UnitOfWork, lease: Lease) -> None:
+    async def conclude_child(spec: RunSpec, uow: UnitOfWork[Any], lease: Lease) -> None:
         await conclude(spec, uow, lease, graded=False)  # a branch child is never graded
 
     def pin(started: RunStarted, branch: BranchId) -> RunSpec:
@@ -209,53 +209,53 @@ def create_stage(deps: StageDeps) -> StageSpec:
         conclude=conclude_child,
     )
 
-    async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork) -> None:
+    async def on_run_spawned(msg: RunSpawned, uow: UnitOfWork[Any]) -> None:
         spec = pinned(msg.run, msg.definition, msg.input, msg.subworkflows, BranchId(0))
         # One worker at a time drives a run: its lease fences every commit below.
         lease = await acquire(uow.log, uow.tenant, msg.run.run_id, deps.worker, ttl)
         crash_point("execute.after_claim")  # dying here, the lease must lapse to free the run
-        uow.fence = lease
+        uow = uow.fenced(lease)
         history = await uow.history(spec.key)
         if any(isinstance(r.event, RunFinished | RunCancelled) for r in history):
             return  # ended by a worker whose message commit raced this delivery
-        if await uow.get("await", msg.run.run_id) is not None:
+        if await uow.get_document("await", msg.run.run_id) is not None:
             return  # suspended: a signal, a cancel or its deadline moves it on
         if not history:
             uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
         # A new run: what was just read under the lease is all there is to replay.
         await conclude(spec, uow, lease, graded=True, fresh=not history)
 
-    async def resumed(uow: UnitOfWork, run: RunId) -> tuple[RunSpec, Lease] | None:
+    async def resumed(uow: UnitOfWork[Any], run: RunId) -> tuple[RunSpec, Lease] | None:
         """Take the lease of a suspended run and build its spec from its log; None if
         it is not suspended (any more)."""
-        if await uow.get("await", run) is None:
+        if await uow.get_document("await", run) is None:
             return None
         lease = await acquire(uow.log, uow.tenant, run, deps.worker, ttl)
-        uow.fence = lease
-        waiting = await uow.get("await", run)  # again, under the lease
+        uow = uow.fenced(lease)
+        waiting = await uow.get_document("await", run)  # again, under the lease
         if waiting is None:
             return None
         key = BranchKey.for_run(uow.tenant, run, BranchId(int(waiting["branch"])))
         return await recorded(uow, key), lease
 
-    async def redrive(uow: UnitOfWork, run: RunId) -> None:
+    async def redrive(uow: UnitOfWork[Any], run: RunId) -> None:
         """Finish a run whose resumption a crash interrupted (once its lease is free)."""
         lease = await acquire(uow.log, uow.tenant, run, deps.worker, ttl)
-        uow.fence = lease
-        if await run_ended(uow, run) or await uow.get("await", run) is not None:
+        uow = uow.fenced(lease)
+        if await run_ended(uow, run) or await uow.get_document("await", run) is not None:
             return
         keys = await uow.log.branches(run, uow.tenant)
         spec = await recorded(uow, max(keys, key=lambda k: k.branch))
         await conclude(spec, uow, lease, graded=spec.branch == 0)
 
-    async def recorded(uow: UnitOfWork, key: BranchKey) -> RunSpec:
+    async def recorded(uow: UnitOfWork[Any], key: BranchKey) -> RunSpec:
         """A branch's run, as its first record (`RunStarted` v2) pinned it, with the
         deltas its `Forked` records carry (a branch command's child, or a fork of one)."""
         return await brancher.spec(uow, key)
 
-    async def on_signal(msg: SignalRun, uow: UnitOfWork) -> None:
+    async def on_signal(msg: SignalRun, uow: UnitOfWork[Any]) -> None:
         """Resume a run suspended at an await step: approval, a signal, or its deadline."""
-        waiting = await uow.get("await", msg.run_id)
+        waiting = await uow.get_document("await", msg.run_id)
         if waiting is None or (msg.timed_out and waiting["deadline_ms"] > driver.clock() * 1000):
             if msg.timed_out:
                 return  # a timer for a wait that already ended (or not due): nothing to do
@@ -274,6 +274,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         if found is None:
             return
         spec, lease = found
+        uow = uow.fenced(lease)
         step = StepId(str(waiting["step"]))
         uow.record(
             spec.key,
@@ -295,7 +296,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             )
         await conclude(spec, uow, lease, graded=graded)
 
-    async def on_cancel(msg: CancelRun, uow: UnitOfWork) -> None:
+    async def on_cancel(msg: CancelRun, uow: UnitOfWork[Any]) -> None:
         reason = msg.reason or "cancelled by an operator"
         uow.record(
             BranchKey.main(uow.tenant, commands_stream(msg.run_id)),
@@ -309,6 +310,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         found = await resumed(uow, msg.run_id)
         if found is not None:  # suspended: no worker holds it, so end it here
             spec, lease = found
+            uow = uow.fenced(lease)
             await conclude(spec, uow, lease, graded=spec.branch == 0)
 
     def wait_due(
@@ -325,14 +327,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
     timeouts = timer("await", wait_due, driver.clock)
 
-    async def on_rewind(msg: RewindRun, uow: UnitOfWork) -> None:
+    async def on_rewind(msg: RewindRun, uow: UnitOfWork[Any]) -> None:
         """Fork the run at `at` onto a new branch and drive the new branch (§8.5)."""
         mine = await forks_of(uow, msg.run_id)
         if not mine:
             await refuse_if_driven(uow, msg.run_id, "rewinding")
         # An ended run's last worker may hold its lease a while longer: wait it out.
         lease = await acquire(uow.log, uow.tenant, msg.run_id, deps.worker, ttl)
-        uow.fence = lease
+        uow = uow.fenced(lease)
         if mine:  # redelivered after a crash: finish what this command began
             branch, done = mine[-1].branch, mine[-1].ended
         else:
@@ -363,7 +365,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     )
 
 
-async def _finished(uow: UnitOfWork, spec: RunSpec, episode: Episode) -> str:
+async def _finished(uow: UnitOfWork[Any], spec: RunSpec, episode: Episode) -> str:
     """Freeze the episode (the snapshot barrier of §10.2) and record the branch's end."""
     ref = await uow.blobs.put(uow.tenant, episode.encode())
     uow.record(
@@ -383,7 +385,7 @@ def _unknown(episode: Episode) -> bool:
 
 
 def _cancelled(
-    run: RunRef, uow: UnitOfWork, spec: RunSpec, episode: Episode, reason: str, cost_usd: float
+    run: RunRef, uow: UnitOfWork[Any], spec: RunSpec, episode: Episode, reason: str, cost_usd: float
 ) -> None:
     """Record a stopped run and give its task its one result (§5.1, §5.2); `cost_usd` is
     what its model calls cost."""

@@ -38,6 +38,9 @@ class CutReason(enum.Enum):
 
     REPLAY_BUDGET_EXHAUSTED = "replay_budget_exhausted"
     """A shadow run whose budget did not fit under the tenant's replay ceiling that day."""
+    CAPACITY = "capacity"
+    """A run whose demand did not fit the declared GPU capacity beside those in flight
+    (§14.2); a work run refused so takes its task's other runs with it."""
 
 
 class CutRun(BaseModel):
@@ -47,9 +50,10 @@ class CutRun(BaseModel):
     run_id: RunId = Field(description="The run id it would have had.")
     workflow_version: WorkflowVersion = Field(description="Version it would have run.")
     role: Role = Field(description="Current or challenger.")
-    purpose: Purpose = Field(description="Shadow: only shadow runs are ever cut.")
+    purpose: Purpose = Field(description="Shadow, or work when capacity refused the task.")
     reason: CutReason = Field(description="Why it was cut.")
     calls: int = Field(ge=0, description="Model calls it would have reserved (its budget).")
+    detail: str = Field("", description="Why, with the numbers (capacity refusals).")
 
 
 class ReplayMetered(Event):
@@ -90,7 +94,7 @@ class Metered:
 
 
 async def metered(
-    uow: UnitOfWork,
+    uow: UnitOfWork[Any],
     policy: ReplayPolicy,
     plan: Route,
     definitions: dict[str, Any],
@@ -102,7 +106,7 @@ async def metered(
     """
     if not any(p.purpose is Purpose.SHADOW for p in plan.runs):
         return Metered(plan, (), 0)
-    doc = await uow.get("meter", "replay")
+    doc = await uow.get_document("meter", "replay")
     head = Lsn(int(doc["next"]) if doc else 0)
     meter = meter_of(uow.envelope.occurred_at.date().isoformat(), doc)
     ceiling = policy.ceiling_for(str(uow.tenant))
@@ -135,7 +139,7 @@ async def metered(
     return Metered(dataclasses.replace(plan, runs=tuple(kept)), tuple(cut), reserved)
 
 
-def announce_cut(uow: UnitOfWork, gone: CutRun, like: RunRef, ceiling: int | None) -> None:
+def announce_cut(uow: UnitOfWork[Any], gone: CutRun, like: RunRef, ceiling: int | None) -> None:
     """Tell observers a cut run ended before it began (`like`: the task's run reference,
     whose identity the cut run would have shared)."""
     ref = like.model_copy(

@@ -21,6 +21,7 @@ message that changes it — the task, each sibling's `RolloutProgress`, a
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
@@ -46,13 +47,14 @@ from assay.messages import (
 )
 from assay.record import BranchKey, Event, LogRecord, Put, StateDelta, StateKey
 from assay.runtime import UnitOfWork
+from assay.runtime.admission import Admission
 from assay.runtime.timers import Fired
 from assay.workflow import WorkflowDef
 
 DEADLINE = "deadline"
 """The reason of the `CancelRollout` the deadline timer sends."""
 
-Resolver = Callable[[UnitOfWork, WorkflowDef], Awaitable[dict[str, dict[str, Any]]]]
+Resolver = Callable[[UnitOfWork[Any], WorkflowDef], Awaitable[dict[str, dict[str, Any]]]]
 """Pins the sub-workflows a definition calls (ingest's `_resolve`)."""
 
 
@@ -90,6 +92,11 @@ def fold_rollout(record: LogRecord) -> list[StateDelta]:
 
 def _running(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in doc["runs"] if r["state"] == "running"]
+
+
+def _next_run_id(doc: dict[str, Any]) -> RunId:
+    """The run id of the group's next sibling."""
+    return run_id_from(int(doc["at_ms"]), f"{doc['origin']}:rollout:{len(doc['runs'])}")
 
 
 def may_spawn(doc: dict[str, Any]) -> bool:
@@ -141,16 +148,19 @@ def _dollars(amount: float) -> Decimal:
 class Rollouts:
     """Ingest's rollout handlers: admission, progress, cancellation and the deadline timer."""
 
-    def __init__(self, resolve: Resolver) -> None:
+    def __init__(self, resolve: Resolver, admission: Admission | None = None) -> None:
         self.resolve = resolve
+        self.admission = Admission(None) if admission is None else admission
+        """§14.2: each sibling's demand is held against the declared capacity; one that
+        does not fit is not started, and a group with nothing running closes."""
 
     async def admit(
-        self, uow: UnitOfWork, msg: TaskSubmitted, task_id: TaskId, alloc: dict[str, Any]
+        self, uow: UnitOfWork[Any], msg: TaskSubmitted, task_id: TaskId, alloc: dict[str, Any]
     ) -> None:
         """Admit the task's group and start its first siblings."""
         spec = msg.rollout
         assert spec is not None
-        if await uow.get("rollout", msg.idempotency_key) is not None:
+        if await uow.get_document("rollout", msg.idempotency_key) is not None:
             return  # a resubmission: the first one stands
         version = str(alloc["current"])
         definition = WorkflowDef.model_validate(alloc["definitions"][version])
@@ -190,14 +200,15 @@ class Rollouts:
         uow.record(key, RolloutAdmitted(group=msg.idempotency_key, input=msg.input))
         await self._advance(uow, msg.idempotency_key, doc, msg.input)
 
-    async def on_progress(self, msg: RolloutProgress, uow: UnitOfWork) -> None:
+    async def on_progress(self, msg: RolloutProgress, uow: UnitOfWork[Any]) -> None:
         """A sibling ended: count its calls, start the next, close when all is done."""
-        doc = await uow.get("rollout", msg.idempotency_key)
+        doc = await uow.get_document("rollout", msg.idempotency_key)
         if doc is None:
             return  # not a group of this tenant's: nothing to advance
         sibling = next((r for r in doc["runs"] if r["run_id"] == msg.run_id), None)
         if sibling is None or sibling["state"] != "running":
             return  # a repeated report
+        self.admission.release(str(msg.run_id))  # it ended: its KV is free for the next
         sibling.update(
             state=msg.ended, model_calls=msg.model_calls, tokens=msg.tokens, cost_usd=msg.cost_usd
         )
@@ -205,12 +216,12 @@ class Rollouts:
         doc["spent_tokens"] += msg.tokens
         # A group admitted before cost caps has no such key: its spend starts counting here.
         doc["spent_cost_usd"] = doc.get("spent_cost_usd", 0.0) + msg.cost_usd
-        task_input = await uow.get("rollout-input", msg.idempotency_key) or {}
+        task_input = await uow.get_document("rollout-input", msg.idempotency_key) or {}
         await self._advance(uow, msg.idempotency_key, doc, task_input)
 
-    async def on_cancel(self, msg: CancelRollout, uow: UnitOfWork) -> None:
+    async def on_cancel(self, msg: CancelRollout, uow: UnitOfWork[Any]) -> None:
         """Stop the group: nothing more starts; running siblings are cancelled."""
-        doc = await uow.get("rollout", msg.idempotency_key)
+        doc = await uow.get_document("rollout", msg.idempotency_key)
         if doc is None or doc["closed"] or doc["cancelled"]:
             return
         deadline = msg.reason == DEADLINE
@@ -234,7 +245,7 @@ class Rollouts:
         )
 
     async def _advance(
-        self, uow: UnitOfWork, group: str, doc: dict[str, Any], task_input: dict[str, Any]
+        self, uow: UnitOfWork[Any], group: str, doc: dict[str, Any], task_input: dict[str, Any]
     ) -> None:
         """Start what may start, close what is done, and record the document."""
         spec = RolloutSpec.model_validate(doc["spec"])
@@ -245,23 +256,40 @@ class Rollouts:
             for sibling in _running(doc):
                 uow.emit(RUN_COMMANDS, self._cancel(uow.tenant, group, sibling, doc))
         stored: dict[str, Any] | None = None
+        refused: str | None = None
         while may_spawn(doc):
             if stored is None:
-                stored = await uow.get("definition", doc["workflow_version"])
+                stored = await uow.get_document("definition", doc["workflow_version"])
                 assert stored is not None, "a routed version is always stored"
+            refused = self._refused(uow, doc, stored["definition"])
+            if refused is not None:
+                break
             await self._spawn(uow, group, doc, spec, stored["definition"], task_input)
         if not _running(doc) and not doc["closed"]:
             doc["closed"] = True
-            if not doc["cancelled"] and len(doc["runs"]) < doc["admitted"]:
+            if refused is not None:
+                doc["detail"] = f"the declared capacity admits no further sibling: {refused}"
+            elif not doc["cancelled"] and len(doc["runs"]) < doc["admitted"]:
                 doc["detail"] = "the group's budget admits no further sibling"
             uow.emit(VERIFIED, self._closed(uow.tenant, group, doc, spec))
         uow.record(
             BranchKey.main(uow.tenant, f"rollout:{group}"), RolloutUpdated(group=group, doc=doc)
         )
 
+    def _refused(
+        self, uow: UnitOfWork[Any], doc: dict[str, Any], pinned: dict[str, Any]
+    ) -> str | None:
+        """Hold the next sibling's demand (let go if `uow` is discarded); why not, if it
+        does not fit beside the runs in flight."""
+        run = str(_next_run_id(doc))
+        why = self.admission.admit(run, WorkflowDef.model_validate(pinned))
+        if why is None:
+            uow.on_discard(functools.partial(self.admission.release, run))
+        return why
+
     async def _spawn(
         self,
-        uow: UnitOfWork,
+        uow: UnitOfWork[Any],
         group: str,
         doc: dict[str, Any],
         spec: RolloutSpec,
@@ -270,7 +298,7 @@ class Rollouts:
     ) -> None:
         definition = WorkflowDef.model_validate(pinned)
         index = len(doc["runs"])
-        run_id = run_id_from(int(doc["at_ms"]), f"{doc['origin']}:rollout:{index}")
+        run_id = _next_run_id(doc)
         ref = RunRef(
             tenant=uow.tenant,
             run_id=run_id,

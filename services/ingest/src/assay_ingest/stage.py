@@ -57,8 +57,10 @@ from assay.messages import (
     WorkflowRegistered,
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
-from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork
+from assay.runtime.admission import CapacityRefused
 from assay.runtime.timers import timer
+from assay.store import EventLog
 from assay.workflow import (
     LATEST,
     MAX_SUBWORKFLOW_DEPTH,
@@ -70,6 +72,7 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.capacity import admit_by_capacity, announce_refused
 from assay_ingest.replay import (
     REPLAY_EVENTS,
     CutRun,
@@ -210,7 +213,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     replay_locks: defaultdict[TenantId, asyncio.Lock] = defaultdict(asyncio.Lock)
     """Per tenant: held while a task reserves replay, until that reservation commits."""
 
-    async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork) -> None:
+    async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork[Any]) -> None:
         try:
             wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
             check_executable(wf)
@@ -218,20 +221,21 @@ def create_stage(deps: StageDeps) -> StageSpec:
             raise Refused(f"invalid workflow: {exc}") from exc
         try:  # §11.1: a strategy that does not fit the declared capacity is refused at load
             grading = deps.grading
-            check_fits(
-                profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check),
-                grading,
+            needs = profile(
+                wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check
             )
-        except StrategyRefused as exc:
+            check_fits(needs, grading)
+            deps.admission.check_workflow(wf, needs)  # §14.2: resident together, never swapped
+        except (StrategyRefused, CapacityRefused) as exc:
             raise Refused(f"workflow {wf.id!r} refused: {exc}") from exc
-        if await uow.get("definition", wf.version) is not None:
+        if await uow.get_document("definition", wf.version) is not None:
             return  # already stored: registration is idempotent
         if any(isinstance(s, SubworkflowStep) for s in wf.steps):
             known: dict[tuple[WorkflowId, WorkflowVersion], WorkflowDef] = {
                 (WorkflowId(d["workflow_id"]), WorkflowVersion(v)): WorkflowDef.model_validate(
                     d["definition"]
                 )
-                for v, d in await uow.scan("definition")
+                for v, d in await uow.scan_documents("definition")
             }
             known[(wf.id, wf.version)] = wf
             try:  # cycles (through `latest` too) and nesting depth are refused here, at load
@@ -242,7 +246,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         added: list[str] = sorted(s.id for s in wf.steps)
         removed: list[str] = []
         if parents:  # the retained-ids check is against the first parent
-            parent_doc = await uow.get("definition", parents[0])
+            parent_doc = await uow.get_document("definition", parents[0])
             assert parent_doc is not None
             try:
                 diff = check_version_bump(
@@ -263,8 +267,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             ),
         )
 
-    async def on_allocation(msg: AllocationChanged, uow: UnitOfWork) -> None:
-        current = await uow.get("allocation", msg.workflow_id)
+    async def on_allocation(msg: AllocationChanged, uow: UnitOfWork[Any]) -> None:
+        current = await uow.get_document("allocation", msg.workflow_id)
         if current is not None and current["generation"] >= msg.generation:
             return  # an older or repeated allocation: the newest generation wins
         uow.record(
@@ -272,12 +276,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
             AllocationApplied(allocation=msg.model_dump(mode="json")),
         )
 
-    async def on_task(msg: TaskSubmitted, uow: UnitOfWork) -> None:
+    async def on_task(msg: TaskSubmitted, uow: UnitOfWork[Any]) -> None:
         if msg.tenant != uow.tenant:
             raise Refused(f"task tenant {msg.tenant} differs from the envelope's {uow.tenant}")
-        if await uow.get("task", msg.idempotency_key) is not None:
+        if await uow.get_document("task", msg.idempotency_key) is not None:
             return  # a resubmission: the first one stands
-        alloc = await uow.get("allocation", msg.workflow_id)
+        alloc = await uow.get_document("allocation", msg.workflow_id)
         if alloc is None:
             raise Refused(f"unknown workflow {msg.workflow_id!r} for tenant {msg.tenant}")
         task_id = task_id_for(msg)
@@ -297,7 +301,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
             await uow.commit()
 
     async def spawn(
-        msg: TaskSubmitted, uow: UnitOfWork, alloc: dict[str, Any], task_id: TaskId, route_: Route
+        msg: TaskSubmitted,
+        uow: UnitOfWork[Any],
+        alloc: dict[str, Any],
+        task_id: TaskId,
+        route_: Route,
     ) -> None:
         """Spawn the task's runs (its shadow runs as the replay ceiling admits) and record it."""
         split, split_draw = held_out(task_id, deps.ladder.held_out_fraction)
@@ -308,7 +316,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 at_ms, f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}"
             )
 
+        route_, refused = admit_by_capacity(
+            uow, deps.admission, route_, alloc["definitions"], run_id_of
+        )
         admitted = await metered(uow, deps.replay, route_, alloc["definitions"], run_id_of)
+        for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
+            deps.admission.release(str(gone.run_id))
+        deps.admission.count_budget_cuts(len(admitted.cut))
         plan = admitted.plan
         spawned, refs = [], []
         for planned in plan.runs:
@@ -352,14 +366,16 @@ def create_stage(deps: StageDeps) -> StageSpec:
                 rung=alloc.get("rung") if alloc.get("challenger") else None,
                 held_out=split,
                 held_out_draw=split_draw,
-                cut=list(admitted.cut),
+                cut=[*refused, *admitted.cut],
                 replay_calls=admitted.reserved,
             ),
         )
+        for gone in refused:  # refused at admission, never queued (§14.2)
+            announce_refused(uow, msg, task_id, split, alloc.get("current"), gone)
         for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
             announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
 
-    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}))
+    rollouts = Rollouts(lambda uow, wf: _resolve(uow, wf, {}), deps.admission)
 
     return StageSpec(
         name="ingest",
@@ -373,14 +389,21 @@ def create_stage(deps: StageDeps) -> StageSpec:
             },
             WORKFLOWS: {WorkflowRegistered.type: on_workflow},
             DECISIONS: {AllocationChanged.type: on_allocation},
+            **deps.admission.handlers(),  # run-status lets admitted KV go (§14.2)
         },
         background=(timer("rollout", Rollouts.deadline, time.time),),
-        gauges=lambda log: replay_gauges(log, deps.replay, datetime.now(UTC).date().isoformat()),
+        gauges=lambda log: _gauges(log, deps),
     )
 
 
+async def _gauges(log: EventLog, deps: StageDeps) -> list[Gauge]:
+    """The replay meters, and admission's refusals and held KV."""
+    today = datetime.now(UTC).date().isoformat()
+    return [*await replay_gauges(log, deps.replay, today), *deps.admission.gauges()]
+
+
 async def _parents(
-    uow: UnitOfWork, wf: WorkflowDef, msg: WorkflowRegistered
+    uow: UnitOfWork[Any], wf: WorkflowDef, msg: WorkflowRegistered
 ) -> list[WorkflowVersion]:
     """The versions a new version derives from: those the registration names, else the
     version registered last (none for the first).
@@ -389,12 +412,12 @@ async def _parents(
         Refused: a named parent is not a stored version of this workflow, or a later
             version names none without `rewrite: true`.
     """
-    latest = await uow.get("workflow", wf.id)
+    latest = await uow.get_document("workflow", wf.id)
     if msg.parents is None:
         return [] if latest is None else [WorkflowVersion(latest["latest"])]
     parents = list(dict.fromkeys(msg.parents))
     for parent in parents:
-        doc = await uow.get("definition", parent)
+        doc = await uow.get_document("definition", parent)
         if doc is None or doc["workflow_id"] != wf.id:
             raise Refused(f"workflow {wf.id!r}: parent {parent} is not a registered version of it")
     if not parents and latest is not None and not msg.rewrite:
@@ -406,7 +429,7 @@ async def _parents(
 
 
 async def _resolve(
-    uow: UnitOfWork, wf: WorkflowDef, out: dict[str, dict[str, Any]], depth: int = 0
+    uow: UnitOfWork[Any], wf: WorkflowDef, out: dict[str, dict[str, Any]], depth: int = 0
 ) -> dict[str, dict[str, Any]]:
     """Pin every sub-workflow `wf` can call, now, once (§4.4): `latest` is the version
     registered last at this moment. Nested calls are pinned too.
@@ -421,9 +444,9 @@ async def _resolve(
             continue
         version: str | None = step.version
         if version == LATEST:
-            latest = await uow.get("workflow", step.workflow)
+            latest = await uow.get_document("workflow", step.workflow)
             version = None if latest is None else str(latest["latest"])
-        doc = None if version is None else await uow.get("definition", version)
+        doc = None if version is None else await uow.get_document("definition", version)
         if doc is None or doc["workflow_id"] != step.workflow:
             raise Refused(
                 f"workflow {wf.id!r}: step {step.id!r} calls {child_key(step)}, "

@@ -6,11 +6,12 @@ unreadable episode, a verifier error or a timeout is a `Fail`, never a `Pass`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from pydantic import Field, ValidationError
 
-from assay.bus.topics import EPISODES, RUN_STATUS, VERIFIED
+from assay.bus.topics import RUN_STATUS, VERIFIED
 from assay.kernel import RunId, RunState
 from assay.messages import (
     Episode,
@@ -19,9 +20,9 @@ from assay.messages import (
     RunVerified,
     VerifierResult,
 )
-from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
-from assay.runtime import StageDeps, StageSpec, UnitOfWork
-from assay.verification import verifier_registry, verify_episode
+from assay.record import BranchKey, Event, EventRegistry, LogRecord, ReadModel, StateDelta
+from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
+from assay.verification import Verifier, verifier_registry, verify_episode
 from assay.workflow import WorkflowDef
 
 
@@ -38,17 +39,30 @@ class RunVerdictRecorded(Event):
 VERIFY_EVENTS = EventRegistry([RunVerdictRecorded])
 
 
+class Verdict(ReadModel):
+    """A run's verdict: its outcome class and each verifier's result."""
+
+    kind: ClassVar[str] = "verdict"
+    passed: bool
+    results: list[VerifierResult]
+
+
 def fold_verify(record: LogRecord) -> list[StateDelta]:
     """One verdict document per run."""
     match record.event:
         case RunVerdictRecorded() as e:
-            return [
-                Put(
-                    StateKey(record.key.tenant, "verdict", e.run_id),
-                    {"passed": e.passed, "results": [r.model_dump(mode="json") for r in e.results]},
-                )
-            ]
+            return [Verdict(passed=e.passed, results=e.results).put(record.key.tenant, e.run_id)]
     return []
+
+
+@dataclass(frozen=True)
+class Verifying:
+    """What verify's handler uses: every verifier kind installed here, by kind."""
+
+    registry: dict[str, Verifier]
+
+
+VerifyUnitOfWork = UnitOfWork[Verifying]
 
 
 def _closed(reason: str) -> list[VerifierResult]:
@@ -59,51 +73,51 @@ def _closed(reason: str) -> list[VerifierResult]:
     ]
 
 
+async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
+    """Verify the frozen episode (fail closed), record the verdict, hand it to grading."""
+    results = await _verify(msg, uow)
+    passed = msg.succeeded and all(r.passed for r in results)
+    uow.record(
+        BranchKey.main(uow.tenant, f"run:{msg.run.run_id}"),
+        RunVerdictRecorded(run_id=msg.run.run_id, passed=passed, results=results),
+    )
+    uow.emit(
+        VERIFIED,
+        RunVerified(
+            run=msg.run,
+            episode=msg.episode,
+            passed=passed,
+            results=results,
+            usage=msg.usage,
+            cost_usd=msg.cost_usd,
+            executed=msg.succeeded,
+        ),
+    )
+    state = RunState.VERIFIED_PASS if passed else RunState.VERIFIED_FAIL
+    uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=state))
+
+
+async def _verify(msg: RunExecuted, uow: VerifyUnitOfWork) -> list[VerifierResult]:
+    """Each verifier's result on the episode; a missing, foreign or undecodable one fails."""
+    raw = await uow.blobs.get(uow.tenant, msg.episode)
+    if raw is None:
+        return _closed(f"episode blob {msg.episode} is missing")
+    try:
+        episode = Episode.model_validate_json(raw)
+        wf = WorkflowDef.model_validate(episode.definition)
+    except ValidationError as exc:
+        return _closed(f"episode does not decode: {exc.error_count()} error(s)")
+    if episode.run.tenant != uow.tenant:
+        return _closed(f"episode {msg.episode} names another tenant")
+    return await verify_episode(episode, list(wf.verifiers), registry=uow.deps.registry)
+
+
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the verify stage: built-in verifiers, `command` in `deps.sandbox`, installed kinds."""
-    registry = verifier_registry(deps.sandbox, deps.verifiers)
-
-    async def on_run_executed(msg: RunExecuted, uow: UnitOfWork) -> None:
-        raw = await uow.blobs.get(uow.tenant, msg.episode)
-        if raw is None:
-            results = _closed(f"episode blob {msg.episode} is missing")
-        else:
-            try:
-                episode = Episode.model_validate_json(raw)
-                wf = WorkflowDef.model_validate(episode.definition)
-                if episode.run.tenant != uow.tenant:
-                    results = _closed(f"episode {msg.episode} names another tenant")
-                else:
-                    results = await verify_episode(episode, list(wf.verifiers), registry=registry)
-            except ValidationError as exc:
-                results = _closed(f"episode does not decode: {exc.error_count()} error(s)")
-        passed = msg.succeeded and all(r.passed for r in results)
-        uow.record(
-            BranchKey.main(uow.tenant, f"run:{msg.run.run_id}"),
-            RunVerdictRecorded(run_id=msg.run.run_id, passed=passed, results=results),
-        )
-        uow.emit(
-            VERIFIED,
-            RunVerified(
-                run=msg.run,
-                episode=msg.episode,
-                passed=passed,
-                results=results,
-                usage=msg.usage,
-                cost_usd=msg.cost_usd,
-                executed=msg.succeeded,
-            ),
-        )
-        uow.emit(
-            RUN_STATUS,
-            RunStatusChanged(
-                run=msg.run, state=RunState.VERIFIED_PASS if passed else RunState.VERIFIED_FAIL
-            ),
-        )
-
     return StageSpec(
         name="verify",
         events=VERIFY_EVENTS,
         fold=fold_verify,
-        handlers={EPISODES: {RunExecuted.type: on_run_executed}},
+        handlers=routes(on_run_executed),
+        deps=Verifying(registry=verifier_registry(deps.sandbox, deps.verifiers)),
     )

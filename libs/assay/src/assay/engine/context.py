@@ -34,7 +34,7 @@ class Journal(Protocol):
         """Every record of the branch, in LSN order."""
         ...
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         """Commit `events` (and messages to emit with them) in one durable commit."""
@@ -246,7 +246,9 @@ class RunContext:
             steps.setdefault(k, {})["succeeded"] = ok
         return {"task": dict(self.spec.input), "steps": steps}
 
-    async def append(self, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()) -> None:
+    async def record_and_commit(
+        self, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
         """Commit events to the run's branch."""
-        await self.journal.append(self.spec.key, *events, emits=emits)
+        await self.journal.record_and_commit(self.spec.key, *events, emits=emits)
         self.appended.n += len(events)

@@ -160,7 +160,7 @@ class Driver:
                 children = {
                     k: v.model_dump(mode="json", by_alias=True) for k, v in spec.children.items()
                 }
-                await run.append(
+                await run.record_and_commit(
                     RunStarted(
                         run=spec.ref,
                         definition=definition,
@@ -329,7 +329,7 @@ class Driver:
                 suspended = Suspended(
                     step=step.id, iteration=iteration, signal=step.signal, deadline_ms=deadline
                 )
-                await run.append(suspended)
+                await run.record_and_commit(suspended)
             raise RunSuspended(suspended)
         if signalled.timed_out:
             if step.on_timeout == "fail":
@@ -347,7 +347,7 @@ class Driver:
             if run.cancel.cancelled:
                 return False
             routed = _choose(step, iteration, run.template_context())
-            await run.append(routed)
+            await run.record_and_commit(routed)
         if routed.error is not None:
             return False
         return routed.to if routed.to is not None else True

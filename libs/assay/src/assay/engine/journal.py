@@ -33,7 +33,7 @@ class LogJournal:
         """Store a checkpoint of the branch."""
         await self.log.put_checkpoint(key, upto, state)
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         """Commit `events` together; remember `emits`."""

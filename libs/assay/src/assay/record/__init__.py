@@ -2,7 +2,16 @@
 
 from assay.kernel.schema import UnknownSchema, Upcaster
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
-from assay.record.state import Delete, Fold, Patch, Put, StateDelta, StateKey, apply_delta
+from assay.record.state import (
+    Delete,
+    Fold,
+    Patch,
+    Put,
+    ReadModel,
+    StateDelta,
+    StateKey,
+    apply_delta,
+)
 
 __all__ = [
     "BranchKey",
@@ -13,6 +22,7 @@ __all__ = [
     "LogRecord",
     "Patch",
     "Put",
+    "ReadModel",
     "StateDelta",
     "StateKey",
     "UnknownSchema",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 from assay.kernel.ids import TenantId
 from assay.record.events import LogRecord
@@ -45,6 +47,28 @@ class Delete:
     """Remove the document at `at` (no-op if absent)."""
 
     at: StateKey
+
+
+class ReadModel(BaseModel):
+    """A derived document, typed: what a fold puts and a handler gets back.
+
+    `kind` names the documents of one model in the store. A model's dump is the
+    stored document, so its fields are the stored keys: rename or reshape one and
+    stored state stops folding identically (tests/test_stored_state.py). A model
+    built by `Patch`es gives every patched-in field a default.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    kind: ClassVar[str]
+
+    def put(self, tenant: TenantId, key: str) -> Put:
+        """Replace this model's document at `key` of `tenant` with this one."""
+        return Put(StateKey(tenant, self.kind, key), self.model_dump(mode="json"))
+
+    @classmethod
+    def at(cls, tenant: TenantId, key: str) -> StateKey:
+        """The address of this model's document at `key` of `tenant`."""
+        return StateKey(tenant, cls.kind, key)
 
 
 StateDelta = Put | Patch | Delete

@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from assay.runtime.stage import (
         Gauge,
         Handler,
+        HandlerInvalid,
         StageDeps,
         StageFactory,
         StageSpec,
         UnitOfWork,
+        routes,
     )
 else:
     __getattr__ = lazy_exports(
@@ -48,10 +50,12 @@ else:
             "assay.runtime.stage": [
                 "Gauge",
                 "Handler",
+                "HandlerInvalid",
                 "StageDeps",
                 "StageFactory",
                 "StageSpec",
                 "UnitOfWork",
+                "routes",
             ],
         },
     )
@@ -63,6 +67,7 @@ __all__ = [
     "Embedded",
     "Gauge",
     "Handler",
+    "HandlerInvalid",
     "PluginInvalid",
     "RedeliveringSource",
     "SandboxSettings",
@@ -79,5 +84,6 @@ __all__ = [
     "discover_stages",
     "load_tools",
     "load_verifiers",
+    "routes",
     "stage_log",
 ]

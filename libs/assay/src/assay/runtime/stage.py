@@ -9,13 +9,17 @@ the inbox entry. Nothing in a handler knows which mode it runs in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import enum
+import typing
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from assay.bus.topics import topic_for
+from assay.bus.topics import TOPICS, topic_for
 from assay.crash import crash_point, crash_points_armed
 from assay.engine.models import Model
 from assay.engine.retention import RetentionPolicy
@@ -32,14 +36,19 @@ from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
-from assay.record.state import Fold, StateKey
+from assay.record.state import Fold, ReadModel, StateKey
+from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
+from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
 from assay.verification.verifiers import Verifier
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
-Handler = Callable[[Any, "UnitOfWork"], Awaitable[None]]
+if TYPE_CHECKING:
+    from assay.runtime.signals import Signals
+
+Handler = Callable[[Any, "UnitOfWork[Any]"], Awaitable[None]]
 Background = Callable[[EventLog, asyncio.Event], Coroutine[Any, Any, None]]
 """A stage's background task: gets the stage's store and the stop event."""
 
@@ -70,6 +79,8 @@ class StageSpec:
     events: EventRegistry
     fold: Fold
     handlers: dict[str, dict[str, Handler]]
+    deps: Any = None
+    """What the stage's handlers share, handed to each unit of work as `uow.deps`."""
     background: tuple[Background, ...] = ()
     """Housekeeping that runs beside the consumers while the stage runs (timers)."""
     gauges: Gauges | None = None
@@ -117,6 +128,8 @@ class StageDeps:
     """The slow loop's generator: drafts a new version when a challenger's time ends."""
     proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
     """Which tenants' proposals skip the operator's approval."""
+    admission: Admission = field(default_factory=lambda: Admission(None))
+    """Capacity checks at registration and admission (§14.2); none without a declaration."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
@@ -127,13 +140,70 @@ class StageDeps:
 StageFactory = Callable[[StageDeps], StageSpec]
 
 
-class UnitOfWork:
+class HandlerInvalid(TypeError):
+    """A handler whose message type cannot be routed (unannotated, or on no topic)."""
+
+
+def routes(*handlers: Handler) -> dict[str, dict[str, Handler]]:
+    """`StageSpec.handlers` from handlers' annotations: each handler's first parameter
+    names its message type, and the one topic carrying that type is its route.
+
+    Raises:
+        HandlerInvalid: a handler's message parameter is unannotated or its type rides no
+            topic, or two handlers take the same type.
+    """
+    table: dict[str, dict[str, Handler]] = {}
+    for handler in handlers:
+        msg_type = _message_type(handler)
+        topic = next((t.name for t in TOPICS.values() if msg_type in t.carries), None)
+        if topic is None:
+            raise HandlerInvalid(f"{handler.__qualname__}: no topic carries {msg_type.__name__}")
+        by_type = table.setdefault(topic, {})
+        if msg_type.type in by_type:
+            raise HandlerInvalid(f"two handlers take {msg_type.__name__}")
+        by_type[msg_type.type] = handler
+    return table
+
+
+def _message_type(handler: Handler) -> type[Versioned]:
+    target = getattr(handler, "__func__", handler)  # a bound method's function
+    hints = typing.get_type_hints(target)
+    params = [p for p in target.__code__.co_varnames[: target.__code__.co_argcount] if p != "self"]
+    msg_type = hints.get(params[0]) if params else None
+    if not (isinstance(msg_type, type) and issubclass(msg_type, Versioned)):
+        raise HandlerInvalid(f"{handler.__qualname__}: its first parameter names no message type")
+    return msg_type
+
+
+D = TypeVar("D")
+M = TypeVar("M", bound=ReadModel)
+
+
+@dataclass
+class _Pending:
+    """What a unit of work (and every fenced view of it) will write at its next commit."""
+
+    records: list[tuple[BranchKey, Event]] = field(default_factory=list)
+    outbox: list[OutboxEntry] = field(default_factory=list)
+    messages: list[Versioned] = field(default_factory=list)
+    expect: list[tuple[BranchKey, Lsn]] = field(default_factory=list)
+    fence: Lease | None = None
+    taken: list[Versioned] = field(default_factory=list)
+    committed: int = 0
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    """What to undo if the pending writes are dropped (`UnitOfWork.on_discard`)."""
+
+
+class UnitOfWork(Generic[D]):
     """One message's transaction: records, outbox, position and inbox, all or none.
 
-    `commit()` may be called mid-handler to make progress durable (execute
-    commits once per event); the consumer position and inbox entry ride only
-    on the final commit, so a crash redelivers the message and the handler
-    resumes from what it committed.
+    `deps` is what the stage's handlers share (the stage declares its type:
+    `VerifyUnitOfWork = UnitOfWork[Verifying]`). Part-way commits are explicit:
+    `async with uow.step(): ...` makes what the block records and emits durable
+    at its end; the consumer position and inbox entry ride only on the message's
+    final commit, so a crash redelivers the message and the handler resumes from
+    what it committed. Writes made through `uow.fenced(lease)` are checked against
+    that lease in whichever commit carries them.
     """
 
     def __init__(
@@ -146,29 +216,61 @@ class UnitOfWork:
         emitted: Counter[str] | None = None,
         *,
         partition: int = 0,
+        deps: D = None,  # type: ignore[assignment]  # a stage without shared deps has None
+        signals: Signals | None = None,
     ) -> None:
         self.stage = stage
         self.partition = partition
         """The partition of the topic the message came from: one consumer handles it at a
         time, so state kept per partition has one writer."""
+        self.deps: D = deps
         self._on_commit = on_commit
         self.log = log
         self.blobs = blobs
         self.envelope = envelope
-        self._records: list[tuple[BranchKey, Event]] = []
-        self._outbox: list[OutboxEntry] = []
-        self._types: list[str] = []
-        self._expect: list[tuple[BranchKey, Lsn]] = []
-        self.fence: Lease | None = None
-        """The lease every commit of this unit of work is checked against."""
-        self.taken_types: list[str] = []
+        self._pending = _Pending()
+        self._fence: Lease | None = None
         self.emitted = emitted if emitted is not None else Counter()
-        self.committed = 0
+        self._signals = signals
 
     @property
     def tenant(self) -> TenantId:
         """Tenant of the message being handled."""
         return self.envelope.tenant
+
+    def landed(self) -> None:
+        """The batch the last `take()` handed over is committed: count what it emitted
+        (the §15 signals derive from committed messages only)."""
+        taken = self._pending.taken
+        self.emitted.update(m.type for m in taken)
+        if self._signals is not None and taken:
+            now = datetime.now(UTC)
+            self._signals.landed(self.stage, taken, self.envelope.occurred_at, now)
+
+    @property
+    def committed(self) -> int:
+        """Part-way commits made so far."""
+        return self._pending.committed
+
+    def fenced(self, lease: Lease) -> UnitOfWork[D]:
+        """This unit of work, writing under `lease`: whatever it records or emits is
+        committed only while `lease` is still the stream's (a view; pending writes are
+        shared with `self`)."""
+        view = copy.copy(self)
+        view._fence = lease
+        return view
+
+    def released(self) -> UnitOfWork[D]:
+        """This unit of work once its lease is given up: nothing pending or written through
+        the view is checked against a lease any more (a suspended run's bookkeeping)."""
+        view = copy.copy(self)
+        view._fence = None
+        self._pending.fence = None
+        return view
+
+    def _touch(self) -> None:
+        if self._fence is not None:
+            self._pending.fence = self._fence
 
     def record(self, key: BranchKey, event: Event) -> None:
         """Append `event` to a stream at the next commit. Tenant must match the message's."""
@@ -176,14 +278,15 @@ class UnitOfWork:
             raise Refused(
                 f"stage {self.stage}: a {self.tenant} message cannot write to tenant {key.tenant}"
             )
-        self._records.append((key, event))
+        self._touch()
+        self._pending.records.append((key, event))
 
     def expect(self, key: BranchKey, end: Lsn) -> None:
         """Compare-and-swap: the next commit lands only if stream `key` still ends at
         `end` (it must append there too); otherwise it raises `StreamChanged`, writes
         nothing, and the consumer runs the handler again on what is there now."""
         self._own(key)
-        self._expect.append((key, end))
+        self._pending.expect.append((key, end))
 
     def emit(self, topic: str, msg: Versioned, *, occurrence: int = 0) -> None:
         """Enqueue `msg` on `topic` at the next commit, keyed as the topic defines.
@@ -202,20 +305,39 @@ class UnitOfWork:
             key=spec.key(msg),
             id=message_id(*parts, *((str(occurrence),) if occurrence else ())),
             causation=self.envelope,
+            traceparent=current_traceparent(),
         )
-        self._outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
-        self._types.append(msg.type)
+        self._touch()
+        self._pending.outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
+        self._pending.messages.append(msg)
+
+    def on_discard(self, undo: Callable[[], None]) -> None:
+        """Call `undo` if the pending writes are dropped instead of committed (the handler
+        failed): what the handler did outside the transaction, such as holding capacity
+        for runs it was about to spawn, is undone with them."""
+        self._pending.undo.append(undo)
 
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
-        self._outbox.append(entry)
+        self._pending.outbox.append(entry)
 
-    async def get(self, kind: str, key: str) -> dict[str, Any] | None:
-        """A committed derived document of this tenant."""
+    async def get(self, model: type[M], key: str) -> M | None:
+        """A committed derived document of this tenant, as its read model."""
+        doc = await self.log.get(model.at(self.tenant, key))
+        return None if doc is None else model.model_validate(doc)
+
+    async def scan(self, model: type[M], prefix: str = "") -> list[tuple[str, M]]:
+        """Committed derived documents of this tenant, by key prefix, as read models."""
+        found = await self.log.scan(self.tenant, model.kind, prefix)
+        return [(key, model.model_validate(doc)) for key, doc in found]
+
+    async def get_document(self, kind: str, key: str) -> dict[str, Any] | None:
+        """A committed derived document of this tenant, untyped (being replaced by `get`)."""
         return await self.log.get(StateKey(self.tenant, kind, key))
 
-    async def scan(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-        """Committed derived documents of this tenant, by key prefix."""
+    async def scan_documents(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+        """Committed derived documents of this tenant, by key prefix, untyped (being
+        replaced by `scan`)."""
         return await self.log.scan(self.tenant, kind, prefix)
 
     async def history(self, key: BranchKey) -> list[LogRecord]:
@@ -242,7 +364,7 @@ class UnitOfWork:
         if key.tenant != self.tenant:
             raise Refused(f"stage {self.stage}: a {self.tenant} message cannot read {key.tenant}")
 
-    async def append(
+    async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
         """Record, emit and commit now, in one commit (the engine's `Journal`)."""
@@ -250,6 +372,14 @@ class UnitOfWork:
             self.record(key, event)
         for topic, msg in emits:
             self.emit(topic, msg)
+        await self.commit()
+
+    @contextlib.asynccontextmanager
+    async def step(self) -> AsyncIterator[None]:
+        """A part-way commit: what is pending when the block ends — what it recorded and
+        emitted, and anything pending before it — is committed then, before the handler
+        goes on. Nothing is committed if the block raises."""
+        yield
         await self.commit()
 
     async def commit(self) -> list[Lsn]:
@@ -265,28 +395,31 @@ class UnitOfWork:
         lsns = await self.log.commit(batch)
         if label is not None:
             crash_point(f"{self.stage}.after_commit.{label}")
-        self.emitted.update(self.taken_types)
-        self.committed += 1
+        self.landed()
+        self._pending.committed += 1
         if batch.outbox and self._on_commit is not None:
             self._on_commit()
         return lsns
 
     def take(self, **final: Any) -> CommitBatch:
         """Hand the pending writes over as a batch (the runner adds position and inbox)."""
+        p = self._pending
         batch = CommitBatch(
-            records=self._records,
-            outbox=self._outbox,
-            fence=self.fence,
-            expect=self._expect,
-            **final,
+            records=p.records, outbox=p.outbox, fence=p.fence, expect=p.expect, **final
         )
-        self.taken_types = self._types
-        self._records, self._outbox, self._types, self._expect = [], [], [], []
+        p.taken = p.messages
+        p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        p.undo = []
         return batch
 
     def discard(self) -> None:
-        """Drop pending writes (a refused message writes only its dead letter)."""
-        self._records, self._outbox, self._types, self._expect = [], [], [], []
+        """Drop pending writes (a refused message writes only its dead letter), undoing
+        what was registered with `on_discard` since the last commit."""
+        p = self._pending
+        p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        undo, p.undo = p.undo, []
+        for step in reversed(undo):
+            step()
 
 
 def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:
