@@ -8,6 +8,7 @@ whole from a model must also be that model's dump, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import tarfile
 from pathlib import Path
@@ -74,7 +75,7 @@ def stage(name: str, blobs: Path) -> StageSpec:
 async def test_every_stored_document_reads_as_its_read_model(
     name: str, data_dir: Path, tmp_path: Path
 ) -> None:
-    with sqlite3.connect(data_dir / f"{name}.sqlite") as db:
+    with contextlib.closing(sqlite3.connect(data_dir / f"{name}.sqlite")) as db:
         kinds = {kind for (kind,) in db.execute("SELECT DISTINCT kind FROM state")}
     models = {m.kind: m for m in MODELS[name]}
     assert kinds <= set(models), f"{name} stores kinds no read model reads: {kinds - set(models)}"
