@@ -16,15 +16,7 @@ from pathlib import Path
 import pytest
 
 from assay.engine import BUILTIN_TOOLS, StubModel
-from assay.engine.run_state import (
-    AttemptView,
-    BranchingDone,
-    CancelAsked,
-    IntentView,
-    RunView,
-    TieringDue,
-    Waiting,
-)
+from assay.engine.run_state import WORK_STATE, Waiting
 from assay.grading import StubJudge
 from assay.record import ReadModel
 from assay.runtime.embedded import stage_log
@@ -33,24 +25,15 @@ from assay.store import FsBlobStore
 from assay_execute import create_stage as create_execute
 from assay_ingest import create_stage as create_ingest
 from assay_ingest.replay import ReplayMeter
-from assay_ingest.rollouts import RolloutGroup, RolloutInput
-from assay_ingest.routing import Allocation
-from assay_ingest.stage import AcceptedTask
+from assay_ingest.rollouts import RolloutInput
+from assay_ingest.state import INGEST_STATE, AcceptedTask
 from assay_ingest.versions import LatestVersion, StoredDefinition
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "demo-data-v1.tar.xz"
 
 MODELS: dict[str, tuple[type[ReadModel], ...]] = {
-    "execute": (RunView, AttemptView, IntentView, Waiting, CancelAsked, BranchingDone, TieringDue),
-    "ingest": (
-        StoredDefinition,
-        LatestVersion,
-        Allocation,
-        AcceptedTask,
-        ReplayMeter,
-        RolloutGroup,
-        RolloutInput,
-    ),
+    "execute": WORK_STATE,
+    "ingest": INGEST_STATE,
 }
 WHOLE = {StoredDefinition, LatestVersion, AcceptedTask, ReplayMeter, RolloutInput, Waiting}
 """Models whose documents the fold writes as the model's dump (no patches, no raw payload)."""

@@ -23,9 +23,9 @@ from assay.engine.events import (
     fold_work,
 )
 from assay.engine.run_state import (
+    WORK_STATE,
     AttemptView,
     CancelAsked,
-    IntentView,
     RunView,
     TieringDue,
     Waiting,
@@ -48,9 +48,7 @@ from assay.record.state import Put
 
 TENANT = TenantId(uuid.UUID(int=7))
 RUN = RunId("01M8SC9T2V0JTFFYGMB5GF83Q4")
-MODELS: dict[str, type[ReadModel]] = {
-    m.kind: m for m in (RunView, AttemptView, IntentView, Waiting, CancelAsked, TieringDue)
-}
+MODELS: dict[str, type[ReadModel]] = {m.kind: m for m in WORK_STATE}
 
 
 def ref() -> RunRef:

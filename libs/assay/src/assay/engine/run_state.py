@@ -123,7 +123,19 @@ class TieringDue(ReadModel):
     reduced_ms: int
 
 
+WORK_STATE: tuple[type[ReadModel], ...] = (
+    RunView,
+    AttemptView,
+    IntentView,
+    Waiting,
+    CancelAsked,
+    BranchingDone,
+    TieringDue,
+)
+"""Every kind of document `fold_work` stores, as its read model."""
+
 __all__ = [
+    "WORK_STATE",
     "AttemptView",
     "BranchingDone",
     "CancelAsked",
