@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from assay.bus import TASKS as TASKS_TOPIC
 from assay.bus import WORKFLOWS
@@ -582,3 +585,66 @@ async def test_the_same_task_gives_the_same_episode_embedded_and_distributed(
         embedded = await rt.blobs.get(task.tenant, doc["episode"])
     assert embedded is not None
     assert _comparable(json.loads(embedded)) == _comparable(json.loads(distributed))
+
+
+# -- the §15 signals on every stage's /metrics ---------------------------------------------
+
+
+async def _scrape(d: Deployment, stage: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(f"http://127.0.0.1:{d.ports[stage]}/metrics")
+    response.raise_for_status()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def _sum(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **want: str
+) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and set(want.items()) <= ls)
+
+
+async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_move(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    tasks = TASKS[140:180]
+    before = await _scrape(d, "ingest")
+    handled_before = _sum(before, "assay_messages_handled_total")
+    d.procs["execute"].send_signal(signal.SIGSTOP)  # a backlog builds in front of execute
+    try:
+        await produce(d.bootstrap, task_records(tenant, tasks))
+
+        async def ingested() -> bool:
+            after = await _scrape(d, "ingest")
+            return _sum(after, "assay_messages_handled_total") >= handled_before + len(tasks)
+
+        await wait_for("ingest to spawn every run", ingested, 60)
+    finally:
+        d.procs["execute"].send_signal(signal.SIGCONT)
+    seen: list[float] = []
+
+    async def drained() -> bool:
+        seen.append(_sum(await _scrape(d, "execute"), "assay_stage_lag", topic="assay.runs"))
+        return seen[-1] == 0
+
+    await wait_for("execute's lag to drain", drained, 120)
+    assert max(seen) > 0, f"the backlog showed as lag: {seen[:5]}"
+    await await_results(d, {(tenant, t["idempotency_key"]) for t in tasks})
+    labels = {"tenant": tenant, "workflow": "arith"}
+    for stage in ("ingest", "execute", "verify", "tournament", "aggregate", "decide"):
+        samples = await _scrape(d, stage)
+        assert _sum(samples, "assay_handler_seconds_count", stage=stage) > 0, stage
+        assert not any(dict(ls).get("run_id") for _, ls in samples), "no run ids in labels"
+    execute = await _scrape(d, "execute")
+    assert _sum(execute, "assay_run_transitions_total", state="running", **labels) == len(tasks)
+    tournament = await _scrape(d, "tournament")
+    # The tenant's only version has nothing to be compared with: Ungraded, and why.
+    ungraded = _sum(tournament, "assay_runs_ungraded_total", reason="no_reference", **labels)
+    assert ungraded == len(tasks)
+    e2e = _sum(tournament, "assay_task_to_result_seconds_count", tenant=tenant)
+    assert e2e == len(tasks)

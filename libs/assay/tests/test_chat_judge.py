@@ -24,6 +24,7 @@ from assay.grading import (
     compare_with_reference,
 )
 from assay.grading.chat_judge import CHARS_PER_TOKEN, TEMPLATE_TOKENS
+from assay.grading.judges import TracedJudge
 from assay.kernel.scores import CoreViolation, DecidedBy, Verdict
 from assay.runtime import Embedded
 from assay.runtime.settings import AssaySettings, SettingsInvalid
@@ -439,7 +440,9 @@ async def test_the_embedded_runtime_closes_the_judge_it_built_and_not_one_passed
     monkeypatch.setenv("ASSAY_MODEL_URL", server.base_url)
     monkeypatch.setenv("ASSAY_MODEL_NAME", "agent-model")
     async with Embedded(tmp_path / "built", stages=()) as runtime:
-        built = runtime.deps.judge
+        traced = runtime.deps.judge
+        assert isinstance(traced, TracedJudge)  # every call a span
+        built = traced.judge
         assert isinstance(built, ChatJudge)
         assert built.model_id == "agent-model"
     with pytest.raises(RuntimeError, match="closed"):
@@ -449,5 +452,7 @@ async def test_the_embedded_runtime_closes_the_judge_it_built_and_not_one_passed
     mine = ChatJudge(ChatCompletionsModel(server.base_url, "judge-model", retry=FAST))
     async with mine:
         async with Embedded(tmp_path / "passed", judge=mine, stages=()) as runtime:
-            assert runtime.deps.judge is mine
+            traced = runtime.deps.judge
+            assert isinstance(traced, TracedJudge)
+            assert traced.judge is mine
         assert await mine.compare(make_episode(["5"]), make_episode(["6"]), []) is Verdict.A

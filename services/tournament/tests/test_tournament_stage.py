@@ -28,6 +28,7 @@ from assay.kernel.scores import (
 )
 from assay.messages import MESSAGES, GroupDue, Purpose, RunRef, open_envelope
 from assay.record import StateKey
+from assay_tournament.state import backlog_gauges
 from services.tournament.tests.tournament_harness import (
     D1,
     D2,
@@ -222,6 +223,8 @@ async def test_challenger_waits_for_its_reference_run_and_is_graded_when_it_arri
     assert status.state is RunState.GRADING
     assert status.run == chal
     assert len(await stage.log.scan(TENANT, "parked", f"{t}/")) == 1
+    backlog = {g.name: dict(g.samples) for g in await backlog_gauges(stage.log)}
+    assert backlog["assay_tournament_runs_parked"] == {(str(TENANT),): 1.0}
     assert await stage.log.get(StateKey(TENANT, "scored", chal.run_id)) is None
 
     stage.judge.verdicts = [Verdict.B]
@@ -257,6 +260,8 @@ async def test_parked_challenger_is_released_when_its_reference_episode_is_unrea
     assert out.score_of(cur) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)
     assert out.score_of(chal) == Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE)
     assert await stage.log.scan(TENANT, "parked") == []
+    backlog = {g.name: dict(g.samples) for g in await backlog_gauges(stage.log)}
+    assert backlog["assay_tournament_runs_parked"] == {}
 
 
 async def test_parked_challenger_ignores_a_run_of_another_baseline(stage: Stage) -> None:
@@ -399,7 +404,12 @@ async def test_a_group_closes_at_quorum_and_ranks_everyone_against_control(stage
         (status,) = waiting.statuses()
         assert status.state is RunState.GRADING
         assert "of 4" in status.detail
+    backlog = {g.name: dict(g.samples) for g in await backlog_gauges(stage.log)}
+    assert backlog["assay_tournament_groups_open"] == {(str(TENANT),): 1.0}
+    assert backlog["assay_tournament_runs_waiting"] == {(str(TENANT),): 3.0}
     closing = await deliver(stage, runs[3], T2, outputs[3])
+    backlog = {g.name: dict(g.samples) for g in await backlog_gauges(stage.log)}
+    assert backlog["assay_tournament_groups_open"] == {}, "closed at quorum: no backlog"
     scores = {g.run.run_id: g.score for g in closing.graded()}
     assert set(scores) == {r.run_id for r in runs}
     assert all(isinstance(s, Ranked) and s.group_size == 4 and s.anchored for s in scores.values())

@@ -18,47 +18,22 @@ with the baseline's pass rate beside it.
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from assay.bus.topics import AGGREGATES, GRADED
+from assay.bus.topics import AGGREGATES
 from assay.kernel import RunId, WorkflowId, WorkflowVersion
-from assay.kernel.scores import (
-    Capped,
-    DecidedBy,
-    Outcome,
-    Ranked,
-    Relative,
-    Score,
-    Ungraded,
-    UngradedReason,
-    WinRecord,
-)
-from assay.messages import (
-    HeldOutTally,
-    Purpose,
-    Role,
-    RunGraded,
-    StrengthSummary,
-    VariantAggregate,
-)
+from assay.kernel.scores import Capped, WinRecord
+from assay.messages import RunGraded, VariantAggregate
 from assay.messages.proposals import FAILURES_KEPT, FailureEvidence, as_evidence
-from assay.record import BranchKey, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
-from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork
+from assay.record import BranchKey, Event, EventRegistry, LogRecord, StateDelta
+from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork, routes
 from assay.store import EventLog
+from assay_aggregate.tallies import Failures, HeldOutTallies, RankedSums, Tally
 
-SCREENED_CLEAN = frozenset(
-    {
-        UngradedReason.NO_REFERENCE,
-        UngradedReason.BASELINE,
-        UngradedReason.INSUFFICIENT_GROUP,
-        UngradedReason.NO_METRIC,
-    }
-)
-"""`Ungraded` reasons that come after the `Core` screen passed (or had nothing to screen);
-a judge failure, a spent budget or a missing episode may not have been screened at all."""
+AggregateUnitOfWork = UnitOfWork[None]
+"""Aggregate's handler shares nothing but its state."""
 
 
 class VersionTallied(Event):
@@ -128,191 +103,76 @@ def _version_tallied_v1(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarise(ranked: dict[str, float]) -> StrengthSummary:
-    """The mean anchored delta with a 95% t interval (a point below two episodes)."""
-    n, total, sumsq = int(ranked["n"]), ranked["sum"], ranked["sumsq"]
-    mean = total / n if n else 0.0
-    if n < 2:
-        interval = (mean, mean)
-    else:
-        var = max(sumsq - n * mean * mean, 0.0) / (n - 1)
-        # Imported here: scipy.special costs a stage ~30 MB resident, and only tournament or
-        # deterministic grading (Ranked deltas) ever needs the t quantile.
-        from scipy.special import stdtrit
-
-        half = float(stdtrit(n - 1, 0.975)) * math.sqrt(var / n)
-        interval = (mean - half, mean + half)
-    return StrengthSummary(
-        episodes=n, mean=mean, interval=interval, unanchored=int(ranked["unanchored"])
-    )
-
-
 def fold_aggregate(record: LogRecord) -> list[StateDelta]:
-    """One tally document per version."""
+    """One tally document per version, and its latest failures."""
+    t = record.key.tenant
     match record.event:
         case VersionTallied() as e:
-            return [
-                Put(
-                    StateKey(record.key.tenant, "version", e.workflow_version),
-                    {
-                        "workflow_id": e.workflow_id,
-                        "runs": e.runs,
-                        "passes": e.passes,
-                        "baseline": e.baseline_version,
-                        "record": e.record.model_dump(mode="json") if e.record else None,
-                        "ranked": e.ranked,
-                        "screened": e.screened,
-                        "served": e.served,
-                        "order_checked": e.order_checked,
-                        "order_inconsistent": e.order_inconsistent,
-                        "held_out": e.held_out,
-                    },
-                )
-            ]
+            held = e.held_out
+            tally = Tally(
+                workflow_id=e.workflow_id,
+                runs=e.runs,
+                passes=e.passes,
+                baseline=e.baseline_version,
+                record=e.record,
+                ranked=RankedSums.model_validate(e.ranked) if e.ranked is not None else None,
+                screened=e.screened,
+                served=e.served,
+                order_checked=e.order_checked,
+                order_inconsistent=e.order_inconsistent,
+                held_out=HeldOutTallies.model_validate(held) if held is not None else None,
+            )
+            return [tally.put(t, e.workflow_version)]
         case FailuresKept() as e:
-            return [
-                Put(
-                    StateKey(record.key.tenant, "failures", e.workflow_version),
-                    {"failures": [f.model_dump(mode="json") for f in e.failures]},
-                )
-            ]
+            return [Failures(failures=e.failures).put(t, e.workflow_version)]
     return []
 
 
-def selection_runs(doc: dict[str, Any]) -> tuple[int, int]:
-    """(runs, passes) of a tally document on selection tasks."""
-    held = doc.get("held_out") or {}
-    return (
-        int(doc.get("runs", 0)) - int(held.get("runs", 0)),
-        int(doc.get("passes", 0)) - int(held.get("passes", 0)),
+async def on_run_graded(msg: RunGraded, uow: AggregateUnitOfWork) -> None:
+    """Fold the graded run into its version's tallies; a challenger's run publishes its
+    evidence against the baseline, with both versions' latest failures."""
+    r = msg.run
+    before = await uow.get(Tally, r.workflow_version) or Tally.empty(r.workflow_id)
+    tally, challenger = before.with_run(msg)
+    uow.record(_stream(uow, r.workflow_version), _tallied(msg, tally))
+    failures = await _failures(uow, r.workflow_version)
+    if (not msg.passed or isinstance(msg.score, Capped)) and not r.held_out:
+        failures = _keep_failure(uow, msg, failures)
+    if not challenger or tally.baseline is None:
+        return
+    base = await uow.get(Tally, tally.baseline)
+    runs, passes = tally.selection()
+    base_runs, base_passes = base.selection() if base else (0, 0)
+    uow.emit(
+        AGGREGATES,
+        VariantAggregate(
+            tenant=r.tenant,
+            workflow_id=r.workflow_id,
+            workflow_version=r.workflow_version,
+            baseline_version=tally.baseline,
+            record=tally.record or WinRecord(),
+            runs=runs,
+            passes=passes,
+            strength=tally.ranked.summary() if tally.ranked else None,
+            baseline_runs=base_runs,
+            baseline_passes=base_passes,
+            held_out=tally.held_out_beside(base),
+            failures=[*await _failures(uow, tally.baseline), *failures],
+            screened=tally.screened,
+            served=tally.served,
+            order_checked=tally.order_checked,
+            order_inconsistent=tally.order_inconsistent,
+        ),
     )
-
-
-class _Evidence:
-    """A challenger's record and anchored deltas on one side of the split, as one run
-    changes them."""
-
-    def __init__(self, record: dict[str, Any] | None, ranked: dict[str, float] | None) -> None:
-        self.record = WinRecord.model_validate(record) if record else None
-        self.ranked = ranked
-
-    def add(self, score: Score) -> None:
-        """Fold one score (an `Ungraded` is not a comparison: nothing changes)."""
-        record = self.record or WinRecord()
-        match score:
-            case Relative(outcome=outcome, decided_by=by):
-                record = record.add(outcome, by)
-            case Capped():
-                record = record.model_copy(update={"capped": record.capped + 1})
-            case Ranked(strength=delta, anchored=anchored):
-                ranked = dict(self.ranked or {"n": 0, "sum": 0.0, "sumsq": 0.0, "unanchored": 0})
-                if anchored:
-                    ranked["n"] += 1
-                    ranked["sum"] += delta
-                    ranked["sumsq"] += delta * delta
-                    sign = Outcome.WIN if delta > 0 else Outcome.LOSS if delta < 0 else Outcome.DRAW
-                    record = record.add(sign, DecidedBy.JUDGE)
-                else:
-                    ranked["unanchored"] += 1
-                self.ranked = ranked
-            case Ungraded():
-                return
-        self.record = record
-
-
-def _screened(score: Score) -> bool:
-    """The episode passed the Core screen (or had nothing to screen) and was graded."""
-    if isinstance(score, Ungraded):
-        return score.reason in SCREENED_CLEAN
-    return not isinstance(score, Capped)
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the aggregate stage."""
-
-    async def on_graded(msg: RunGraded, uow: UnitOfWork[Any]) -> None:
-        r = msg.run
-        doc = await uow.get_document("version", r.workflow_version) or {}
-        runs, passes = doc.get("runs", 0) + 1, doc.get("passes", 0) + int(msg.passed)
-        held: dict[str, Any] | None = doc.get("held_out")
-        if r.held_out:
-            held = dict(held or {"runs": 0, "passes": 0, "record": None, "ranked": None})
-            held["runs"] += 1
-            held["passes"] += int(msg.passed)
-        selection = _Evidence(doc.get("record"), doc.get("ranked"))
-        counts = {
-            k: int(doc.get(k, 0))
-            for k in ("screened", "served", "order_checked", "order_inconsistent")
-        }
-        baseline = doc.get("baseline")
-        challenger = r.role is Role.CHALLENGER and r.baseline_version is not None
-        if challenger and (baseline is None or baseline == r.baseline_version):
-            baseline = r.baseline_version
-            if r.held_out:
-                assert held is not None
-                side = _Evidence(held["record"], held["ranked"])
-                side.add(msg.score)
-                held["record"] = (side.record or WinRecord()).model_dump(mode="json")
-                held["ranked"] = side.ranked
-            else:
-                selection.add(msg.score)
-                selection.record = selection.record or WinRecord()
-                if _screened(msg.score):
-                    counts["screened"] += 1
-                    counts["served"] += int(r.purpose is Purpose.WORK)
-                if isinstance(msg.score, Relative) and msg.score.order_consistent is not None:
-                    counts["order_checked"] += 1
-                    counts["order_inconsistent"] += int(not msg.score.order_consistent)
-        else:
-            challenger = False
-        uow.record(
-            BranchKey.main(uow.tenant, f"version:{r.workflow_version}"),
-            VersionTallied(
-                run_id=r.run_id,
-                workflow_id=r.workflow_id,
-                workflow_version=r.workflow_version,
-                runs=runs,
-                passes=passes,
-                baseline_version=baseline,
-                record=selection.record,
-                ranked=selection.ranked,
-                held_out=held,
-                **counts,
-            ),
-        )
-        failures = await _failures(uow, r.workflow_version)
-        if (not msg.passed or isinstance(msg.score, Capped)) and not r.held_out:
-            failures = _keep_failure(uow, msg, failures)
-        if not challenger or baseline is None:
-            return
-        base = await uow.get_document("version", baseline) or {}
-        base_runs, base_passes = selection_runs(base)
-        mine = {"runs": runs, "passes": passes, "held_out": held}
-        sel_runs, sel_passes = selection_runs(mine)
-        uow.emit(
-            AGGREGATES,
-            VariantAggregate(
-                tenant=r.tenant,
-                workflow_id=r.workflow_id,
-                workflow_version=r.workflow_version,
-                baseline_version=baseline,
-                record=selection.record or WinRecord(),
-                runs=sel_runs,
-                passes=sel_passes,
-                strength=summarise(selection.ranked) if selection.ranked else None,
-                baseline_runs=base_runs,
-                baseline_passes=base_passes,
-                held_out=_held_out(held, base.get("held_out")),
-                failures=[*await _failures(uow, baseline), *failures],
-                **counts,
-            ),
-        )
-
     return StageSpec(
         name="aggregate",
         events=AGGREGATE_EVENTS,
         fold=fold_aggregate,
-        handlers={GRADED: {RunGraded.type: on_graded}},
+        handlers=routes(on_run_graded),
         gauges=held_out_gauges,
     )
 
@@ -323,14 +183,14 @@ async def held_out_gauges(log: EventLog) -> list[Gauge]:
     the graded runs on each side it is measured over."""
     gaps: list[tuple[tuple[str, ...], float]] = []
     runs: list[tuple[tuple[str, ...], float]] = []
-    for tenant, version, doc in sorted(await log.scan_kind("version"), key=lambda r: r[:2]):
-        labels = (str(tenant), str(doc["workflow_id"]), version)
-        sel_runs, sel_passes = selection_runs(doc)
-        held = doc.get("held_out") or {}
-        held_runs, held_passes = int(held.get("runs", 0)), int(held.get("passes", 0))
-        runs += [((*labels, "selection"), sel_runs), ((*labels, "held_out"), held_runs)]
-        if sel_runs and held_runs:
-            gaps.append((labels, sel_passes / sel_runs - held_passes / held_runs))
+    for tenant, version, doc in sorted(await log.scan_kind(Tally.kind), key=lambda r: r[:2]):
+        tally = Tally.model_validate(doc)
+        labels = (str(tenant), str(tally.workflow_id), version)
+        sel_runs, sel_passes = tally.selection()
+        held = tally.held_out or HeldOutTallies()
+        runs += [((*labels, "selection"), sel_runs), ((*labels, "held_out"), held.runs)]
+        if sel_runs and held.runs:
+            gaps.append((labels, sel_passes / sel_runs - held.passes / held.runs))
     return [
         Gauge(
             "assay_held_out_gap",
@@ -348,14 +208,37 @@ async def held_out_gauges(log: EventLog) -> list[Gauge]:
     ]
 
 
-async def _failures(uow: UnitOfWork[Any], version: WorkflowVersion) -> list[FailureEvidence]:
+def _stream(uow: AggregateUnitOfWork, version: WorkflowVersion) -> BranchKey:
+    return BranchKey.main(uow.tenant, f"version:{version}")
+
+
+def _tallied(msg: RunGraded, tally: Tally) -> VersionTallied:
+    r = msg.run
+    return VersionTallied(
+        run_id=r.run_id,
+        workflow_id=r.workflow_id,
+        workflow_version=r.workflow_version,
+        runs=tally.runs,
+        passes=tally.passes,
+        baseline_version=tally.baseline,
+        record=tally.record,
+        ranked=tally.ranked.model_dump() if tally.ranked else None,
+        screened=tally.screened,
+        served=tally.served,
+        order_checked=tally.order_checked,
+        order_inconsistent=tally.order_inconsistent,
+        held_out=tally.held_out.model_dump(mode="json") if tally.held_out else None,
+    )
+
+
+async def _failures(uow: AggregateUnitOfWork, version: WorkflowVersion) -> list[FailureEvidence]:
     """The version's latest selection-set failures, oldest first."""
-    doc = await uow.get_document("failures", version) or {"failures": []}
-    return [FailureEvidence.model_validate(f) for f in doc["failures"]]
+    kept = await uow.get(Failures, version)
+    return list(kept.failures) if kept else []
 
 
 def _keep_failure(
-    uow: UnitOfWork[Any], msg: RunGraded, kept: list[FailureEvidence]
+    uow: AggregateUnitOfWork, msg: RunGraded, kept: list[FailureEvidence]
 ) -> list[FailureEvidence]:
     """Keep a failed selection-set run as evidence beside `kept`; only the newest
     `FAILURES_KEPT` stay. The failures after it."""
@@ -368,21 +251,7 @@ def _keep_failure(
     )
     kept = [*kept, evidence][-FAILURES_KEPT:]
     uow.record(
-        BranchKey.main(uow.tenant, f"version:{r.workflow_version}"),
+        _stream(uow, r.workflow_version),
         FailuresKept(workflow_version=r.workflow_version, failures=kept),
     )
     return kept
-
-
-def _held_out(mine: dict[str, Any] | None, base: dict[str, Any] | None) -> HeldOutTally | None:
-    """The challenger's held-out measures beside the baseline's, once it has any."""
-    if mine is None:
-        return None
-    return HeldOutTally(
-        runs=mine["runs"],
-        passes=mine["passes"],
-        record=WinRecord.model_validate(mine["record"]) if mine["record"] else WinRecord(),
-        strength=summarise(mine["ranked"]) if mine["ranked"] else None,
-        baseline_runs=int((base or {}).get("runs", 0)),
-        baseline_passes=int((base or {}).get("passes", 0)),
-    )

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 
 from assay.engine import Pure, Tool
 from assay.grading.strategies import StrategyRefused, check_fits, profile
-from assay.runtime import StageDeps
 from assay.workflow import ToolStep, WorkflowDef
+from assay_decide.deciding import Deciding
 
 
 def replay_unsafe(wf: WorkflowDef, tools: Mapping[str, Tool]) -> list[str]:
@@ -36,7 +36,7 @@ def replay_unsafe(wf: WorkflowDef, tools: Mapping[str, Tool]) -> list[str]:
     return unsafe
 
 
-def shadow_refusal(wf: WorkflowDef, deps: StageDeps) -> str | None:
+def shadow_refusal(wf: WorkflowDef, deps: Deciding) -> str | None:
     """Why the version cannot enter shadow, or None when it can."""
     unsafe = replay_unsafe(wf, deps.tools)
     if unsafe:

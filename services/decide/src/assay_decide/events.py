@@ -1,6 +1,6 @@
 """Decide's log: every record of a workflow goes on its stream `workflow:<id>`.
 
-Derived state, per tenant:
+Derived state, per tenant (read models and fold in `state.py`):
 
 - `allocation/<workflow>`: the latest `AllocationChanged` payload;
 - `ladder/<workflow>`: where its challenger stands (`Standing`), absent without one;
@@ -27,17 +27,7 @@ from assay.kernel.scores import WinRecord
 from assay.messages import AllocationChanged, Ladder, Rung, Usage
 from assay.messages.loop import allocation_changed_v1_to_v2
 from assay.messages.proposals import FailureEvidence, ProposalRequested
-from assay.record import (
-    BranchKey,
-    Delete,
-    Event,
-    EventRegistry,
-    LogRecord,
-    Patch,
-    Put,
-    StateDelta,
-    StateKey,
-)
+from assay.record import BranchKey, Event, EventRegistry
 
 STREAM_PREFIX = "workflow:"
 
@@ -175,57 +165,3 @@ def _challenger_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 decided by the sequential test alone: promoted or rejected."""
     outcome = "promoted" if payload["accepted"] else "rejected"
     return {**payload, "outcome": outcome, "ladder": "default", "rung": None, "trigger": None}
-
-
-def fold_decide(record: LogRecord) -> list[StateDelta]:
-    """The allocation, standing and stream head per workflow; decisions per version."""
-    t = record.key.tenant
-    out: list[StateDelta] = []
-    if record.key.stream.startswith(STREAM_PREFIX):
-        workflow = record.key.stream[len(STREAM_PREFIX) :]
-        out.append(Put(StateKey(t, "head", workflow), {"next": record.lsn + 1}))
-    match record.event:
-        case AllocationSet(allocation=a, standing=standing):
-            ladder = StateKey(t, "ladder", a.workflow_id)
-            out += [
-                Put(StateKey(t, "allocation", a.workflow_id), a.model_dump(mode="json")),
-                *(
-                    Put(StateKey(t, "known", v), {"workflow_id": a.workflow_id})
-                    for v in sorted(a.definitions)
-                ),
-                Put(ladder, standing.model_dump(mode="json")) if standing else Delete(ladder),
-            ]
-        case ChallengerDecided() as e:
-            out += [
-                Put(StateKey(t, "decision", e.workflow_version), e.model_dump(mode="json")),
-                Put(StateKey(t, "known", e.workflow_version), {"workflow_id": e.workflow_id}),
-            ]
-        case EvidenceAccepted() as e:
-            out += [
-                Put(StateKey(t, "accepted", e.workflow_version), e.model_dump(mode="json")),
-                Patch(StateKey(t, "ladder", e.workflow_id), {"accepted": True}),
-            ]
-        case PromotionHeld() as e:
-            out.append(Patch(StateKey(t, "ladder", e.workflow_id), {"held": e.reason}))
-        case ProposalMade(proposal=p, failures=failures):
-            doc = {
-                **p.model_dump(mode="json"),
-                "failures": [f.model_dump(mode="json") for f in failures],
-                "status": "pending",
-                "review": None,
-            }
-            out += [
-                Put(StateKey(t, "proposal", p.proposal_id), doc),
-                Put(StateKey(t, "open_proposal", p.workflow_id), {"proposal_id": p.proposal_id}),
-                Delete(StateKey(t, "unproposed", p.workflow_id)),
-            ]
-        case ProposalNotMade() as e:
-            out.append(Put(StateKey(t, "unproposed", e.workflow_id), e.model_dump(mode="json")))
-        case ProposalReviewed() as e:
-            review = {"reason": e.reason, "by": e.by}
-            status = "approved" if e.approved else "rejected"
-            out += [
-                Patch(StateKey(t, "proposal", e.proposal_id), {"status": status, "review": review}),
-                Delete(StateKey(t, "open_proposal", e.workflow_id)),
-            ]
-    return out

@@ -19,8 +19,6 @@ decide admits it to shadow like any registration.
 
 from __future__ import annotations
 
-from typing import Any
-
 from assay.bus.topics import DECISIONS, WORKFLOWS
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.proposers import Proposal, ProposalInput, ProposerFailed, ProposerUsage
@@ -33,10 +31,11 @@ from assay.messages import (
     Usage,
     WorkflowRegistered,
 )
-from assay.runtime import StageDeps, UnitOfWork
 from assay.workflow import WorkflowDef, WorkflowInvalid, validate
+from assay_decide.deciding import DecideUnitOfWork, Deciding
 from assay_decide.entry import shadow_refusal
 from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
+from assay_decide.state import Known, OpenProposal, ProposalRecord
 from assay_decide.workflow import Workflow
 
 
@@ -53,200 +52,199 @@ def _usage(u: ProposerUsage) -> Usage:
     )
 
 
-class SlowLoop:
-    """Decide's side of the slow loop, over one handler's unit of work."""
+async def on_review_proposal(msg: ReviewProposal, uow: DecideUnitOfWork) -> None:
+    """An operator approved a proposal (it is registered) or rejected it (the proposer
+    is asked again, told why).
 
-    def __init__(self, deps: StageDeps) -> None:
-        self.deps = deps
-        self.known_tools = frozenset(deps.tools)
-
-    async def propose(
-        self,
-        w: Workflow,
-        current: WorkflowDef,
-        ended: WorkflowDef | None,
-        outcome: str,
-        reason: str,
-        failures: list[FailureEvidence],
-        *,
-        replacing: bool = False,
-    ) -> None:
-        """Ask the proposer for the next version of `current` and record what came of it.
-
-        `replacing`: the open proposal was just rejected in this handler (its state still
-        reads open until the commit)."""
-        uow, workflow = w.uow, w.id
-        if not replacing and await uow.get_document("open_proposal", workflow) is not None:
-            return  # one proposal waits for an operator at a time
-        after = ended.version if ended is not None else current.version
-        tried, feedback = await self._history(uow, workflow)
-        request = ProposalInput(
-            tenant=uow.tenant,
-            workflow_id=workflow,
-            current=current,
-            ended=ended,
-            outcome=outcome,
+    Raises:
+        Refused: no such proposal of the workflow for the tenant, it was already
+            reviewed the other way, or (approving) the workflow has a challenger.
+    """
+    w = await Workflow.open(uow, msg.workflow_id)
+    doc = _under_review(await uow.get(ProposalRecord, msg.proposal_id), msg, uow.tenant)
+    if doc is None:
+        return  # a repeated review
+    alloc = await w.allocation()
+    assert alloc is not None  # a proposal is only ever made for a workflow decide holds
+    if msg.approve and alloc.challenger:
+        raise Refused(
+            f"workflow {msg.workflow_id!r} has challenger {alloc.challenger} on "
+            f"{alloc.rung.value if alloc.rung else 'the ladder'}; approve proposal "
+            f"{msg.proposal_id} once its time ends"
+        )
+    reason = msg.reason or ("approved" if msg.approve else "rejected")
+    w.record(
+        ProposalReviewed(
+            workflow_id=msg.workflow_id,
+            proposal_id=msg.proposal_id,
+            approved=msg.approve,
             reason=reason,
-            failures=failures,
-            tried=frozenset(tried),
-            feedback=feedback,
+            by="operator",
         )
-        proposer = self.deps.proposer
-        try:
-            proposal = await proposer.propose(request)
-        except ProposerFailed as exc:
-            self._not_made(w, after, exc.reason, exc.usage)
-            return
-        if proposal is None:
-            why = (
-                "no selection-set failure to learn from"
-                if not failures
-                else f"nothing left to propose from {len(failures)} selection-set failure(s)"
-            )
-            self._not_made(w, after, why, ProposerUsage())
-            return
-        refusal = self._refusal(proposal.definition, request)
-        if refusal is not None:
-            self._not_made(w, after, f"draft refused: {refusal}", proposal.usage)
-            return
-        self._made(w, request, proposal, after)
+    )
+    proposal = doc.announced()
+    if msg.approve:
+        _register(uow, proposal)
+        return
+    await propose(
+        w,
+        alloc.definition(alloc.current),
+        WorkflowDef.model_validate(proposal.definition),
+        "proposal_rejected",
+        msg.reason or "an operator rejected the previous proposal",
+        doc.failures,
+        replacing=True,
+    )
 
-    async def review(self, msg: ReviewProposal, uow: UnitOfWork[Any]) -> None:
-        """An operator approved or rejected a proposal.
 
-        Raises:
-            Refused: no such proposal of the workflow for the tenant, it was already
-                reviewed the other way, or (approving) the workflow has a challenger.
-        """
-        w = await Workflow.open(uow, msg.workflow_id)
-        doc = await uow.get_document("proposal", msg.proposal_id)
-        if doc is None or doc["workflow_id"] != msg.workflow_id:
-            raise Refused(
-                f"no proposal {msg.proposal_id} of workflow {msg.workflow_id!r} "
-                f"for tenant {uow.tenant}"
-            )
-        wanted = "approved" if msg.approve else "rejected"
-        if doc["status"] == wanted:
-            return  # a repeated review
-        if doc["status"] != "pending":
-            raise Refused(f"proposal {msg.proposal_id} was already {doc['status']}")
-        alloc = await w.allocation()
-        assert alloc is not None  # a proposal is only ever made for a workflow decide holds
-        if msg.approve and alloc.get("challenger"):
-            raise Refused(
-                f"workflow {msg.workflow_id!r} has challenger {alloc['challenger']} on "
-                f"{alloc.get('rung') or 'the ladder'}; approve proposal {msg.proposal_id} once "
-                "its time ends"
-            )
-        w.record(
-            ProposalReviewed(
-                workflow_id=msg.workflow_id,
-                proposal_id=msg.proposal_id,
-                approved=msg.approve,
-                reason=msg.reason or ("approved" if msg.approve else "rejected"),
-                by="operator",
-            ),
+def _under_review(
+    doc: ProposalRecord | None, msg: ReviewProposal, tenant: TenantId
+) -> ProposalRecord | None:
+    """The proposal the review changes (None: it was already reviewed so).
+
+    Raises:
+        Refused: no such proposal of the workflow for the tenant, or it was already
+            reviewed the other way.
+    """
+    if doc is None or doc.workflow_id != msg.workflow_id:
+        raise Refused(
+            f"no proposal {msg.proposal_id} of workflow {msg.workflow_id!r} for tenant {tenant}"
         )
-        proposal = ProposalRequested.model_validate(
-            {k: v for k, v in doc.items() if k not in ("failures", "status", "review")}
+    if doc.status == ("approved" if msg.approve else "rejected"):
+        return None
+    if doc.status != "pending":
+        raise Refused(f"proposal {msg.proposal_id} was already {doc.status}")
+    return doc
+
+
+async def propose(
+    w: Workflow,
+    current: WorkflowDef,
+    ended: WorkflowDef | None,
+    outcome: str,
+    reason: str,
+    failures: list[FailureEvidence],
+    *,
+    replacing: bool = False,
+) -> None:
+    """Ask the proposer for the next version of `current` and record what came of it.
+
+    `replacing`: the open proposal was just rejected in this handler (its state still
+    reads open until the commit)."""
+    uow, deps = w.uow, w.uow.deps
+    if not replacing and await uow.get(OpenProposal, w.id) is not None:
+        return  # one proposal waits for an operator at a time
+    after = ended.version if ended is not None else current.version
+    tried, feedback = await _history(uow, w.id)
+    request = ProposalInput(
+        tenant=uow.tenant,
+        workflow_id=w.id,
+        current=current,
+        ended=ended,
+        outcome=outcome,
+        reason=reason,
+        failures=failures,
+        tried=frozenset(tried),
+        feedback=feedback,
+    )
+    try:
+        proposal = await deps.proposer.propose(request)
+    except ProposerFailed as exc:
+        _not_made(w, after, exc.reason, exc.usage)
+        return
+    if proposal is None:
+        why = (
+            "no selection-set failure to learn from"
+            if not failures
+            else f"nothing left to propose from {len(failures)} selection-set failure(s)"
         )
-        if msg.approve:
-            _register(uow, proposal)
-            return
-        failures = [FailureEvidence.model_validate(f) for f in doc["failures"]]
-        current = WorkflowDef.model_validate(alloc["definitions"][alloc["current"]])
-        await self.propose(
-            w,
-            current,
-            WorkflowDef.model_validate(proposal.definition),
-            "proposal_rejected",
-            msg.reason or "an operator rejected the previous proposal",
-            failures,
-            replacing=True,
-        )
+        _not_made(w, after, why, ProposerUsage())
+        return
+    refusal = _refusal(proposal.definition, request, deps)
+    if refusal is not None:
+        _not_made(w, after, f"draft refused: {refusal}", proposal.usage)
+        return
+    _made(w, request, proposal, after)
 
-    async def _history(
-        self, uow: UnitOfWork[Any], workflow: WorkflowId
-    ) -> tuple[set[WorkflowVersion], list[str]]:
-        """Every version of the workflow decide held, turned away or saw proposed, and
-        the reasons operators gave for rejecting proposals."""
-        tried = {
-            WorkflowVersion(v)
-            for v, d in await uow.scan_documents("known")
-            if d["workflow_id"] == workflow
-        }
-        feedback = []
-        for _, doc in await uow.scan_documents("proposal"):
-            if doc["workflow_id"] != workflow:
-                continue
-            tried.add(WorkflowVersion(doc["workflow_version"]))
-            review = doc.get("review") or {}
-            if doc["status"] == "rejected" and review.get("reason"):
-                feedback.append(str(review["reason"]))
-        return tried, feedback
 
-    def _refusal(self, wf: WorkflowDef, request: ProposalInput) -> str | None:
-        """Why a draft could not be registered or enter shadow, or None."""
-        if wf.id != request.workflow_id:
-            return f"it names workflow {wf.id!r}"
-        if wf.version in request.tried or wf.version == request.current.version:
-            return f"version {wf.version} was already tried"
-        try:
-            validate(wf, self.known_tools, self.deps.verifier_kinds)
-            check_executable(wf)
-        except (WorkflowInvalid, StepNotExecutable) as exc:
-            return f"invalid workflow: {exc}"
-        return shadow_refusal(wf, self.deps)
+async def _history(
+    uow: DecideUnitOfWork, workflow: WorkflowId
+) -> tuple[set[WorkflowVersion], list[str]]:
+    """Every version of the workflow decide held, turned away or saw proposed, and
+    the reasons operators gave for rejecting proposals."""
+    tried = {
+        WorkflowVersion(v) for v, known in await uow.scan(Known) if known.workflow_id == workflow
+    }
+    feedback = []
+    for _, proposal in await uow.scan(ProposalRecord):
+        if proposal.workflow_id != workflow:
+            continue
+        tried.add(proposal.workflow_version)
+        if proposal.status == "rejected" and proposal.review and proposal.review.reason:
+            feedback.append(proposal.review.reason)
+    return tried, feedback
 
-    def _made(
-        self, w: Workflow, request: ProposalInput, proposal: Proposal, after: WorkflowVersion
-    ) -> None:
-        uow, wf = w.uow, proposal.definition
-        gated = self.deps.proposals.gated(uow.tenant)
-        announced = ProposalRequested(
-            tenant=uow.tenant,
+
+def _refusal(wf: WorkflowDef, request: ProposalInput, deps: Deciding) -> str | None:
+    """Why a draft could not be registered or enter shadow, or None."""
+    if wf.id != request.workflow_id:
+        return f"it names workflow {wf.id!r}"
+    if wf.version in request.tried or wf.version == request.current.version:
+        return f"version {wf.version} was already tried"
+    try:
+        validate(wf, frozenset(deps.tools), deps.verifier_kinds)
+        check_executable(wf)
+    except (WorkflowInvalid, StepNotExecutable) as exc:
+        return f"invalid workflow: {exc}"
+    return shadow_refusal(wf, deps)
+
+
+def _made(w: Workflow, request: ProposalInput, proposal: Proposal, after: WorkflowVersion) -> None:
+    uow, wf, deps = w.uow, proposal.definition, w.uow.deps
+    gated = deps.proposals.gated(uow.tenant)
+    announced = ProposalRequested(
+        tenant=uow.tenant,
+        workflow_id=request.workflow_id,
+        proposal_id=proposal_id(uow.tenant, request.workflow_id, wf.version),
+        workflow_version=wf.version,
+        parent=request.current.version,
+        after=after,
+        definition=wf.model_dump(mode="json", by_alias=True),
+        rationale=proposal.rationale,
+        proposer=deps.proposer.name,
+        evidence=[f.run_id for f in request.failures],
+        usage=_usage(proposal.usage),
+        gated=gated,
+    )
+    w.record(ProposalMade(proposal=announced, failures=request.failures))
+    uow.emit(DECISIONS, announced)
+    if gated:
+        return
+    w.record(
+        ProposalReviewed(
             workflow_id=request.workflow_id,
-            proposal_id=proposal_id(uow.tenant, request.workflow_id, wf.version),
-            workflow_version=wf.version,
-            parent=request.current.version,
+            proposal_id=announced.proposal_id,
+            approved=True,
+            reason="the tenant's proposals are ungated",
+            by="ungated",
+        ),
+    )
+    _register(uow, announced)
+
+
+def _not_made(w: Workflow, after: WorkflowVersion, reason: str, usage: ProposerUsage) -> None:
+    w.record(
+        ProposalNotMade(
+            workflow_id=w.id,
             after=after,
-            definition=wf.model_dump(mode="json", by_alias=True),
-            rationale=proposal.rationale,
-            proposer=self.deps.proposer.name,
-            evidence=[f.run_id for f in request.failures],
-            usage=_usage(proposal.usage),
-            gated=gated,
-        )
-        w.record(ProposalMade(proposal=announced, failures=request.failures))
-        uow.emit(DECISIONS, announced)
-        if gated:
-            return
-        w.record(
-            ProposalReviewed(
-                workflow_id=request.workflow_id,
-                proposal_id=announced.proposal_id,
-                approved=True,
-                reason="the tenant's proposals are ungated",
-                by="ungated",
-            ),
-        )
-        _register(uow, announced)
-
-    def _not_made(
-        self, w: Workflow, after: WorkflowVersion, reason: str, usage: ProposerUsage
-    ) -> None:
-        w.record(
-            ProposalNotMade(
-                workflow_id=w.id,
-                after=after,
-                proposer=self.deps.proposer.name,
-                reason=reason,
-                usage=_usage(usage),
-            ),
-        )
+            proposer=w.uow.deps.proposer.name,
+            reason=reason,
+            usage=_usage(usage),
+        ),
+    )
 
 
-def _register(uow: UnitOfWork[Any], proposal: ProposalRequested) -> None:
+def _register(uow: DecideUnitOfWork, proposal: ProposalRequested) -> None:
     """Put the approved version on `assay.workflows`, parented on its draft's base."""
     uow.emit(
         WORKFLOWS,

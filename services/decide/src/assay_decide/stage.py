@@ -17,24 +17,22 @@ replicas) runs again on what is there now.
 
 from __future__ import annotations
 
-from typing import Any
-
-from assay.bus.topics import AGGREGATES, DECISIONS, WORKFLOWS
+from assay.bus.topics import DECISIONS
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.ladder import Move, MoveKind, Standing, ladder_for, step
-from assay.kernel import Refused, WorkflowVersion
+from assay.kernel import Refused
 from assay.kernel.scores import WinRecord
 from assay.messages import (
     ChallengerRejected,
     Promoted,
-    ReviewProposal,
     RolledBack,
     Rung,
     VariantAggregate,
     WorkflowRegistered,
 )
-from assay.runtime import StageDeps, StageSpec, UnitOfWork
+from assay.runtime import StageDeps, StageSpec, routes
 from assay.workflow import WorkflowDef, WorkflowInvalid, from_document, validate
+from assay_decide.deciding import DecideUnitOfWork, Deciding
 from assay_decide.entry import shadow_refusal
 from assay_decide.events import (
     DECIDE_EVENTS,
@@ -42,9 +40,9 @@ from assay_decide.events import (
     ChallengerDecided,
     EvidenceAccepted,
     PromotionHeld,
-    fold_decide,
 )
-from assay_decide.proposals import SlowLoop
+from assay_decide.proposals import on_review_proposal, propose
+from assay_decide.state import Allocation, Known, fold_decide
 from assay_decide.workflow import Workflow
 
 __all__ = [
@@ -55,158 +53,187 @@ __all__ = [
     "PromotionHeld",
     "create_stage",
     "fold_decide",
+    "on_review_proposal",
+    "on_variant_aggregate",
+    "on_workflow_registered",
 ]
+
+
+async def on_workflow_registered(msg: WorkflowRegistered, uow: DecideUnitOfWork) -> None:
+    """The first version of a workflow becomes current; a later one becomes its challenger,
+    in shadow, if it meets shadow's entry criteria (else it is turned away).
+
+    Raises:
+        Refused: the workflow already has a challenger.
+    """
+    deps = uow.deps
+    wf = _valid(msg, deps)
+    if wf is None:
+        return  # ingest dead-letters invalid definitions with the reason
+    w = await Workflow.open(uow, wf.id)
+    alloc = await w.allocation()
+    definition = wf.model_dump(mode="json", by_alias=True)
+    if alloc is None:
+        w.allocate(
+            None,
+            "first version registered",
+            current=wf.version,
+            definitions={wf.version: definition},
+        )
+        return
+    if await uow.get(Known, wf.version) is not None:
+        return  # a re-registration of a version decide holds, held or turned away
+    if alloc.challenger:
+        raise Refused(
+            f"workflow {wf.id!r} already has challenger {alloc.challenger}; "
+            "at most one challenger at a time"
+        )
+    refusal = shadow_refusal(wf, deps)
+    if refusal is not None:  # §12.3: shadow's entry criteria, checked before any replay
+        _turn_away(w, wf, refusal)
+        return
+    w.allocate(
+        alloc,
+        "challenger registered (shadow)",
+        Standing(ladder=ladder_for(definition), rung=Rung.SHADOW, share=0.0),
+        current=alloc.current,
+        challenger=wf.version,
+        shadow_rate=deps.shadow_rate,
+        definitions={**alloc.definitions, wf.version: definition},
+    )
+
+
+async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> None:
+    """Take the live challenger's evidence one step on its ladder: stay, climb a rung, or
+    end its time — promoted, rejected or rolled back (then the proposer is asked)."""
+    w = await Workflow.open(uow, msg.workflow_id)
+    alloc = await w.allocation()
+    if alloc is None or alloc.challenger != msg.workflow_version:
+        return  # not the live challenger (already decided, or never one)
+    if msg.baseline_version != alloc.current:
+        return
+    standing = await w.standing(alloc)
+    move = step(standing, msg, uow.deps.ladder, uow.deps.sprt)
+    if move.accepted_now:
+        standing = _latch_accepted(w, msg, move, standing)
+    match move.kind:
+        case MoveKind.STAY:
+            if move.held != standing.held:
+                w.record(
+                    PromotionHeld(
+                        workflow_id=w.id, workflow_version=msg.workflow_version, reason=move.held
+                    )
+                )
+        case MoveKind.ADVANCE:
+            _climb(w, alloc, standing, msg, move)
+        case MoveKind.PROMOTE:
+            _end(w, alloc, standing, msg, move)
+        case MoveKind.REJECT | MoveKind.ROLL_BACK:  # ended without a replacement
+            _end(w, alloc, standing, msg, move)
+            await propose(
+                w,
+                alloc.definition(alloc.current),
+                alloc.definition(msg.workflow_version),
+                "rejected" if move.kind is MoveKind.REJECT else "rolled_back",
+                move.reason,
+                msg.failures,
+            )
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the decide stage."""
-    known_tools = frozenset(deps.tools)
-    loop = SlowLoop(deps)
-
-    async def on_workflow(msg: WorkflowRegistered, uow: UnitOfWork[Any]) -> None:
-        try:
-            wf = validate(from_document(msg.definition), known_tools, deps.verifier_kinds)
-            check_executable(wf)
-        except (WorkflowInvalid, StepNotExecutable):
-            return  # ingest dead-letters invalid definitions with the reason
-        w = await Workflow.open(uow, wf.id)
-        alloc = await w.allocation()
-        definition = wf.model_dump(mode="json", by_alias=True)
-        if alloc is None:
-            w.allocate(
-                None,
-                "first version registered",
-                current=wf.version,
-                definitions={wf.version: definition},
-            )
-            return
-        if await uow.get_document("known", wf.version) is not None:
-            return  # a re-registration of a version decide holds, held or turned away
-        if alloc.get("challenger"):
-            raise Refused(
-                f"workflow {wf.id!r} already has challenger {alloc['challenger']}; "
-                "at most one challenger at a time"
-            )
-        refusal = shadow_refusal(wf, deps)
-        if refusal is not None:  # §12.3: shadow's entry criteria, checked before any replay
-            w.record(
-                ChallengerDecided(
-                    workflow_id=wf.id,
-                    workflow_version=wf.version,
-                    accepted=False,
-                    record=WinRecord(),
-                    llr=0.0,
-                    reason=refusal,
-                    outcome="rejected",
-                    ladder=ladder_for(definition),
-                    rung=None,
-                    trigger=None,
-                )
-            )
-            uow.emit(
-                DECISIONS,
-                ChallengerRejected(
-                    tenant=uow.tenant,
-                    workflow_id=wf.id,
-                    workflow_version=wf.version,
-                    reason=refusal,
-                    record=WinRecord(),
-                    llr=0.0,
-                ),
-            )
-            return
-        w.allocate(
-            alloc,
-            "challenger registered (shadow)",
-            Standing(ladder=ladder_for(definition), rung=Rung.SHADOW, share=0.0),
-            current=alloc["current"],
-            challenger=wf.version,
-            shadow_rate=deps.shadow_rate,
-            definitions={**alloc["definitions"], wf.version: definition},
-        )
-
-    async def on_aggregate(msg: VariantAggregate, uow: UnitOfWork[Any]) -> None:
-        w = await Workflow.open(uow, msg.workflow_id)
-        alloc = await w.allocation()
-        if alloc is None or alloc.get("challenger") != msg.workflow_version:
-            return  # not the live challenger (already decided, or never one)
-        if msg.baseline_version != alloc["current"]:
-            return
-        standing = await w.standing(alloc)
-        move = step(standing, msg, deps.ladder, deps.sprt)
-        if move.accepted_now:
-            w.record(
-                EvidenceAccepted(
-                    workflow_id=w.id,
-                    workflow_version=msg.workflow_version,
-                    record=msg.record,
-                    llr=move.llr,
-                    reason=move.test,
-                )
-            )
-            standing = standing.model_copy(update={"accepted": True})
-        match move.kind:
-            case MoveKind.STAY:
-                if move.held != standing.held:
-                    w.record(
-                        PromotionHeld(
-                            workflow_id=w.id,
-                            workflow_version=msg.workflow_version,
-                            reason=move.held,
-                        )
-                    )
-            case MoveKind.ADVANCE:
-                assert move.rung is not None
-                w.allocate(
-                    alloc,
-                    f"{move.rung.value}: {move.reason}",
-                    Standing(
-                        ladder=standing.ladder,
-                        rung=move.rung,
-                        share=move.share,
-                        entered_served=msg.served,
-                        entered_episodes=msg.strength.episodes if msg.strength else 0,
-                        accepted=standing.accepted,
-                    ),
-                    current=alloc["current"],
-                    challenger=msg.workflow_version,
-                    shadow_rate=deps.shadow_rate,
-                    definitions=alloc["definitions"],
-                )
-            case MoveKind.PROMOTE | MoveKind.REJECT | MoveKind.ROLL_BACK:
-                _end(w, alloc, standing, msg, move)
-                if move.kind is not MoveKind.PROMOTE:  # ended without a replacement
-                    definitions = alloc["definitions"]
-                    await loop.propose(
-                        w,
-                        WorkflowDef.model_validate(definitions[alloc["current"]]),
-                        WorkflowDef.model_validate(definitions[msg.workflow_version]),
-                        "rejected" if move.kind is MoveKind.REJECT else "rolled_back",
-                        move.reason,
-                        msg.failures,
-                    )
-
     return StageSpec(
         name="decide",
         events=DECIDE_EVENTS,
         fold=fold_decide,
-        handlers={
-            WORKFLOWS: {
-                WorkflowRegistered.type: on_workflow,
-                ReviewProposal.type: loop.review,
-            },
-            AGGREGATES: {VariantAggregate.type: on_aggregate},
-        },
+        handlers=routes(on_workflow_registered, on_review_proposal, on_variant_aggregate),
+        deps=Deciding.of(deps),
+    )
+
+
+def _valid(msg: WorkflowRegistered, deps: Deciding) -> WorkflowDef | None:
+    """The registered definition, validated as ingest validates it (None: invalid)."""
+    try:
+        wf = validate(from_document(msg.definition), frozenset(deps.tools), deps.verifier_kinds)
+        check_executable(wf)
+    except (WorkflowInvalid, StepNotExecutable):
+        return None
+    return wf
+
+
+def _turn_away(w: Workflow, wf: WorkflowDef, refusal: str) -> None:
+    """A version that fails shadow's entry criteria is rejected at registration."""
+    w.record(
+        ChallengerDecided(
+            workflow_id=wf.id,
+            workflow_version=wf.version,
+            accepted=False,
+            record=WinRecord(),
+            llr=0.0,
+            reason=refusal,
+            outcome="rejected",
+            ladder=ladder_for(wf.model_dump(mode="json", by_alias=True)),
+            rung=None,
+            trigger=None,
+        )
+    )
+    w.uow.emit(
+        DECISIONS,
+        ChallengerRejected(
+            tenant=w.uow.tenant,
+            workflow_id=wf.id,
+            workflow_version=wf.version,
+            reason=refusal,
+            record=WinRecord(),
+            llr=0.0,
+        ),
+    )
+
+
+def _latch_accepted(w: Workflow, msg: VariantAggregate, move: Move, standing: Standing) -> Standing:
+    """The sequential test crossed its accept boundary: latch it."""
+    w.record(
+        EvidenceAccepted(
+            workflow_id=w.id,
+            workflow_version=msg.workflow_version,
+            record=msg.record,
+            llr=move.llr,
+            reason=move.test,
+        )
+    )
+    return standing.model_copy(update={"accepted": True})
+
+
+def _climb(
+    w: Workflow, alloc: Allocation, standing: Standing, msg: VariantAggregate, move: Move
+) -> None:
+    """The challenger takes the next rung, with what it had when it got there."""
+    assert move.rung is not None
+    w.allocate(
+        alloc,
+        f"{move.rung.value}: {move.reason}",
+        Standing(
+            ladder=standing.ladder,
+            rung=move.rung,
+            share=move.share,
+            entered_served=msg.served,
+            entered_episodes=msg.strength.episodes if msg.strength else 0,
+            accepted=standing.accepted,
+        ),
+        current=alloc.current,
+        challenger=msg.workflow_version,
+        shadow_rate=w.uow.deps.shadow_rate,
+        definitions=alloc.definitions,
     )
 
 
 def _end(
-    w: Workflow, alloc: dict[str, Any], standing: Standing, msg: VariantAggregate, move: Move
+    w: Workflow, alloc: Allocation, standing: Standing, msg: VariantAggregate, move: Move
 ) -> None:
     """The challenger's time ends: it becomes current, or the current version keeps all
     traffic. Nothing is deleted: a version decide turned away stays in the DAG."""
     uow, challenger = w.uow, msg.workflow_version
-    previous = WorkflowVersion(alloc["current"])
+    previous = alloc.current
     outcome = {
         MoveKind.PROMOTE: "promoted",
         MoveKind.REJECT: "rejected",
@@ -263,5 +290,5 @@ def _end(
         alloc,
         f"{outcome.replace('_', ' ')}: {move.reason}",
         current=keep,
-        definitions={keep: alloc["definitions"][keep]},
+        definitions={keep: alloc.definitions[keep]},
     )

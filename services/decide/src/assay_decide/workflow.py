@@ -8,10 +8,11 @@ from typing import Any
 from assay.bus.topics import DECISIONS
 from assay.grading.ladder import Standing
 from assay.kernel import Lsn, WorkflowId
-from assay.messages import AllocationChanged, Ladder, Rung
+from assay.messages import AllocationChanged
 from assay.record import Event
-from assay.runtime import UnitOfWork
+from assay_decide.deciding import DecideUnitOfWork
 from assay_decide.events import AllocationSet, stream_of
+from assay_decide.state import Allocation, Climb, Head
 
 
 class Workflow:
@@ -21,17 +22,17 @@ class Workflow:
     is what the commit expects, so whatever the handler reads after it is covered.
     """
 
-    def __init__(self, uow: UnitOfWork[Any], workflow: WorkflowId, head: Lsn) -> None:
+    def __init__(self, uow: DecideUnitOfWork, workflow: WorkflowId, head: Lsn) -> None:
         self.uow = uow
         self.id = workflow
         self._head = head
         self._expecting = False
 
     @classmethod
-    async def open(cls, uow: UnitOfWork[Any], workflow: WorkflowId) -> Workflow:
+    async def open(cls, uow: DecideUnitOfWork, workflow: WorkflowId) -> Workflow:
         """Read the stream's end (first), for the compare-and-swap."""
-        head = await uow.get_document("head", workflow)
-        return cls(uow, workflow, Lsn(int(head["next"]) if head else 0))
+        head = await uow.get(Head, workflow)
+        return cls(uow, workflow, Lsn(head.next if head else 0))
 
     def record(self, event: Event) -> None:
         """Append to the workflow's stream; the commit lands only if no one else did."""
@@ -41,30 +42,23 @@ class Workflow:
             self._expecting = True
         self.uow.record(key, event)
 
-    async def allocation(self) -> dict[str, Any] | None:
-        """The workflow's allocation (an `AllocationChanged` payload)."""
-        return await self.uow.get_document("allocation", self.id)
+    async def allocation(self) -> Allocation | None:
+        """The workflow's allocation."""
+        return await self.uow.get(Allocation, self.id)
 
-    async def standing(self, alloc: dict[str, Any]) -> Standing:
+    async def standing(self, alloc: Allocation) -> Standing:
         """Where the challenger stands (rebuilt from the rung for an allocation of v1)."""
-        doc = await self.uow.get_document("ladder", self.id) or {}
-        share = float(alloc["challenger_share"])
-        base = {
-            "ladder": alloc.get("ladder") or Ladder.DEFAULT.value,
-            "rung": alloc.get("rung") or (Rung.TRIAL if share > 0 else Rung.SHADOW).value,
-            "share": share,
-        }
-        return Standing.model_validate({**base, **doc})
+        return (await self.uow.get(Climb, self.id) or Climb()).standing(alloc)
 
     def allocate(
         self,
-        read: dict[str, Any] | None,
+        read: Allocation | None,
         cause: str,
         standing: Standing | None = None,
         **fields: Any,
     ) -> AllocationChanged:
         """Record and publish the next generation of the allocation."""
-        gen = int((read or {}).get("generation", 0))
+        gen = read.generation if read else 0
         if standing is not None:
             fields.update(
                 challenger_share=standing.share, rung=standing.rung, ladder=standing.ladder

@@ -12,6 +12,7 @@ from assay.grading.replay import ReplayPolicy
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import TenantId
 from assay.runtime import UnitOfWork
+from assay.runtime.admission import Admission
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Ingesting:
     """Its held-out fraction splits tasks (§12.5)."""
     replay: ReplayPolicy
     """Per-tenant ceilings on what shadow runs reserve (§12.4)."""
+    admission: Admission
+    """Capacity checks at registration and admission (§14.2); none without a declaration."""
     replay_locks: defaultdict[TenantId, asyncio.Lock] = field(
         default_factory=lambda: defaultdict(asyncio.Lock)
     )

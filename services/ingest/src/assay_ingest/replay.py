@@ -38,6 +38,9 @@ class CutReason(enum.Enum):
 
     REPLAY_BUDGET_EXHAUSTED = "replay_budget_exhausted"
     """A shadow run whose budget did not fit under the tenant's replay ceiling that day."""
+    CAPACITY = "capacity"
+    """A run whose demand did not fit the declared GPU capacity beside those in flight
+    (§14.2); a work run refused so takes its task's other runs with it."""
 
 
 class CutRun(BaseModel):
@@ -47,9 +50,10 @@ class CutRun(BaseModel):
     run_id: RunId = Field(description="The run id it would have had.")
     workflow_version: WorkflowVersion = Field(description="Version it would have run.")
     role: Role = Field(description="Current or challenger.")
-    purpose: Purpose = Field(description="Shadow: only shadow runs are ever cut.")
+    purpose: Purpose = Field(description="Shadow, or work when capacity refused the task.")
     reason: CutReason = Field(description="Why it was cut.")
     calls: int = Field(ge=0, description="Model calls it would have reserved (its budget).")
+    detail: str = Field("", description="Why, with the numbers (capacity refusals).")
 
 
 class ReplayMetered(Event):

@@ -21,6 +21,7 @@ message that changes it — the task, each sibling's `RolloutProgress`, a
 
 from __future__ import annotations
 
+import functools
 import time
 from decimal import Decimal
 from typing import Any, ClassVar, Literal
@@ -141,6 +142,11 @@ class RolloutGroup(ReadModel):
                 "spent_cost_usd": self.spent_cost_usd + msg.cost_usd,
             }
         )
+
+    @property
+    def next_run_id(self) -> RunId:
+        """The run id of the group's next sibling."""
+        return run_id_from(self.at_ms, f"{self.origin}:rollout:{len(self.runs)}")
 
     @property
     def running(self) -> list[RolloutSibling]:
@@ -271,6 +277,7 @@ async def on_rollout_progress(msg: RolloutProgress, uow: IngestUnitOfWork) -> No
     group = None if group is None else group.sibling_ended(msg)
     if group is None:
         return  # not a group of this tenant's, or a repeated report
+    uow.deps.admission.release(str(msg.run_id))  # it ended: its KV is free for the next
     task_input = await uow.get(RolloutInput, msg.idempotency_key)
     await _advance(uow, msg.idempotency_key, group, {} if task_input is None else task_input.input)
 
@@ -303,20 +310,44 @@ async def _advance(
         # Past the deadline nothing more starts; the timer cancels what still runs.
         group = group.stopped("deadline", "the group's deadline passed")
         _cancel_running(uow, key, group)
+    refused: str | None = None
     if may_spawn(group):
         stored = await uow.get(StoredDefinition, group.workflow_version)
         assert stored is not None, "a routed version is always stored"
         children = await resolve(uow, stored.workflow)
         while may_spawn(group):
+            refused = _refused(uow, group, stored)
+            if refused is not None:
+                break
             group = _spawn(uow, key, group, stored, children, task_input)
     if not group.running and not group.closed:
-        detail = group.detail
-        if not group.cancelled and len(group.runs) < group.admitted:
-            detail = "the group's budget admits no further sibling"
-        group = group.model_copy(update={"closed": True, "detail": detail})
-        uow.emit(VERIFIED, _closed(uow.tenant, key, group))
+        group = _close(uow, key, group, refused)
     updated = RolloutUpdated(group=key, doc=group.model_dump(mode="json"))
     uow.record(BranchKey.main(uow.tenant, f"rollout:{key}"), updated)
+
+
+def _refused(uow: IngestUnitOfWork, group: RolloutGroup, pinned: StoredDefinition) -> str | None:
+    """Hold the next sibling's demand against the declared capacity (§14.2; let go if `uow`
+    is discarded); why not, if it does not fit beside the runs in flight."""
+    admission, run = uow.deps.admission, str(group.next_run_id)
+    why = admission.admit(run, pinned.workflow)
+    if why is None:
+        uow.on_discard(functools.partial(admission.release, run))
+    return why
+
+
+def _close(
+    uow: IngestUnitOfWork, key: str, group: RolloutGroup, refused: str | None
+) -> RolloutGroup:
+    """Close a group with nothing running and nothing more to start; tell the tournament."""
+    detail = group.detail
+    if refused is not None:
+        detail = f"the declared capacity admits no further sibling: {refused}"
+    elif not group.cancelled and len(group.runs) < group.admitted:
+        detail = "the group's budget admits no further sibling"
+    group = group.model_copy(update={"closed": True, "detail": detail})
+    uow.emit(VERIFIED, _closed(uow.tenant, key, group))
+    return group
 
 
 def _spawn(
@@ -328,8 +359,7 @@ def _spawn(
     task_input: dict[str, Any],
 ) -> RolloutGroup:
     """Start the group's next sibling; the group with it running."""
-    index = len(group.runs)
-    run_id = run_id_from(group.at_ms, f"{group.origin}:rollout:{index}")
+    index, run_id = len(group.runs), group.next_run_id
     ref = RunRef(
         tenant=uow.tenant,
         run_id=run_id,

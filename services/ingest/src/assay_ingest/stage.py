@@ -50,8 +50,10 @@ from assay.messages import (
     WorkflowRegistered,
 )
 from assay.record import BranchKey
-from assay.runtime import StageDeps, StageSpec, routes
+from assay.runtime import Gauge, StageDeps, StageSpec, routes
+from assay.runtime.admission import CapacityRefused
 from assay.runtime.timers import timer
+from assay.store import EventLog
 from assay.workflow import (
     SubworkflowStep,
     WorkflowDef,
@@ -60,6 +62,7 @@ from assay.workflow import (
     from_document,
     validate,
 )
+from assay_ingest.capacity import admit_by_capacity, announce_refused
 from assay_ingest.ingesting import Ingesting, IngestUnitOfWork
 from assay_ingest.replay import (
     announce_cut,
@@ -129,7 +132,12 @@ async def _spawn(
     def run_id_of(planned: PlannedRun) -> RunId:
         return run_id_from(at_ms, f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}")
 
-    admitted = await metered(uow, uow.deps.replay, plan, alloc.definitions, run_id_of)
+    deps = uow.deps
+    fits, refused = admit_by_capacity(uow, deps.admission, plan, alloc.definitions, run_id_of)
+    admitted = await metered(uow, deps.replay, fits, alloc.definitions, run_id_of)
+    for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
+        deps.admission.release(str(gone.run_id))
+    deps.admission.count_budget_cuts(len(admitted.cut))
     refs = []
     for planned in admitted.plan.runs:
         ref = _run_ref(msg, alloc, task_id, admitted.plan, planned, run_id_of(planned), split)
@@ -157,12 +165,14 @@ async def _spawn(
             rung=alloc.rung if alloc.challenger else None,
             held_out=split,
             held_out_draw=split_draw,
-            cut=list(admitted.cut),
+            cut=[*refused, *admitted.cut],
             replay_calls=admitted.reserved,
         ),
     )
+    for gone in refused:  # refused at admission, never queued (§14.2)
+        announce_refused(uow, msg, task_id, split, alloc.current, gone)
     for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
-        announce_cut(uow, gone, refs[0], uow.deps.replay.ceiling_for(str(uow.tenant)))
+        announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
 
 
 def _run_ref(
@@ -244,10 +254,11 @@ def _loadable(msg: WorkflowRegistered, deps: Ingesting) -> WorkflowDef:
     except (WorkflowInvalid, StepNotExecutable) as exc:
         raise Refused(f"invalid workflow: {exc}") from exc
     grading = deps.grading
-    strategy = profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check)
     try:
-        check_fits(strategy, grading)
-    except StrategyRefused as exc:
+        needs = profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check)
+        check_fits(needs, grading)
+        deps.admission.check_workflow(wf, needs)  # §14.2: resident together, never swapped
+    except (StrategyRefused, CapacityRefused) as exc:
         raise Refused(f"workflow {wf.id!r} refused: {exc}") from exc
     return wf
 
@@ -273,15 +284,23 @@ def create_stage(deps: StageDeps) -> StageSpec:
         grading=deps.grading,
         ladder=deps.ladder,
         replay=deps.replay,
+        admission=deps.admission,
     )
     return StageSpec(
         name="ingest",
         events=INGEST_EVENTS,
         fold=fold_ingest,
-        handlers=routes(
-            on_task, on_rollout_progress, on_cancel_rollout, on_workflow, on_allocation
-        ),
+        handlers={
+            **routes(on_task, on_rollout_progress, on_cancel_rollout, on_workflow, on_allocation),
+            **deps.admission.handlers(),  # run-status lets admitted KV go (§14.2)
+        },
         deps=ingesting,
         background=(timer(RolloutGroup.kind, rollout_due, time.time),),
-        gauges=lambda log: replay_gauges(log, deps.replay, datetime.now(UTC).date().isoformat()),
+        gauges=lambda log: _gauges(log, deps),
     )
+
+
+async def _gauges(log: EventLog, deps: StageDeps) -> list[Gauge]:
+    """The replay meters, and admission's refusals and held KV."""
+    today = datetime.now(UTC).date().isoformat()
+    return [*await replay_gauges(log, deps.replay, today), *deps.admission.gauges()]

@@ -1,15 +1,4 @@
-"""The tournament stage's log: what it decided, and the state folded from it.
-
-State kinds (per tenant): `reference` per (task, version); `parked` challengers
-waiting for their reference run; `scored` runs; `comparisons` counter per
-version (order alternation); `group` per (task, outcome class) — the open
-tournament group's epoch and clock; `member` per (task, outcome, run) — its
-members; `meter` — judge calls today, by purpose, and the judge's health;
-`sibling` per (rollout group, run) — a verified sibling waiting for its group;
-`rollout` per group — its selection, once; `replay` per shadow run — what its
-execution spent, by the day its grading ended (one document per run, so runs of a
-tenant graded at once on different partitions never overwrite each other's spend).
-"""
+"""The tournament stage's log: what it decided (its state and fold: `state.py`)."""
 
 from __future__ import annotations
 
@@ -19,7 +8,7 @@ from pydantic import Field
 
 from assay.kernel import RunId, TaskId, WorkflowVersion
 from assay.kernel.scores import Score
-from assay.record import Delete, Event, EventRegistry, LogRecord, Put, StateDelta, StateKey
+from assay.record import Event, EventRegistry
 
 
 def outcome_class(passed: bool) -> str:
@@ -168,76 +157,3 @@ METER_STREAM = "grading-meter"
 `grading-meter@<partition>`, document `meter/grading@<partition>`): the partition's one
 consumer is its one writer, so concurrent handlers never overwrite each other's calls.
 Readers sum the documents."""
-
-
-def fold_tournament(record: LogRecord) -> list[StateDelta]:
-    """References, parked challengers, scores, counters, open groups and the meter."""
-    t = record.key.tenant
-    match record.event:
-        case ReferenceSet() as e:
-            return [
-                Put(
-                    StateKey(t, "reference", f"{e.task_id}/{e.workflow_version}"),
-                    {"run_id": e.run_id, "episode": e.episode, "passed": e.passed},
-                )
-            ]
-        case ChallengerParked(verified=v):
-            return [Put(StateKey(t, "parked", f"{v['run']['task_id']}/{v['run']['run_id']}"), v)]
-        case RunScored() as e:
-            out: list[StateDelta] = [
-                Put(
-                    StateKey(t, "scored", e.run_id),
-                    {"score": e.score.model_dump(mode="json"), "judge_calls": e.judge_calls},
-                )
-            ]
-            if e.order_index is not None:
-                out.append(
-                    Put(StateKey(t, "comparisons", e.workflow_version), {"next": e.order_index + 1})
-                )
-            if e.was_parked:
-                out.append(Delete(StateKey(t, "parked", f"{e.task_id}/{e.run_id}")))
-            return out
-        case GroupJoined() as e:
-            group = f"{e.task_id}/{outcome_class(e.passed)}"
-            run = e.member["run"]["run_id"]
-            return [
-                Put(
-                    StateKey(t, "group", group),
-                    {
-                        "epoch": e.epoch,
-                        "opened_ms": e.opened_ms,
-                        "quorum": e.quorum,
-                        "timeout_s": e.timeout_s,
-                        "members": e.members,
-                    },
-                ),
-                Put(StateKey(t, "member", f"{group}/{run}"), e.member),
-            ]
-        case GroupClosed() as e:
-            group = f"{e.task_id}/{outcome_class(e.passed)}"
-            return [
-                Put(StateKey(t, "group", group), {"epoch": e.epoch + 1, "members": 0}),
-                *(Delete(StateKey(t, "member", f"{group}/{run}")) for run in e.runs),
-            ]
-        case GradingMetered(meter=m):
-            # one document per stream: `grading-meter@<partition>` -> `grading@<partition>`
-            # (the single `grading-meter` stream of before keeps its `grading` document)
-            stream = record.key.stream
-            shard = stream.removeprefix(METER_STREAM) if stream.startswith(METER_STREAM) else ""
-            return [Put(StateKey(t, "meter", f"grading{shard}"), m)]
-        case SiblingWaiting() as e:
-            run = e.verified["run"]["run_id"]
-            return [Put(StateKey(t, "sibling", f"{e.group}/{run}"), e.verified)]
-        case RolloutSelected() as e:
-            return [Put(StateKey(t, "rollout", e.group), e.result)]
-        case ReplaySpent() as e:
-            spent = {"day": e.day, "model_calls": e.model_calls, "tokens": e.tokens}
-            return [Put(StateKey(t, "replay", e.run_id), spent)]
-        case JudgeAnswered() as e:
-            return [
-                Put(
-                    StateKey(t, "verdict", e.key),
-                    {"verdict": e.verdict, "violations": e.violations or []},
-                )
-            ]
-    return []

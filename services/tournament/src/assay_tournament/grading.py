@@ -1,8 +1,10 @@
 """What every grading path shares: ending a run's grading, and metering the judge.
 
-`Meter` is one handler's view of the tenant's grading meter: judge calls the
-endpoint billed today (UTC, by when the graded fact occurred) against the
-tenant's ceiling, calls that answered and calls that failed by purpose, and the
+`Scoring` is one handler's grading: its unit of work and the tenant's meter;
+`finish` ends a `Candidate`'s grading with a score. `Meter` is one handler's
+view of the tenant's grading meter: judge calls the endpoint billed today (UTC,
+by when the graded fact occurred) against the tenant's ceiling, calls that
+answered and calls that failed by purpose, and the
 judge's health (order checks, failures). It is the one source of truth for judge
 spend: every call it saw is emitted as `UsageRecorded` (purpose `grading`, its
 `JudgePurpose`, `failed` when the endpoint billed an unusable answer) attributed
@@ -23,15 +25,16 @@ from pydantic import ValidationError
 
 from assay.bus.topics import GRADED, RESULTS, RUN_STATUS, USAGE
 from assay.grading.attempts import AttemptGrades, grade_attempts
-from assay.grading.judges import JudgeUsage, UsageCallback
+from assay.grading.judges import Judge, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import RunId, RunState
-from assay.kernel.scores import AttemptRank, Score, StepCredit, Ungraded, UnrankedAttempts
+from assay.kernel.scores import Score, Ungraded
 from assay.messages import (
     Episode,
     JudgePurpose,
     Purpose,
     RunGraded,
+    RunRef,
     RunResult,
     RunStatusChanged,
     RunVerified,
@@ -39,17 +42,25 @@ from assay.messages import (
     VerifierResult,
 )
 from assay.record import BranchKey
-from assay.runtime import StageDeps, UnitOfWork
+from assay.runtime import UnitOfWork
 from assay.workflow import GradingSpec, RubricItem
 from assay_tournament.events import METER_STREAM, GradingMetered, ReplaySpent, RunScored
-
-ATTEMPTS_KEY = "attempt_grades"
-"""Where a waiting run's attempt grades are kept beside its RunVerified payload."""
-SPENT_KEY = "judge_spent"
-"""Where a waiting run's judge calls so far are kept beside its RunVerified payload."""
+from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, Parked
 
 
-async def load_episode(uow: UnitOfWork[Any], ref: str) -> Episode | None:
+@dataclass(frozen=True)
+class Judging:
+    """What the tournament stage's handlers use: the judge, and the grading policy (its
+    capacity, per-tenant ceilings and order-check sampling)."""
+
+    judge: Judge
+    policy: GradingPolicy
+
+
+TournamentUnitOfWork = UnitOfWork[Judging]
+
+
+async def load_episode(uow: TournamentUnitOfWork, ref: str) -> Episode | None:
     """The episode blob of the tenant, or None when it is gone or unreadable."""
     raw = await uow.blobs.get(uow.tenant, ref)
     if raw is None:
@@ -75,20 +86,49 @@ class JudgeSpend:
     def __add__(self, other: JudgeSpend) -> JudgeSpend:
         return JudgeSpend(self.answered + other.answered, self.failed + other.failed)
 
-    def doc(self) -> dict[str, Any]:
+    def kept(self) -> KeptSpend:
         """As kept beside a waiting run's payload."""
-        return {"answered": dict(self.answered), "failed": dict(self.failed)}
+        return KeptSpend(answered=dict(self.answered), failed=dict(self.failed))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A run whose grading is under way, and what it carries into its score: its episode
+    (None: unavailable), its attempt grades, the judge calls it spent in earlier
+    handlers, and whether it had been parked waiting for its reference."""
+
+    verified: RunVerified
+    episode: Episode | None = None
+    attempts: AttemptGrades | None = None
+    carried: JudgeSpend = field(default_factory=JudgeSpend)
+    was_parked: bool = False
+
+    @property
+    def run(self) -> RunRef:
+        """The run."""
+        return self.verified.run
 
     @classmethod
-    def of(cls, doc: dict[str, Any]) -> JudgeSpend:
-        """What a waiting run spent so far, from its document (none: nothing)."""
-        kept = doc.get(SPENT_KEY)
-        if kept is not None:
-            return cls(Counter(kept["answered"]), Counter(kept["failed"]))
-        legacy = doc.get(ATTEMPTS_KEY)  # kept before spend was: its attempt calls alone
-        if legacy is not None and int(legacy.get("judge_calls", 0)):
-            return cls(Counter({JudgePurpose.ATTEMPTS.value: int(legacy["judge_calls"])}))
-        return cls()
+    def waiting(cls, kept: Parked, episode: Episode | None = None, *, parked: bool) -> Candidate:
+        """A run kept waiting (for its reference, or in its group)."""
+        return cls(
+            kept.verified(),
+            episode,
+            kept.attempt_grades.grades() if kept.attempt_grades else None,
+            JudgeSpend(kept.spent(), kept.failed()),
+            was_parked=parked,
+        )
+
+    def kept(self, spent: JudgeSpend) -> dict[str, Any]:
+        """The payload of the run waiting: its `RunVerified`, its attempt grades and what its
+        grading spent so far."""
+        return Parked.model_validate(
+            {
+                **self.verified.model_dump(),
+                "judge_spent": spent.kept(),
+                "attempt_grades": KeptAttempts.of(self.attempts) if self.attempts else None,
+            }
+        ).model_dump(mode="json")
 
 
 @dataclass
@@ -97,8 +137,8 @@ class Meter:
 
     policy: GradingPolicy
     day: str
-    doc: dict[str, Any]
-    """This partition's document."""
+    state: GradingMeter
+    """This partition's meter."""
     shard: str = ""
     """Which partition's document (`@<n>`; empty for the one document of before)."""
     others_today: int = 0
@@ -117,40 +157,21 @@ class Meter:
         cls,
         policy: GradingPolicy,
         day: str,
-        doc: dict[str, Any] | None,
+        kept: GradingMeter | None,
         *,
         shard: str = "",
         others_today: int = 0,
     ) -> Meter:
         """The meter for `day`; a new day starts today's count at zero."""
-        base: dict[str, Any] = {
-            "day": day,
-            "calls_today": 0,
-            "calls_total": 0,
-            "by_purpose": {},
-            "order_checked": 0,
-            "order_inconsistent": 0,
-            "judge_failures": 0,
-            "last_failure": None,
-            "scores": {},
-        }
-        current = {**base, **(doc or {})}
-        if current["day"] != day:
-            current.update(day=day, calls_today=0)
-        return cls(policy, day, current, shard=shard, others_today=others_today)
+        state = kept.model_copy() if kept else GradingMeter(day=day)
+        if state.day != day:
+            state.day, state.calls_today = day, 0
+        return cls(policy, day, state, shard=shard, others_today=others_today)
 
     def exhausted(self, tenant: object) -> bool:
         """The tenant's judge calls today, in every partition, reached its ceiling."""
-        today = self.others_today + int(self.doc["calls_today"])
+        today = self.others_today + self.state.calls_today
         return today >= self.policy.ceiling_for(str(tenant))
-
-    def _count(self, key: str, purpose: JudgePurpose) -> None:
-        by = Counter(self.doc.get(key, {}))
-        by[purpose.value] += 1
-        self.doc[key] = dict(by)
-
-    def _bump(self, key: str) -> None:
-        self.doc[key] = int(self.doc.get(key, 0)) + 1
 
     def sink(self, run: RunId, purpose: JudgePurpose) -> UsageCallback:
         """Where the judge reports each call the endpoint billed for `run`, for `purpose`:
@@ -158,24 +179,26 @@ class Meter:
         counted by `failed`)."""
 
         def record(usage: JudgeUsage) -> None:
+            m = self.state
             self.pending.append((run, purpose, usage))
-            self._bump("calls_today")  # the ceiling bounds what was billed
+            m.calls_today += 1  # the ceiling bounds what was billed
             if usage.failed:
-                self._bump("failures_billed")
+                m.failures_billed = (m.failures_billed or 0) + 1
             else:
                 self.spent.setdefault(run, JudgeSpend()).answered[purpose.value] += 1
-                self._bump("calls_total")
-                self._count("by_purpose", purpose)
+                m.calls_total += 1
+                m.by_purpose = _plus_one(m.by_purpose, purpose.value)
             self.dirty = True
 
         return record
 
     def failed(self, run: RunId, purpose: JudgePurpose, reason: str) -> None:
         """One judge call for `run` that gave no usable answer (unusable, unreachable)."""
+        m = self.state
         self.spent.setdefault(run, JudgeSpend()).failed[purpose.value] += 1
-        self._bump("judge_failures")
-        self._count("failures_by_purpose", purpose)
-        self.doc["last_failure"] = reason[:500]
+        m.judge_failures += 1
+        m.failures_by_purpose = _plus_one(m.failures_by_purpose or {}, purpose.value)
+        m.last_failure = reason[:500]
         self.dirty = True
 
     def take(self, run: RunId) -> JudgeSpend:
@@ -184,59 +207,63 @@ class Meter:
 
     def order_checked(self, *, consistent: bool) -> None:
         """One sampled order check, and whether the judge mirrored itself."""
-        self.doc["order_checked"] = int(self.doc["order_checked"]) + 1
-        self.doc["order_inconsistent"] = int(self.doc["order_inconsistent"]) + int(not consistent)
+        self.state.order_checked += 1
+        self.state.order_inconsistent += int(not consistent)
         self.dirty = True
 
     def scored(self, score: Score) -> None:
         """One grading ended: counted by score kind, and `Ungraded` by reason (§11.6: a
         tenant whose loop never engages must see why)."""
         key = f"ungraded:{score.reason.value}" if isinstance(score, Ungraded) else score.kind
-        scores = Counter(self.doc["scores"])
-        scores[key] += 1
-        self.doc["scores"] = dict(scores)
+        self.state.scores = _plus_one(self.state.scores, key)
         self.dirty = True
 
 
-@dataclass(frozen=True)
-class Waiting:
-    """A verified run waiting for its group or its reference, and what it carries."""
-
-    verified: RunVerified
-    attempts: AttemptGrades | None
-    spent: JudgeSpend
+def _plus_one(counts: dict[str, int], key: str) -> dict[str, int]:
+    return {**counts, key: counts.get(key, 0) + 1}
 
 
-class Grading:
-    """Ending a run's grading: its score, status, result, usage and the meter."""
+class Scoring:
+    """One handler's grading: its unit of work and the tenant's meter as it changes it.
+    Ending a run's grading emits its score, status, result and usage, and records the
+    meter, in the handler's commit."""
 
-    def __init__(self, deps: StageDeps) -> None:
-        self.deps = deps
+    def __init__(self, uow: TournamentUnitOfWork, meter: Meter) -> None:
+        self.uow = uow
+        self.meter = meter
 
-    async def meter(self, uow: UnitOfWork[Any]) -> Meter:
-        """The tenant's meter in this message's partition, for the day the handled fact
-        occurred, beside today's calls in the other partitions."""
+    @classmethod
+    async def open(cls, uow: TournamentUnitOfWork) -> Scoring:
+        """Grading with the tenant's meter in this message's partition, for the day the
+        handled fact occurred, beside today's calls in the other partitions."""
         day = uow.envelope.occurred_at.date().isoformat()
         shard = f"@{uow.partition}"
-        mine: dict[str, Any] | None = None
+        mine: GradingMeter | None = None
         others = 0
-        for key, doc in await uow.scan_documents("meter", "grading"):
+        for key, meter in await uow.scan(GradingMeter, "grading"):
             if key == f"grading{shard}":
-                mine = doc
-            elif doc.get("day") == day:
-                others += int(doc.get("calls_today", 0))
-        return Meter.of(self.deps.grading, day, mine, shard=shard, others_today=others)
+                mine = meter
+            elif meter.day == day:
+                others += meter.calls_today
+        policy = uow.deps.policy
+        return cls(uow, Meter.of(policy, day, mine, shard=shard, others_today=others))
+
+    @property
+    def judge(self) -> Judge:
+        """The stage's judge."""
+        return self.uow.deps.judge
 
     async def rank_attempts(
-        self, episode: Episode, spec: GradingSpec, rubric: list[RubricItem], meter: Meter
+        self, episode: Episode, spec: GradingSpec, rubric: list[RubricItem]
     ) -> AttemptGrades | None:
         """Attempt tournaments on the episode's retries, when on and affordable."""
+        meter = self.meter
         if not spec.attempts_ranked or meter.exhausted(episode.run.tenant):
             return None
         run = episode.run.run_id
         grades = await grade_attempts(
             episode,
-            self.deps.judge,
+            self.judge,
             rubric,
             prior_precision=spec.precision,
             on_usage=meter.sink(run, JudgePurpose.ATTEMPTS),
@@ -245,50 +272,13 @@ class Grading:
             meter.failed(run, JudgePurpose.ATTEMPTS, failure)
         return grades
 
-    @staticmethod
-    def waiting_doc(
-        msg: RunVerified, grades: AttemptGrades | None, spent: JudgeSpend
-    ) -> dict[str, Any]:
-        """A waiting run's document: its RunVerified payload, its attempt grades and what
-        its grading spent so far."""
-        doc: dict[str, Any] = {**msg.model_dump(mode="json"), SPENT_KEY: spent.doc()}
-        if grades is not None:
-            doc[ATTEMPTS_KEY] = {
-                "ranks": [r.model_dump(mode="json") for r in grades.ranks],
-                "credit": [c.model_dump(mode="json") for c in grades.credit],
-                "unranked": [u.model_dump(mode="json") for u in grades.unranked],
-                "asked": grades.asked,
-                "answered": grades.answered,
-            }
-        return doc
-
-    @staticmethod
-    def waiting_from(doc: dict[str, Any]) -> Waiting:
-        """The waiting run a document keeps."""
-        verified = RunVerified.model_validate(
-            {k: v for k, v in doc.items() if k not in (ATTEMPTS_KEY, SPENT_KEY)}
-        )
-        kept = doc.get(ATTEMPTS_KEY)
-        grades = None
-        if kept is not None:
-            grades = AttemptGrades(
-                ranks=tuple(AttemptRank.model_validate(r) for r in kept["ranks"]),
-                credit=tuple(StepCredit.model_validate(c) for c in kept["credit"]),
-                asked=int(kept.get("asked", kept.get("judge_calls", 0))),
-                answered=int(kept.get("answered", kept.get("judge_calls", 0))),
-                failures=(),
-                unranked=tuple(
-                    UnrankedAttempts.model_validate(u) for u in kept.get("unranked", [])
-                ),
-            )
-        return Waiting(verified, grades, JudgeSpend.of(doc))
-
-    def waiting(self, uow: UnitOfWork[Any], msg: RunVerified, why: str) -> None:
+    def waiting(self, msg: RunVerified, why: str) -> None:
         """The run rests in `Grading` until its comparison can happen."""
-        uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.GRADING, detail=why))
+        self.uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.GRADING, detail=why))
 
-    def flush(self, uow: UnitOfWork[Any], meter: Meter) -> None:
+    def flush(self) -> None:
         """Emit the calls the meter saw and record the meter, once per change."""
+        uow, meter = self.uow, self.meter
         for run, purpose, usage in meter.pending:
             recorded = UsageRecorded(
                 tenant=uow.tenant,
@@ -308,13 +298,77 @@ class Grading:
         if meter.dirty:
             uow.record(
                 BranchKey.main(uow.tenant, f"{METER_STREAM}{meter.shard}"),
-                GradingMetered(meter=dict(meter.doc)),
+                GradingMetered(meter=meter.state.model_dump(mode="json")),
             )
             meter.dirty = False
 
-    @staticmethod
-    def graded(
-        uow: UnitOfWork[Any],
+    def finish(self, c: Candidate, score: Score, *, order_index: int | None = None) -> None:
+        """End the run's grading with `score`: record it, emit graded, status and result.
+
+        The run's judge calls are what it carried from earlier handlers (while it
+        waited) and what the meter saw for it in this one.
+        """
+        spent = c.carried + self.meter.take(c.run.run_id)
+        self._scored(
+            c.verified,
+            score,
+            spent,
+            order_index=order_index,
+            was_parked=c.was_parked,
+            replay=c.run.purpose is Purpose.SHADOW,
+        )
+        graded = self._graded(c.verified, score, spent, c.attempts)
+        if c.run.purpose is Purpose.WORK:
+            self.uow.emit(RESULTS, _result(c, score, graded=graded))
+
+    def finish_sibling(self, msg: RunVerified, score: Score) -> None:
+        """End a rollout sibling's grading with its score within the group: its group's
+        `RolloutResult` is the task's one result, so the sibling gets none of its own."""
+        spent = self.meter.take(msg.run.run_id)
+        self._scored(msg, score, spent)
+        self._graded(msg, score, spent)
+
+    def _scored(
+        self,
+        msg: RunVerified,
+        score: Score,
+        spent: JudgeSpend,
+        *,
+        order_index: int | None = None,
+        was_parked: bool = False,
+        replay: bool = False,
+    ) -> None:
+        """Record the score (and for a shadow run, with `replay`, what it spent: §12.4)."""
+        self.meter.scored(score)
+        self.flush()
+        r = msg.run
+        stream = BranchKey.main(self.uow.tenant, f"task:{r.task_id}")
+        if replay:
+            usage = msg.usage
+            self.uow.record(
+                stream,
+                ReplaySpent(
+                    run_id=r.run_id,
+                    day=self.meter.day,
+                    model_calls=usage.model_calls,
+                    tokens=usage.prompt_tokens + usage.completion_tokens,
+                ),
+            )
+        self.uow.record(
+            stream,
+            RunScored(
+                run_id=r.run_id,
+                task_id=r.task_id,
+                workflow_version=r.workflow_version,
+                score=score,
+                judge_calls=spent.answered.total(),
+                order_index=order_index,
+                was_parked=was_parked,
+            ),
+        )
+
+    def _graded(
+        self,
         msg: RunVerified,
         score: Score,
         spent: JudgeSpend,
@@ -322,7 +376,7 @@ class Grading:
     ) -> bool:
         """Emit the run's `RunGraded` and its `Graded`/`Ungraded` status; whether it was
         graded (any score but `Ungraded`)."""
-        uow.emit(
+        self.uow.emit(
             GRADED,
             RunGraded(
                 run=msg.run,
@@ -339,7 +393,7 @@ class Grading:
             ),
         )
         graded = not isinstance(score, Ungraded)
-        uow.emit(
+        self.uow.emit(
             RUN_STATUS,
             RunStatusChanged(
                 run=msg.run,
@@ -349,91 +403,24 @@ class Grading:
         )
         return graded
 
-    def finish_sibling(
-        self, uow: UnitOfWork[Any], msg: RunVerified, score: Score, *, meter: Meter
-    ) -> None:
-        """End a rollout sibling's grading with its score within the group: its group's
-        `RolloutResult` is the task's one result, so the sibling gets none of its own."""
-        r = msg.run
-        spent = meter.take(r.run_id)
-        meter.scored(score)
-        self.flush(uow, meter)
-        uow.record(
-            BranchKey.main(uow.tenant, f"task:{r.task_id}"),
-            RunScored(
-                run_id=r.run_id,
-                task_id=r.task_id,
-                workflow_version=r.workflow_version,
-                score=score,
-                judge_calls=spent.answered.total(),
-            ),
-        )
-        self.graded(uow, msg, score, spent)
 
-    def finish(
-        self,
-        uow: UnitOfWork[Any],
-        msg: RunVerified,
-        episode: Episode | None,
-        score: Score,
-        *,
-        meter: Meter,
-        order_index: int | None = None,
-        was_parked: bool = False,
-        attempts: AttemptGrades | None = None,
-        carried: JudgeSpend | None = None,
-    ) -> None:
-        """End the run's grading with `score`: record it, emit graded, status and result.
-
-        The run's judge calls are what it `carried` from earlier handlers (while it
-        waited) and what the meter saw for it in this one.
-        """
-        r = msg.run
-        spent = (carried or JudgeSpend()) + meter.take(r.run_id)
-        meter.scored(score)
-        self.flush(uow, meter)
-        if r.purpose is Purpose.SHADOW:
-            uow.record(
-                BranchKey.main(uow.tenant, f"task:{r.task_id}"),
-                ReplaySpent(
-                    run_id=r.run_id,
-                    day=meter.day,
-                    model_calls=msg.usage.model_calls,
-                    tokens=msg.usage.prompt_tokens + msg.usage.completion_tokens,
-                ),
-            )
-        uow.record(
-            BranchKey.main(uow.tenant, f"task:{r.task_id}"),
-            RunScored(
-                run_id=r.run_id,
-                task_id=r.task_id,
-                workflow_version=r.workflow_version,
-                score=score,
-                judge_calls=spent.answered.total(),
-                order_index=order_index,
-                was_parked=was_parked,
-            ),
-        )
-        credit = list(attempts.credit) if attempts else []
-        graded = self.graded(uow, msg, score, spent, attempts)
-        if r.purpose is Purpose.WORK:
-            uow.emit(
-                RESULTS,
-                RunResult(
-                    tenant=r.tenant,
-                    run_id=r.run_id,
-                    task_id=r.task_id,
-                    idempotency_key=r.idempotency_key,
-                    workflow_id=r.workflow_id,
-                    workflow_version=r.workflow_version,
-                    status="graded" if graded else "ungraded",
-                    passed=msg.passed,
-                    verification=msg.results,
-                    score=score,
-                    usage=msg.usage,
-                    termination="succeeded" if msg.executed else "failed",
-                    output=episode.output if episode else None,
-                    step_credit=credit,
-                    held_out=r.held_out,
-                ),
-            )
+def _result(c: Candidate, score: Score, *, graded: bool) -> RunResult:
+    """The task's result: what the consumer downstream reads."""
+    r, msg = c.run, c.verified
+    return RunResult(
+        tenant=r.tenant,
+        run_id=r.run_id,
+        task_id=r.task_id,
+        idempotency_key=r.idempotency_key,
+        workflow_id=r.workflow_id,
+        workflow_version=r.workflow_version,
+        status="graded" if graded else "ungraded",
+        passed=msg.passed,
+        verification=msg.results,
+        score=score,
+        usage=msg.usage,
+        termination="succeeded" if msg.executed else "failed",
+        output=c.episode.output if c.episode else None,
+        step_credit=list(c.attempts.credit) if c.attempts else [],
+        held_out=r.held_out,
+    )

@@ -137,6 +137,13 @@ class EmbeddedSource:
         self.bus = bus
         self._poll_s = poll_s
 
+    async def end_offsets(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """Every partition of `topics` (one process holds them all), with its end offset."""
+        ends: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            ends.update({(topic, p): end for p, end in (await self.bus.end_offsets(topic)).items()})
+        return ends
+
     async def consume(
         self, topics: list[str], handle: Handle, positions: Positions, stop: asyncio.Event
     ) -> None:

@@ -240,6 +240,20 @@ class KafkaSource:
             return {"joined": False, "partitions": 0, "lag": 0, "stalled": []}
         return member.status(time.monotonic(), stalled_after_s)
 
+    async def end_offsets(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """The broker's end offset of each partition of `topics` this member holds (a
+        ListOffsets request: the log end, not the high watermark last seen in a fetch)."""
+        member = self._member
+        held = (
+            sorted(tp for tp in member.ready | member.unpositioned if tp.topic in topics)
+            if member is not None
+            else []
+        )
+        if member is None or not held:
+            return {}
+        ends = await member.consumer.end_offsets(held)
+        return {(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+
     async def _connect(self, stop: asyncio.Event) -> Any:
         backoff = self.retry_backoff_s
         while not stop.is_set():

@@ -179,13 +179,15 @@ def producer_entry(
     idem: str,
     *,
     occurred_at: datetime | None = None,
+    traceparent: str | None = None,
 ) -> OutboxEntry:
     """`msg` sealed as an outside producer would send it: keyed as `topic` defines, with a
     message id derived from the tenant, the topic and the producer's idempotency key, so
     producing the same thing twice is one message to every consumer's inbox.
 
     `occurred_at` (now if omitted) is the envelope's time; every message the fact causes
-    inherits it, and ingest derives run ids from it.
+    inherits it, and ingest derives run ids from it. `traceparent` (W3C) makes every
+    message the fact causes part of the producer's trace.
     """
     spec = topic_for(topic, msg)
     env = seal(
@@ -195,6 +197,7 @@ def producer_entry(
         id=message_id("producer", str(tenant), topic, idem),
         causation=None,
         occurred_at=occurred_at,
+        traceparent=traceparent,
     )
     return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
 

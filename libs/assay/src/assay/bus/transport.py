@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from assay.store.ports import OutboxEntry
 
@@ -53,4 +53,14 @@ class Source(Protocol):
         self, topics: list[str], handle: Handle, positions: Positions, stop: asyncio.Event
     ) -> None:
         """Consume until `stop` is set."""
+        ...
+
+
+@runtime_checkable
+class Measured(Protocol):
+    """A source that can say how far its partitions reach (for the stage's lag)."""
+
+    async def end_offsets(self, topics: list[str]) -> dict[tuple[str, int], int]:
+        """The end offset of each partition of `topics` this consumer holds now, as the
+        broker (or the embedded bus) has it: the offset the next record there will get."""
         ...

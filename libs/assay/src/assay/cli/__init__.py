@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--limit", type=int, default=None, help="submit only the first N tasks")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    demo.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve /metrics, /healthz and /readyz on 127.0.0.1:N while the demo runs",
+    )
     for name, what in [
         ("p0", "win rate under H0"),
         ("p1", "win rate under H1"),
@@ -185,6 +193,10 @@ def _parser() -> argparse.ArgumentParser:
     branch.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to wait for the tree (300)"
     )
+    cap = sub.add_parser(
+        "capacity", help="the declared GPU capacity and the context ceiling derived from it"
+    )
+    cap.add_argument("--json", action="store_true", help="print one JSON object")
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -314,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the judge ASSAY_JUDGE_* (or ASSAY_MODEL_*) describe (default: the stub judge)",
     )
+    from assay.cli.fleet import add_parser as add_fleet  # `assay fleet` (cli/fleet.py)
+
+    add_fleet(sub)
     return p
 
 
@@ -324,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=logging.WARNING if args.verbose else logging.ERROR,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _trace(args)
     try:
         code = asyncio.run(_dispatch(args))
     except AssayError as exc:
@@ -334,10 +350,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(code)
 
 
+def _trace(args: argparse.Namespace) -> None:
+    """Export spans when the OpenTelemetry environment names an OTLP endpoint."""
+    from assay.runtime.tracing import EXPORTER_VARIABLES, configure
+
+    if any(os.environ.get(name) for name in EXPORTER_VARIABLES):
+        configure(f"assay-{args.stage}" if args.command == "serve" else "assay")
+
+
 async def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "fleet" and args.fleet_command == "mark":
+        from assay.cli.fleet import mark_command  # before anything heavy: agents call it often
+
+        return mark_command(args.edge)
     from assay.runtime.embedded import default_data_dir
 
     data_dir: Path = args.data_dir or default_data_dir()
+    if args.command == "capacity":
+        from assay.cli.capacity import capacity
+        from assay.runtime.settings import AssaySettings
+
+        print(capacity(AssaySettings.from_env(), as_json=args.json))
+        return 0
     if args.command == "demo":
         from assay.cli.demo import demo
 
@@ -353,6 +387,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
             workflows=args.workflows,
             limit=args.limit,
             progress=not args.no_progress,
+            metrics_port=args.metrics_port,
         )
     if args.command == "run":
         from assay.cli.run import run_once
@@ -513,4 +548,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.calibrate import calibrate_command
 
         return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
+    if args.command == "fleet":
+        from assay.cli.fleet_commands import dispatch as fleet_dispatch
+
+        return await fleet_dispatch(args, data_dir)
     raise UsageError(f"unknown command {args.command}")

@@ -12,6 +12,7 @@ own state (`summary.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 import uuid
@@ -146,8 +147,12 @@ async def demo(
     limit: int | None,
     progress: bool,
     sprt: dict[str, float] | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the demo; return 0 when every task has exactly one result.
+
+    With `metrics_port`, the process serves `/metrics` (every stage's signals), `/healthz`
+    and `/readyz` on 127.0.0.1 at that port while the demo runs.
 
     `workflows` are the current version, then the challengers in turn (one or two).
     `sprt` overrides fields of the sequential test's policy (else `ASSAY_SPRT_*`).
@@ -173,7 +178,14 @@ async def demo(
         ladder_policy = settings.ladder.over(DEMO_LADDER)
     except ValidationError as exc:
         raise SettingsInvalid(f"invalid ASSAY_LADDER_* settings: {one_line(exc)}") from exc
-    async with Embedded(data_dir, sprt=policy, ladder=ladder_policy, settings=settings) as rt:
+    async with (
+        Embedded(data_dir, sprt=policy, ladder=ladder_policy, settings=settings) as rt,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        if metrics_port is not None:
+            status = await rt.serve_status(metrics_port)
+            stack.push_async_callback(status.close)
+            print(f"metrics on http://127.0.0.1:{status.port}/metrics", flush=True)
         rt.start()
         ladder = _Ladder(rt, versions)
         await ladder.register_next()

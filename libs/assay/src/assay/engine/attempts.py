@@ -13,6 +13,9 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
 from assay.bus.topics import RUN_STATUS, USAGE
 from assay.engine.context import Cancelled, RunContext
 from assay.engine.events import AttemptFinished, AttemptStarted, Intent
@@ -37,6 +40,8 @@ from assay.messages.models import AttemptIndeterminate, Usage, UsageRecorded
 from assay.sandbox.port import SandboxProvider
 from assay.workflow.ir import ModelStep, ToolStep
 from assay.workflow.templates import TemplateError, render
+
+_tracer = trace.get_tracer("assay.engine")
 
 MAX_INTERRUPTED = 3
 """A step whose attempts kept dying with the worker stops being retried after this many."""
@@ -68,7 +73,10 @@ class AttemptRunner:
             elif run.cancel.cancelled:
                 return False  # Pending -> Cancelled: the attempt never started
             else:
-                started, finished = await self._attempt(run, step, n, iteration)
+                with _tracer.start_as_current_span(
+                    f"attempt {step.id}", attributes=_span_attributes(run, step.id, n)
+                ):
+                    started, finished = await self._attempt(run, step, n, iteration)
             if finished.workspace is not None:
                 run.workspace_ref = finished.workspace
             run.totals.attempts.append(_view(started, finished, iteration))
@@ -376,12 +384,17 @@ class AttemptRunner:
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=refusal)
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
         try:
-            done = await run.cancel.race(
-                asyncio.wait_for(
-                    self.model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
-                    step.timeout_s,
+            with _tracer.start_as_current_span(
+                f"model {step.id}",
+                kind=SpanKind.CLIENT,
+                attributes={**_span_attributes(run, step.id, n), "gen_ai.operation.name": "chat"},
+            ):
+                done = await run.cancel.race(
+                    asyncio.wait_for(
+                        self.model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
+                        step.timeout_s,
+                    )
                 )
-            )
         except Cancelled:
             return await self._finish(run, step.id, n, AttemptState.CANCELLED, t0, error=_why(run))
         except TimeoutError:
@@ -549,6 +562,11 @@ def _request_id(run: RunContext, step: StepId, n: AttemptNo) -> str:
 async def _invoke(tool: Tool, call: ToolCall, timeout_s: float) -> _Outcome:
     """Call the tool; `known` is False when it gave no answer (a timeout, or it broke):
     whether it acted is then unknown."""
+    with _tracer.start_as_current_span(f"tool {tool.name}", kind=SpanKind.CLIENT):
+        return await _call_tool(tool, call, timeout_s)
+
+
+async def _call_tool(tool: Tool, call: ToolCall, timeout_s: float) -> _Outcome:
     try:
         output = await asyncio.wait_for(tool.fn(call), timeout_s)
     except TimeoutError:
@@ -579,3 +597,15 @@ def _view(started: AttemptStarted, finished: AttemptFinished, iteration: int) ->
         usage=finished.usage,
         duration_ms=finished.duration_ms,
     )
+
+
+def _span_attributes(run: RunContext, step: str, n: AttemptNo) -> dict[str, str | int]:
+    ref = run.spec.ref
+    return {
+        "assay.tenant": str(ref.tenant),
+        "assay.workflow": str(ref.workflow_id),
+        "assay.run": str(ref.run_id),
+        "assay.branch": int(run.spec.branch),
+        "assay.step": step,
+        "assay.attempt": int(n),
+    }

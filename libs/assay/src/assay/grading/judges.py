@@ -15,10 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
 from assay.kernel.errors import AssayError
 from assay.kernel.scores import CoreViolation, Verdict
 from assay.messages.episode import Episode
 from assay.workflow.ir import RubricItem
+
+_tracer = trace.get_tracer("assay.grading")
 
 EXCERPT_CHARS = 200
 """Characters of a judge's raw output that `JudgeFailed` keeps."""
@@ -113,6 +118,48 @@ class Judge(Protocol):
             JudgeFailed: the judge gave no usable answer.
         """
         ...
+
+
+class TracedJudge:
+    """A judge whose every call is a span (§14): which judge, for what, and how it ended."""
+
+    def __init__(self, judge: Judge) -> None:
+        self.judge = judge
+        self.name = judge.name
+        self.max_context_tokens = judge.max_context_tokens
+
+    def __getattr__(self, attr: str) -> object:  # anything else the judge offers
+        return getattr(self.judge, attr)
+
+    async def compare(
+        self,
+        a: Episode,
+        b: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> Verdict:
+        with _tracer.start_as_current_span(
+            "judge compare", kind=SpanKind.CLIENT, attributes={"assay.judge": self.name}
+        ):
+            return await self.judge.compare(a, b, rubric, on_usage=on_usage)
+
+    async def screen(
+        self,
+        episode: Episode,
+        rubric: list[RubricItem],
+        *,
+        on_usage: UsageCallback | None = None,
+    ) -> list[CoreViolation]:
+        with _tracer.start_as_current_span(
+            "judge screen", kind=SpanKind.CLIENT, attributes={"assay.judge": self.name}
+        ):
+            return await self.judge.screen(episode, rubric, on_usage=on_usage)
+
+
+def traced(judge: Judge) -> Judge:
+    """`judge` with a span around each call (itself if it already has)."""
+    return judge if isinstance(judge, TracedJudge) else TracedJudge(judge)
 
 
 class StubJudge:

@@ -7,6 +7,7 @@ envelope fields so a consumer can route without parsing the body.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,6 +60,24 @@ def traceparent_for(correlation_id: str, span_seed: str) -> str:
     return f"00-{trace}-{span}-01"
 
 
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def valid_traceparent(value: str | None) -> bool:
+    """Whether `value` is a W3C `traceparent` of version 00 with non-zero ids."""
+    found = _TRACEPARENT.fullmatch(value or "")
+    return found is not None and set(found[1]) != {"0"} and set(found[2]) != {"0"}
+
+
+def continue_trace(traceparent: str, span_seed: str) -> str | None:
+    """A child of `traceparent`: the same trace and flags, a span id derived from
+    `span_seed`; None if `traceparent` is not valid."""
+    if not valid_traceparent(traceparent):
+        return None
+    _, trace, _, flags = traceparent.split("-")
+    return f"00-{trace}-{digest(span_seed.encode())[:16]}-{flags}"
+
+
 def seal(
     msg: Versioned,
     *,
@@ -68,9 +87,19 @@ def seal(
     causation: Envelope | None,
     correlation_id: str | None = None,
     occurred_at: datetime | None = None,
+    traceparent: str | None = None,
 ) -> Envelope:
-    """Wrap a message in an envelope; correlation and trace follow the cause."""
+    """Wrap a message in an envelope; correlation and trace follow the cause.
+
+    The trace is `traceparent` where that is valid (the span that produced the
+    message), else a child of the cause's trace, else a new one whose trace id
+    follows the correlation id.
+    """
     corr = correlation_id or (causation.correlation_id if causation else id)
+    if not valid_traceparent(traceparent):
+        traceparent = (
+            continue_trace(causation.traceparent, id) if causation is not None else None
+        ) or traceparent_for(corr, id)
     return Envelope(
         id=id,
         type=msg.type,
@@ -80,7 +109,7 @@ def seal(
         occurred_at=occurred_at or (causation.occurred_at if causation else datetime.now(UTC)),
         causation_id=causation.id if causation else None,
         correlation_id=corr,
-        traceparent=traceparent_for(corr, id),
+        traceparent=traceparent,
         payload=msg.model_dump(mode="json"),
     )
 

@@ -11,20 +11,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 
 from pydantic import ValidationError
 
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import dlq
-from assay.bus.transport import BusMessage, Source
+from assay.bus.transport import BusMessage, Measured, Source
 from assay.crash import crash_point
 from assay.kernel.errors import Refused
 from assay.kernel.schema import UnknownSchema, one_line
 from assay.kernel.waiting import sleep_or
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
-from assay.runtime.stage import Background, StageSpec, UnitOfWork
+from assay.runtime.signals import Signals
+from assay.runtime.stage import Background, Handler, StageSpec, UnitOfWork
+from assay.runtime.tracing import handling
 from assay.runtime.vitals import Vitals
 from assay.store.faults import Outage, is_outage
 from assay.store.ports import (
@@ -90,7 +93,13 @@ def _wrap_bare_task(m: BusMessage) -> Envelope:
         key=m.key,
         id=message_id("producer", str(task.tenant), task.idempotency_key),
         causation=None,
+        traceparent=_header(m, "traceparent"),  # the producer's trace, continued if valid
     )
+
+
+def _header(m: BusMessage, name: str) -> str | None:
+    value = next((v for k, v in m.headers if k == name), None)
+    return value.decode("ascii", "replace") if value is not None else None
 
 
 class StageRunner:
@@ -104,8 +113,11 @@ class StageRunner:
         relay: OutboxRelay,
         source: Source | None = None,
         vitals: Vitals | None = None,
+        signals: Signals | None = None,
     ) -> None:
         self.spec = spec
+        self.signals = signals if signals is not None else Signals()
+        """The process's §15 signals (shared by every runner of an embedded process)."""
         self.vitals = vitals or Vitals(unready_after_s=15.0, exit_after_s=0.0)
         self.log = log_
         self.blobs = blobs
@@ -141,6 +153,16 @@ class StageRunner:
             stop.set()
             await relay
             await asyncio.gather(*chores, return_exceptions=True)
+
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """Records not yet handled, per partition the source holds: its end offset minus
+        the position stored in this stage's own commits (empty if the source cannot say)."""
+        source: object = self.source  # a Source may also be Measured
+        if not isinstance(source, Measured):
+            return {}
+        ends = await source.end_offsets(self.spec.topics)
+        stored = await self.log.positions()
+        return {tp: max(0, end - stored.get(tp, 0)) for tp, end in ends.items()}
 
     async def _keep(self, task: Background, stop: asyncio.Event) -> None:
         """Run a background task until `stop`; if a service it needs is away, run it
@@ -189,7 +211,20 @@ class StageRunner:
             await self._commit(CommitBatch(position=position))
             self.duplicates += 1
             return
+        with handling(self.spec.name, env, m.topic, m.partition):
+            await self._attempts(m, env, msg, handler, position)
+
+    async def _attempts(
+        self,
+        m: BusMessage,
+        env: Envelope,
+        msg: object,
+        handler: Handler,
+        position: ConsumerPosition,
+    ) -> None:
+        """Run the handler until it commits, is refused, or fails every retry."""
         attempt = conflicts = 0
+        started = time.perf_counter()
         while attempt < RETRIES:
             attempt += 1
             uow = UnitOfWork(
@@ -201,6 +236,7 @@ class StageRunner:
                 self.emitted,
                 partition=m.partition,
                 deps=self.spec.deps,
+                signals=self.signals,
             )
             try:
                 await handler(msg, uow)
@@ -208,8 +244,9 @@ class StageRunner:
                 crash_point(self._before_final)
                 await self._commit(final)
                 crash_point(self._after_final)
-                self.emitted.update(uow.taken_types)
+                uow.landed()
                 self.handled += 1
+                self.signals.handled(self.spec.name, env.type, time.perf_counter() - started)
                 return
             except DuplicateMessage:
                 await self._commit(CommitBatch(position=position))
@@ -247,8 +284,8 @@ class StageRunner:
                 attempt -= 1
                 log.info("stage %s: %s; handling %s again", self.spec.name, exc, env.type)
             except Exception as exc:
+                uow.discard()
                 if is_outage(exc):  # not the message's fault: it goes again, uncounted
-                    uow.discard()
                     raise
                 log.warning(
                     "stage %s: handler failed on %s/%d@%d (attempt %d/%d)",

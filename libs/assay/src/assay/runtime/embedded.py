@@ -29,8 +29,11 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import open_envelope
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
+from assay.runtime.http import StatusServer
+from assay.runtime.metrics import StagesCollector, process_registry
 from assay.runtime.sections import STAGE_ROLES
 from assay.runtime.settings import AssaySettings
+from assay.runtime.signals import Signals
 from assay.runtime.stage import StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
 from assay.store.ports import OutboxEntry
@@ -122,6 +125,8 @@ class Embedded:
         self._stage_names = stages
         self._lock = FileLock(self.data_dir / "assay.lock")
         self.runners: dict[str, StageRunner] = {}
+        self.signals = Signals()
+        """The §15 signals every stage of this process counts into (one `/metrics`)."""
         self.logs: dict[str, SqliteEventLog] = {}
         self._stop = asyncio.Event()
         self._task: asyncio.Future[Any] | None = None
@@ -144,8 +149,24 @@ class Embedded:
             log = await stage_log(self.data_dir, spec).open()
             relay = OutboxRelay(name, log, self.bus, FileLock(self.data_dir / f"{name}.relay.lock"))
             self.logs[name] = log
-            self.runners[name] = StageRunner(spec, log, self.blobs, relay, EmbeddedSource(self.bus))
+            source = EmbeddedSource(self.bus)
+            self.runners[name] = StageRunner(
+                spec, log, self.blobs, relay, source, signals=self.signals
+            )
         return self
+
+    async def serve_status(self, port: int, host: str = "127.0.0.1") -> StatusServer:
+        """Serve `/healthz`, `/readyz` and `/metrics` for the whole process on `port` (0: any
+        free port; the server's `port` says which). Close it before leaving the context."""
+        collector = StagesCollector(list(self.runners.values()))
+
+        def health() -> dict[str, object]:
+            handled = {name: r.handled for name, r in self.runners.items()}
+            return {"ok": True, "ready": self._task is not None, "handled": handled}
+
+        server = StatusServer(process_registry(collector), health, port, collector.refresh)
+        await server.start(host)
+        return server
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
@@ -206,15 +227,25 @@ class Embedded:
         return found
 
     async def publish(
-        self, topic: str, msg: Versioned, tenant: TenantId, *, idem: str = ""
+        self,
+        topic: str,
+        msg: Versioned,
+        tenant: TenantId,
+        *,
+        idem: str = "",
+        traceparent: str | None = None,
     ) -> None:
         """Produce a message as an outside producer would (tasks, workflow registrations).
 
         The message id derives from `idem` (or the content), so producing the same
-        thing twice is deduplicated by the consumers' inboxes.
+        thing twice is deduplicated by the consumers' inboxes. With a W3C `traceparent`,
+        everything the message causes belongs to that trace.
         """
         key = idem or content_hash(msg.model_dump(mode="json"))
-        await self.publish_many([(topic, msg, tenant, key)])
+        entry = producer_entry(
+            topic, msg, tenant, key, occurred_at=self.clock(), traceparent=traceparent
+        )
+        await self.bus.publish([entry])
 
     async def publish_many(self, items: Sequence[tuple[str, Versioned, TenantId, str]]) -> None:
         """Produce many messages in one durable write; each tuple ends with its `idem`."""

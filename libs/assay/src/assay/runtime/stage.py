@@ -16,7 +16,8 @@ import typing
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from assay.bus.topics import TOPICS, topic_for
 from assay.crash import crash_point, crash_points_armed
@@ -36,11 +37,16 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Fold, ReadModel, StateKey
+from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
+from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
 from assay.verification.verifiers import Verifier
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
+
+if TYPE_CHECKING:
+    from assay.runtime.signals import Signals
 
 Handler = Callable[[Any, "UnitOfWork[Any]"], Awaitable[None]]
 Background = Callable[[EventLog, asyncio.Event], Coroutine[Any, Any, None]]
@@ -122,6 +128,8 @@ class StageDeps:
     """The slow loop's generator: drafts a new version when a challenger's time ends."""
     proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
     """Which tenants' proposals skip the operator's approval."""
+    admission: Admission = field(default_factory=lambda: Admission(None))
+    """Capacity checks at registration and admission (§14.2); none without a declaration."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
@@ -177,11 +185,13 @@ class _Pending:
 
     records: list[tuple[BranchKey, Event]] = field(default_factory=list)
     outbox: list[OutboxEntry] = field(default_factory=list)
-    types: list[str] = field(default_factory=list)
+    messages: list[Versioned] = field(default_factory=list)
     expect: list[tuple[BranchKey, Lsn]] = field(default_factory=list)
     fence: Lease | None = None
-    taken_types: list[str] = field(default_factory=list)
+    taken: list[Versioned] = field(default_factory=list)
     committed: int = 0
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    """What to undo if the pending writes are dropped (`UnitOfWork.on_discard`)."""
 
 
 class UnitOfWork(Generic[D]):
@@ -207,6 +217,7 @@ class UnitOfWork(Generic[D]):
         *,
         partition: int = 0,
         deps: D = None,  # type: ignore[assignment]  # a stage without shared deps has None
+        signals: Signals | None = None,
     ) -> None:
         self.stage = stage
         self.partition = partition
@@ -220,16 +231,21 @@ class UnitOfWork(Generic[D]):
         self._pending = _Pending()
         self._fence: Lease | None = None
         self.emitted = emitted if emitted is not None else Counter()
+        self._signals = signals
 
     @property
     def tenant(self) -> TenantId:
         """Tenant of the message being handled."""
         return self.envelope.tenant
 
-    @property
-    def taken_types(self) -> list[str]:
-        """Message types of the outbox rows the last `take()` handed over."""
-        return self._pending.taken_types
+    def landed(self) -> None:
+        """The batch the last `take()` handed over is committed: count what it emitted
+        (the §15 signals derive from committed messages only)."""
+        taken = self._pending.taken
+        self.emitted.update(m.type for m in taken)
+        if self._signals is not None and taken:
+            now = datetime.now(UTC)
+            self._signals.landed(self.stage, taken, self.envelope.occurred_at, now)
 
     @property
     def committed(self) -> int:
@@ -289,10 +305,17 @@ class UnitOfWork(Generic[D]):
             key=spec.key(msg),
             id=message_id(*parts, *((str(occurrence),) if occurrence else ())),
             causation=self.envelope,
+            traceparent=current_traceparent(),
         )
         self._touch()
         self._pending.outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
-        self._pending.types.append(msg.type)
+        self._pending.messages.append(msg)
+
+    def on_discard(self, undo: Callable[[], None]) -> None:
+        """Call `undo` if the pending writes are dropped instead of committed (the handler
+        failed): what the handler did outside the transaction, such as holding capacity
+        for runs it was about to spawn, is undone with them."""
+        self._pending.undo.append(undo)
 
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
@@ -372,7 +395,7 @@ class UnitOfWork(Generic[D]):
         lsns = await self.log.commit(batch)
         if label is not None:
             crash_point(f"{self.stage}.after_commit.{label}")
-        self.emitted.update(self.taken_types)
+        self.landed()
         self._pending.committed += 1
         if batch.outbox and self._on_commit is not None:
             self._on_commit()
@@ -384,14 +407,19 @@ class UnitOfWork(Generic[D]):
         batch = CommitBatch(
             records=p.records, outbox=p.outbox, fence=p.fence, expect=p.expect, **final
         )
-        p.taken_types = p.types
-        p.records, p.outbox, p.types, p.expect, p.fence = [], [], [], [], None
+        p.taken = p.messages
+        p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        p.undo = []
         return batch
 
     def discard(self) -> None:
-        """Drop pending writes (a refused message writes only its dead letter)."""
+        """Drop pending writes (a refused message writes only its dead letter), undoing
+        what was registered with `on_discard` since the last commit."""
         p = self._pending
-        p.records, p.outbox, p.types, p.expect, p.fence = [], [], [], [], None
+        p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        undo, p.undo = p.undo, []
+        for step in reversed(undo):
+            step()
 
 
 def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:

@@ -1,0 +1,197 @@
+"""Decide's derived state, typed (the kinds `events.py` lists).
+
+Several documents are a message or an event as it was recorded: their read model
+is that model, given a `kind`, so the document and the payload cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from assay.grading.ladder import Standing
+from assay.kernel import WorkflowId, WorkflowVersion
+from assay.messages import AllocationChanged, Ladder, Rung
+from assay.messages.proposals import FailureEvidence, ProposalRequested
+from assay.record import Delete, LogRecord, Patch, ReadModel, StateDelta
+from assay.workflow import WorkflowDef
+from assay_decide.events import (
+    STREAM_PREFIX,
+    AllocationSet,
+    ChallengerDecided,
+    EvidenceAccepted,
+    PromotionHeld,
+    ProposalMade,
+    ProposalNotMade,
+    ProposalReviewed,
+)
+
+
+class Head(ReadModel):
+    """The next LSN of a workflow's stream: what a handler expects it still to be."""
+
+    kind: ClassVar[str] = "head"
+    next: int
+
+
+class Allocation(ReadModel, AllocationChanged):
+    """A workflow's allocation: the latest `AllocationChanged` decide published."""
+
+    kind: ClassVar[str] = "allocation"
+
+    def definition(self, version: WorkflowVersion) -> WorkflowDef:
+        """The IR of a version the allocation names."""
+        return WorkflowDef.model_validate(self.definitions[version])
+
+
+class Climb(ReadModel):
+    """Where a workflow's challenger stands (a `Standing`), absent without one.
+
+    An allocation of version 1 kept no standing: its latches alone may be here, and
+    the rest comes from the allocation (`standing`).
+    """
+
+    kind: ClassVar[str] = "ladder"
+    ladder: Ladder | None = None
+    rung: Rung | None = None
+    share: float | None = None
+    entered_served: int = 0
+    entered_episodes: int = 0
+    accepted: bool = False
+    held: str | None = None
+
+    @classmethod
+    def of(cls, standing: Standing) -> Climb:
+        """The document of a standing."""
+        return cls.model_validate(standing.model_dump())
+
+    def standing(self, alloc: Allocation) -> Standing:
+        """The standing, what this document lacks read from the allocation."""
+        share = alloc.challenger_share if self.share is None else self.share
+        rung = self.rung or alloc.rung or (Rung.TRIAL if share > 0 else Rung.SHADOW)
+        return Standing.model_validate(
+            {
+                **self.model_dump(),
+                "ladder": self.ladder or alloc.ladder,
+                "rung": rung,
+                "share": share,
+            }
+        )
+
+
+class Known(ReadModel):
+    """A version decide has held or turned away."""
+
+    kind: ClassVar[str] = "known"
+    workflow_id: WorkflowId
+
+
+class Decision(ReadModel, ChallengerDecided):
+    """How a challenger's time ended."""
+
+    kind: ClassVar[str] = "decision"
+
+
+class Accepted(ReadModel, EvidenceAccepted):
+    """When a challenger's sequential test crossed its accept boundary."""
+
+    kind: ClassVar[str] = "accepted"
+
+
+class Review(BaseModel):
+    """Who reviewed a proposal, and why."""
+
+    model_config = ConfigDict(frozen=True)
+    reason: str
+    by: Literal["operator", "ungated"]
+
+
+class ProposalRecord(ReadModel, ProposalRequested):
+    """A proposal the slow loop made: as announced, its evidence and its status."""
+
+    kind: ClassVar[str] = "proposal"
+    failures: list[FailureEvidence]
+    status: Literal["pending", "approved", "rejected"]
+    review: Review | None
+
+    def announced(self) -> ProposalRequested:
+        """The proposal as it was announced."""
+        return ProposalRequested.model_validate(
+            self.model_dump(exclude={"failures", "status", "review"})
+        )
+
+
+class OpenProposal(ReadModel):
+    """The proposal of a workflow waiting for an operator."""
+
+    kind: ClassVar[str] = "open_proposal"
+    proposal_id: str
+
+
+class Unproposed(ReadModel, ProposalNotMade):
+    """Why the last request for a proposal of a workflow yielded none."""
+
+    kind: ClassVar[str] = "unproposed"
+
+
+DECIDE_STATE: tuple[type[ReadModel], ...] = (
+    Head,
+    Allocation,
+    Climb,
+    Known,
+    Decision,
+    Accepted,
+    ProposalRecord,
+    OpenProposal,
+    Unproposed,
+)
+"""Every kind of document decide keeps, by its read model."""
+
+
+def fold_decide(record: LogRecord) -> list[StateDelta]:
+    """The allocation, standing and stream head per workflow; decisions per version."""
+    t = record.key.tenant
+    out: list[StateDelta] = []
+    if record.key.stream.startswith(STREAM_PREFIX):
+        workflow = record.key.stream[len(STREAM_PREFIX) :]
+        out.append(Head(next=record.lsn + 1).put(t, workflow))
+    match record.event:
+        case AllocationSet(allocation=a, standing=standing):
+            ladder = Climb.at(t, a.workflow_id)
+            out += [
+                Allocation.model_validate(a.model_dump()).put(t, a.workflow_id),
+                *(Known(workflow_id=a.workflow_id).put(t, v) for v in sorted(a.definitions)),
+                Climb.of(standing).put(t, a.workflow_id) if standing else Delete(ladder),
+            ]
+        case ChallengerDecided() as e:
+            out += [
+                Decision.model_validate(e.model_dump()).put(t, e.workflow_version),
+                Known(workflow_id=e.workflow_id).put(t, e.workflow_version),
+            ]
+        case EvidenceAccepted() as e:
+            out += [
+                Accepted.model_validate(e.model_dump()).put(t, e.workflow_version),
+                Patch(Climb.at(t, e.workflow_id), {"accepted": True}),
+            ]
+        case PromotionHeld() as e:
+            out.append(Patch(Climb.at(t, e.workflow_id), {"held": e.reason}))
+        case ProposalMade(proposal=p, failures=failures):
+            made = ProposalRecord.model_validate(
+                {**p.model_dump(), "failures": failures, "status": "pending", "review": None}
+            )
+            out += [
+                made.put(t, p.proposal_id),
+                OpenProposal(proposal_id=p.proposal_id).put(t, p.workflow_id),
+                Delete(Unproposed.at(t, p.workflow_id)),
+            ]
+        case ProposalNotMade() as e:
+            out.append(Unproposed.model_validate(e.model_dump()).put(t, e.workflow_id))
+        case ProposalReviewed() as e:
+            review = Review(reason=e.reason, by=e.by).model_dump(mode="json")
+            status = "approved" if e.approved else "rejected"
+            out += [
+                Patch(ProposalRecord.at(t, e.proposal_id), {"status": status, "review": review}),
+                Delete(OpenProposal.at(t, e.workflow_id)),
+            ]
+    return out

@@ -1,0 +1,210 @@
+"""The §15 signals in embedded mode: one `/metrics` for the process, read as Prometheus
+reads it, while a backlog builds and drains."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import httpx
+import promql_parser
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from assay.bus import RESULTS, TASKS, WORKFLOWS
+from assay.kernel import tenant_id
+from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
+from assay.record import StateKey
+from assay.runtime import Embedded
+from assay.workflow import from_document
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+TENANT = tenant_id("5e1a2b3c-4d5e-4f60-8a7b-9c0d1e2f3a4b")
+TASK_COUNT = 6
+WORKFLOW = from_document(
+    {
+        "id": "signals",
+        "steps": [
+            {"id": "solve", "kind": "model", "prompt": "What is {{ task.question }}?"},
+            {
+                "id": "answer",
+                "kind": "tool",
+                "tool": "extract_number",
+                "args": {"text": "{{ steps.solve.output }}"},
+            },
+        ],
+        "verifiers": [
+            {"id": "correct", "kind": "exact", "step": "answer", "expected": "{{ task.answer }}"}
+        ],
+    }
+)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(port: int) -> Samples:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"http://127.0.0.1:{port}/metrics")
+    assert response.status_code == 200
+    for family in text_string_to_metric_families(response.text):
+        EXPORTED.update(s.name for s in family.samples)
+        EXPORTED.add(family.name + ("_total" if family.type == "counter" else ""))
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def result_count(rt: Embedded) -> int:
+    found = 0
+    for partition in range(rt.partitions):
+        for m in await rt.bus.fetch(RESULTS, partition, 0, 10_000, 0.0):
+            env = open_envelope(m.value)
+            found += isinstance(
+                MESSAGES.decode(env.type, env.schema_version, env.payload), RunResult
+            )
+    return found
+
+
+EXPORTED: set[str] = set()
+"""Metric family names the embedded run's scrapes saw (for the dashboard test below)."""
+
+
+async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path: Path) -> None:
+    async with Embedded(tmp_path / "data", partitions=4) as rt:
+        status = await rt.serve_status(0)
+        try:
+            rt.start()
+            definition = WORKFLOW.model_dump(mode="json", by_alias=True)
+            registered = WorkflowRegistered(tenant=TENANT, definition=definition)
+            await rt.publish(WORKFLOWS, registered, TENANT, idem=WORKFLOW.version)
+
+            async def routed() -> bool:
+                key = StateKey(TENANT, "allocation", WORKFLOW.id)
+                return await rt.logs["ingest"].get(key) is not None
+
+            await until(routed, "the workflow to be routed")
+            await rt.stop()  # a backlog builds while no stage consumes
+            for n in range(TASK_COUNT):
+                task = TaskSubmitted(
+                    tenant=TENANT,
+                    workflow_id=WORKFLOW.id,
+                    idempotency_key=f"task-{n}",
+                    input={"question": f"{n} + 1", "answer": str(n + 1)},
+                )
+                await rt.publish(TASKS, task, TENANT, idem=f"task-{n}")
+            backlog = await scrape(status.port)
+            assert total(backlog, "assay_stage_lag", stage="ingest", topic=TASKS) == TASK_COUNT
+            assert total(backlog, "assay_stage_lag", stage="execute") == 0
+
+            rt.start()
+
+            async def all_results() -> bool:
+                return await result_count(rt) == TASK_COUNT
+
+            await until(all_results, "every result")
+
+            async def drained() -> bool:
+                return total(await scrape(status.port), "assay_stage_lag") == 0
+
+            await until(drained, "every stage's lag to drain")
+            after = await scrape(status.port)
+        finally:
+            await status.close()
+
+    labels = {"tenant": str(TENANT), "workflow": "signals", "version": WORKFLOW.version}
+    assert total(after, "assay_run_transitions_total", state="running", **labels) == TASK_COUNT
+    assert total(after, "assay_run_transitions_total", state="verifying", **labels) == TASK_COUNT
+    assert total(after, "assay_run_transitions_total", stage="execute") >= 2 * TASK_COUNT
+    assert total(after, "assay_run_transitions_total", stage="tournament", state="ungraded") == 6
+    # One version, nothing to compare with: every run is ungraded, and says why.
+    assert total(after, "assay_runs_ungraded_total", reason="no_reference", **labels) == TASK_COUNT
+    assert total(after, "assay_runs_graded_total") == 0
+    handled = total(after, "assay_handler_seconds_count", stage="ingest", type="TaskSubmitted")
+    assert handled == TASK_COUNT
+    assert total(after, "assay_handler_seconds_count", stage="verify") == TASK_COUNT
+    e2e = total(after, "assay_task_to_result_seconds_count", tenant=str(TENANT))
+    assert e2e == TASK_COUNT
+    assert total(after, "assay_task_to_result_seconds_sum", tenant=str(TENANT)) > 0
+    assert not any("run_id" in dict(ls) for _, ls in after), "no run ids in labels"
+
+
+# -- the dashboard and the alerts name only what is exported --------------------------------
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def _selectors(node: object) -> Iterator[str]:
+    """Metric names a parsed PromQL expression selects."""
+    if isinstance(node, promql_parser.VectorSelector):
+        if node.name:
+            yield node.name
+        return
+    for attr in ("expr", "lhs", "rhs", "vector_selector", "param", "args"):
+        child = getattr(node, attr, None)
+        for item in child if isinstance(child, list) else [child]:
+            if item is not None and not isinstance(item, str | int | float):
+                yield from _selectors(item)
+
+
+def _expressions() -> list[tuple[str, str]]:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    found = [
+        (f"alert {rule['alert']}", rule["expr"])
+        for group in rules["groups"]
+        for rule in group["rules"]
+    ]
+    dashboard = json.loads((DEPLOY / "grafana" / "assay.json").read_text())
+    found += [
+        (f"panel {panel['title']!r}", target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    ]
+    return found
+
+
+def test_alert_rules_are_well_formed() -> None:
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yaml").read_text())
+    names = [rule["alert"] for group in rules["groups"] for rule in group["rules"]]
+    assert len(names) == len(set(names)), "alert names are unique"
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+            assert rule["labels"]["severity"] in {"page", "warn"}
+            assert rule["annotations"]["summary"]
+            if "for" in rule:
+                assert re.fullmatch(r"\d+[smhd]", rule["for"]), rule["alert"]
+
+
+async def test_every_expression_parses_and_names_an_exported_metric(tmp_path: Path) -> None:
+    if not EXPORTED:  # run alone: scrape a pipeline first
+        await test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path)
+    for where, expr in _expressions():
+        parsed = promql_parser.parse(expr)  # raises on a malformed expression
+        names = set(_selectors(parsed))
+        assert names, f"{where} selects no metric"
+        assert names <= EXPORTED, f"{where}: {sorted(names - EXPORTED)} not exported"
+
+
+def test_a_malformed_expression_is_caught() -> None:
+    with pytest.raises(ValueError, match="parenthesis"):
+        promql_parser.parse("sum by (stage (rate(assay_stage_lag[5m]))")
