@@ -36,7 +36,7 @@ from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
-from assay.record.state import Fold, ReadModel, StateKey
+from assay.record.state import Fold, ReadModel
 from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.runtime.tracing import current_traceparent
@@ -330,15 +330,6 @@ class UnitOfWork(Generic[D]):
         """Committed derived documents of this tenant, by key prefix, as read models."""
         found = await self.log.scan(self.tenant, model.kind, prefix)
         return [(key, model.model_validate(doc)) for key, doc in found]
-
-    async def get_document(self, kind: str, key: str) -> dict[str, Any] | None:
-        """A committed derived document of this tenant, untyped (being replaced by `get`)."""
-        return await self.log.get(StateKey(self.tenant, kind, key))
-
-    async def scan_documents(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-        """Committed derived documents of this tenant, by key prefix, untyped (being
-        replaced by `scan`)."""
-        return await self.log.scan(self.tenant, kind, prefix)
 
     async def history(self, key: BranchKey) -> list[LogRecord]:
         """Every committed record of one stream of this tenant."""
