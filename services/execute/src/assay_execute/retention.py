@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +60,7 @@ from assay.kernel import AssayError, BranchId, Lsn, RunId, TenantId
 from assay.kernel.schema import one_line
 from assay.messages import Episode
 from assay.record import BranchKey, Event, LogRecord
-from assay.runtime import UnitOfWork
+from assay.runtime import Gauge, UnitOfWork
 from assay.store.ports import BlobStore, BranchDeletion, CommitBatch, EventLog, StreamChanged
 
 log = logging.getLogger(__name__)
@@ -236,3 +236,17 @@ async def _documents(
         if value is not None:
             out.append(SnapshotDocument(kind=at.kind, key=at.key, value=value))
     return out
+
+
+async def backlog_gauges(log: EventLog) -> list[Gauge]:
+    """§15's reduction backlog, per tenant: reduced runs whose records wait to be tiered."""
+    due = Counter(str(tenant) for tenant, _, _ in await log.scan_kind(TieringDue.kind))
+    return [
+        Gauge(
+            "assay_retention_tiering_due",
+            "Finished runs reduced and waiting to be tiered (their records moved to blobs), "
+            "per tenant.",
+            ("tenant",),
+            tuple(((tenant,), float(n)) for tenant, n in sorted(due.items())),
+        )
+    ]

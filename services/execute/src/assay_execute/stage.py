@@ -45,7 +45,7 @@ from assay_execute.driving import (
     recorded,
 )
 from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
-from assay_execute.retention import Retention
+from assay_execute.retention import Retention, backlog_gauges
 
 
 async def on_run_spawned(msg: RunSpawned, uow: ExecuteUnitOfWork) -> None:
@@ -231,4 +231,5 @@ def create_stage(deps: StageDeps) -> StageSpec:
         ),
         deps=executing,
         background=(timer(Waiting.kind, wait_due, executing.driver.clock),),
+        gauges=backlog_gauges,
     )
