@@ -12,20 +12,28 @@ export ASSAY_DATA_DIR
 MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 STAGE_PKGS := assay_ingest assay_execute assay_verify assay_tournament assay_aggregate assay_decide assay_console
 
-.PHONY: run test test-fast lint docs bench sync schemas config-docs clean up down console chromium
+.PHONY: run test test-fast lint docs bench sync bytecode schemas config-docs clean up down console chromium
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv>=0.9,<1"
 
-$(VENV)/.synced: $(UV) uv.lock pyproject.toml libs/assay/pyproject.toml $(wildcard services/*/pyproject.toml)
-	$(UV) sync --locked --all-packages --quiet
+# Bytecode is compiled here, once, and not by each process as it imports: with
+# PYTHONDONTWRITEBYTECODE set, an interpreter that finds no .pyc compiles every module
+# it imports from source, every time, and the suite starts hundreds of processes.
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml libs/assay/pyproject.toml $(wildcard services/*/pyproject.toml) Makefile
+	$(UV) sync --locked --all-packages --quiet --compile-bytecode
 	@touch $@
 
 sync: $(VENV)/.synced
 
+# The workspace's own modules are installed editable, so `uv sync` leaves them out;
+# compileall writes only what changed since its last run.
+bytecode: sync
+	$(VENV)/bin/python -m compileall -q libs/assay/src $(wildcard services/*/src) > /dev/null
+
 # `rebuild --check` checks the demo's data directory even where ASSAY_DATABASE_URL is set.
-run: sync  ## the embedded demo on a freshly emptied data directory
+run: bytecode  ## the embedded demo on a freshly emptied data directory
 	rm -rf "$(ASSAY_DATA_DIR)"
 	$(VENV)/bin/assay demo
 	ASSAY_DATABASE_URL= $(VENV)/bin/assay rebuild --check
@@ -37,7 +45,7 @@ run: sync  ## the embedded demo on a freshly emptied data directory
 # `make test TEST_TMPDIR=/some/disk/dir` runs it on a disk instead.
 TEST_TMPDIR ?= $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo $${TMPDIR:-/tmp})
 
-console: sync  ## serve the console over the demo's data directory (after `make run`)
+console: bytecode  ## serve the console over the demo's data directory (after `make run`)
 	$(VENV)/bin/assay console
 
 # The console's browser tests drive Debian's chromium (never a downloaded browser).
@@ -49,10 +57,10 @@ chromium:  ## install Debian's chromium when missing; fail when it cannot be
 	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
 	@test -x "$(CHROMIUM)" || { echo "chromium is missing and could not be installed" >&2; exit 1; }
 
-test: sync chromium  ## the whole suite
+test: bytecode chromium  ## the whole suite
 	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest
 
-test-fast: sync  ## the inner loop: every test not marked slow (no end-to-end, crash or fault tests)
+test-fast: bytecode  ## the inner loop: every test not marked slow (no end-to-end, crash or fault tests)
 	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest -m "not slow" -q
 
 lint: sync  ## ruff, mypy --strict, import-linter layer contracts, the docs site's strict build
@@ -70,7 +78,7 @@ docs: sync  ## the documentation site from docs/ (mkdocs.yml) -> site/
 bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(VENV)/bin/python bench/run.py
 
-up: sync  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
+up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
 	$(VENV)/bin/assay up
 
 down:  ## stop what `make up` started; PURGE=1 also drops the database and roles it created

@@ -9,6 +9,7 @@ had fails the test run; elsewhere the tests that need it are skipped.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,12 @@ from assay.engine import WORK_EVENTS, fold_work
 from assay.store import SqliteEventLog
 from assay.store.ports import EventLog
 from assay.store.postgres import PostgresEventLog
+
+# pytest caches each test module with its asserts rewritten only where bytecode may be
+# written; under PYTHONDONTWRITEBYTECODE every run rewrote all of them again, about
+# half of collecting the suite. This process only: the processes tests start keep
+# the environment they are given.
+sys.dont_write_bytecode = False
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -23,6 +23,18 @@ PRELOAD = [
     "assay.cli.distributed",
     "assay.runtime.distributed",
     "assay.runtime.embedded",
+    # Imported by assay on first use, not with the modules above: each stage when its
+    # factory is called, the libraries when a workflow is read or a verdict computed.
+    "assay_ingest",
+    "assay_execute",
+    "assay_verify",
+    "assay_tournament",
+    "assay_aggregate",
+    "assay_decide",
+    "assay.messages.registry",
+    "jsonschema",
+    "numpy",
+    "yaml",
     "tests.crash_processes",
 ]
 

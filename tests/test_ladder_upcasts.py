@@ -11,7 +11,7 @@ from assay.messages import MESSAGES, AllocationChanged, Ladder, Rung, VariantAgg
 from assay_decide import DECIDE_EVENTS
 from assay_decide.stage import AllocationSet, ChallengerDecided
 from assay_ingest import INGEST_EVENTS
-from assay_ingest.stage import TaskAccepted, WorkflowStored
+from assay_ingest.state import TaskAccepted, WorkflowStored
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

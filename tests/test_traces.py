@@ -50,9 +50,9 @@ def version(prompt: str) -> WorkflowDef:
                     "args": {"text": "{{ steps.solve.output }}"},
                 },
             ],
-            "verifiers": [
-                {"id": "ok", "kind": "exact", "step": "answer", "expected": "{{ task.answer }}"}
-            ],
+            # Always passes: every challenger run meets its reference in one outcome class,
+            # so the judge (not the verifier) decides each comparison.
+            "verifiers": [{"id": "ran", "kind": "regex", "step": "answer", "pattern": ".*"}],
         }
     )
 

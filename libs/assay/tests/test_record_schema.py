@@ -132,7 +132,7 @@ from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepte
 from assay_ingest import INGEST_EVENTS
 from assay_ingest.replay import CutReason, CutRun, ReplayMetered
 from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
-from assay_ingest.stage import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
+from assay_ingest.state import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
 from assay_tournament.events import (
     ChallengerParked,

@@ -11,12 +11,16 @@ import pytest
 
 from assay.engine.models import StubModel
 from assay.grading.judges import StubJudge, TracedJudge
+from assay.kernel.capacity import ModelProfile
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.config_reference import entries
 from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.sandbox.port import NetworkPolicy
 from assay.store.fs_blobs import FsBlobStore
 
+CAPACITY_FILE = (
+    Path(__file__).resolve().parents[3] / "examples" / "capacity" / "llama-3.1-8b-1xh100.yaml"
+)
 TENANT = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
 UID = uuid.UUID(TENANT)
 
@@ -113,6 +117,25 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_S3_SECRET_ACCESS_KEY": ("sk", "s3.secret_access_key", "sk"),
     "ASSAY_S3_REGION": ("eu-west-1", "s3.region", "eu-west-1"),
     "ASSAY_HTTP_PORT": ("9090", "http.port", 9090),
+    "ASSAY_CAPACITY_FILE": (str(CAPACITY_FILE), "capacity.file", CAPACITY_FILE),
+    "ASSAY_CAPACITY_VRAM_BYTES_PER_DEVICE": ("80GB", "capacity.vram_bytes_per_device", 80 * 10**9),
+    "ASSAY_CAPACITY_DEVICES": ("2", "capacity.devices", 2),
+    "ASSAY_CAPACITY_MAX_RESIDENT_MODELS": ("3", "capacity.max_resident_models", 3),
+    "ASSAY_CAPACITY_PINNED": (" m, ", "capacity.pinned", ("m",)),
+    "ASSAY_CAPACITY_MODELS": (  # the agent's, the judge's and the proposer's models below
+        "["
+        + ",".join(
+            f'{{"id": "{m}", "weights_bytes": "16GB", "kv_bytes_per_token": 131072}}' for m in "mjp"
+        )
+        + "]",
+        "capacity.models",
+        tuple(
+            ModelProfile(id=m, weights_bytes=16 * 10**9, kv_bytes_per_token=131_072) for m in "mjp"
+        ),
+    ),
+    "ASSAY_CAPACITY_DEFAULT_CONTEXT_TOKENS": ("4096", "capacity.default_context_tokens", 4096),
+    "ASSAY_CAPACITY_ENDPOINT_CONCURRENCY": ("4", "capacity.endpoint_concurrency", 4),
+    "ASSAY_CAPACITY_AGENT_RESERVED_CALLS": ("2", "capacity.agent_reserved_calls", 2),
     "ASSAY_CONSOLE_HOST": ("0.0.0.0", "console.host", "0.0.0.0"),
     "ASSAY_CONSOLE_PORT": ("9091", "console.port", 9091),
     "ASSAY_CONSOLE_TOKENS": ("t=x", "console.tokens", "t=x"),
@@ -155,6 +178,57 @@ def test_all_variables_at_once_and_from_the_process_environment(
     settings = AssaySettings.from_env()
     for variable, (_, path, expected) in EVERY_VARIABLE.items():
         assert at(settings, path) == expected, variable
+
+
+def test_the_capacity_file_declares_and_variables_beat_it() -> None:
+    settings = AssaySettings.from_env({"ASSAY_CAPACITY_FILE": str(CAPACITY_FILE)})
+    assert settings.capacity.vram_bytes_per_device == 72 * 10**9
+    assert len(settings.capacity.models) == 3
+    both = {"ASSAY_CAPACITY_FILE": str(CAPACITY_FILE), "ASSAY_CAPACITY_DEVICES": "2"}
+    assert AssaySettings.from_env(both).capacity.devices == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("vram_bytes_per_device: [80GB", "not YAML"),
+        ("- 1", "must be a mapping"),
+        ("vram_bytes_per_device: 0", "vram_bytes_per_device: Input should be greater than 0"),
+        ("vram_bytes_per_device: 80GB\nspeed: 3", "speed: Extra inputs are not permitted"),
+        (
+            "vram_bytes_per_device: 80GB\n"
+            "models: [{id: m, weights_bytes: -1, kv_bytes_per_token: 1}]",
+            "models.0.weights_bytes",
+        ),
+        ("vram_bytes_per_device: 80GB\npinned: [m]", "pinned: model 'm' has no profile"),
+        (
+            "vram_bytes_per_device: 8GB\npinned: [m]\n"
+            "models: [{id: m, weights_bytes: 16GB, kv_bytes_per_token: 131072}]",
+            "the resident models do not fit: resident weights 16.00 GB",
+        ),
+    ],
+)
+def test_a_bad_capacity_file_stops_start_up_naming_the_field(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    path = tmp_path / "capacity.yaml"
+    path.write_text(text.replace("\\n", "\n"))
+    with pytest.raises(SettingsInvalid, match=named):
+        AssaySettings.from_env({"ASSAY_CAPACITY_FILE": str(path)})
+
+
+def test_a_model_without_a_profile_stops_start_up() -> None:
+    with pytest.raises(
+        SettingsInvalid, match="ASSAY_MODEL_NAME: model 'x' has no capacity profile"
+    ):
+        AssaySettings.from_env(
+            {
+                "ASSAY_CAPACITY_FILE": str(CAPACITY_FILE),
+                "ASSAY_MODEL_URL": "http://127.0.0.1:1/v1",
+                "ASSAY_MODEL_NAME": "x",
+                "ASSAY_CAPACITY_PINNED": "meta-llama/Llama-3.1-8B-Instruct",
+            }
+        )
 
 
 def test_a_section_does_not_read_a_renamed_field_under_the_usual_name() -> None:

@@ -56,7 +56,7 @@ from assay.store.ports import BlobStore, CommitBatch, EventLog
 from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef, validate
 from assay_execute import create_stage
-from assay_execute.retention import TIERING_QUEUE
+from assay_execute.retention import TIERING_QUEUE, backlog_gauges
 
 SMALL = TenantId(uuid.UUID(int=51))  # a tenant with a low ceiling: its runs are reduced
 LARGE = TenantId(uuid.UUID(int=52))  # the default ceiling: its runs are not
@@ -521,6 +521,11 @@ async def test_tiering_moves_a_reduced_runs_records_into_an_archive(
         docs = await documents(store, SMALL)
         assert {r.key.stream for r in records} == {run, commands_stream(run)}
         assert (await run_doc(store, first)).get("tiered") is None  # not due yet
+        (due,) = await backlog_gauges(store)
+        assert (due.name, dict(due.samples)) == (
+            "assay_retention_tiering_due",
+            {(str(SMALL),): 1.0},
+        )
 
         await asyncio.sleep(0.4)
         await stage.deliver(RUNS, second, SMALL)

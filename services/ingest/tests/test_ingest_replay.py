@@ -39,7 +39,7 @@ from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.store import EventLog, FsBlobStore, SqliteEventLog
 from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef, from_document
-from assay_ingest.stage import INGEST_EVENTS, fold_ingest
+from assay_ingest.state import INGEST_EVENTS, fold_ingest
 
 SMALL = TenantId(uuid.UUID(int=61))  # a low replay ceiling
 LARGE = TenantId(uuid.UUID(int=62))  # no ceiling (the default)

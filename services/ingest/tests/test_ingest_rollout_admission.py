@@ -3,21 +3,27 @@ next one may start — so that no group total, cost included, is ever exceeded."
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from assay.messages import RolloutBudget, RolloutSpec
-from assay_ingest.rollouts import admitted_within, may_spawn
+from assay.kernel import TenantId
+from assay.messages import RolloutBudget, RolloutProgress, RolloutSpec
+from assay_ingest.rollouts import RolloutGroup, RolloutSibling, admitted_within, may_spawn
 
 
 def spec(n: int = 8, **budget: Any) -> RolloutSpec:
     return RolloutSpec(n=n, budget=RolloutBudget(**budget))
 
 
-def group(
+def sibling(index: int, state: str = "running") -> dict[str, Any]:
+    return {"run_id": f"run-{index}", "index": index, "state": state}
+
+
+def group_doc(
     *,
     admitted: int = 8,
     running: int = 0,
@@ -26,9 +32,14 @@ def group(
     per_run_cost_usd: float | None = 0.1,
     group_max_cost_usd: float | None = 0.3,
 ) -> dict[str, Any]:
-    """A group document as `Rollouts.admit` writes it, with siblings running and ended."""
-    runs = [{"state": "verified"}] * ended + [{"state": "running"}] * running
+    """A group document as admission writes it, with siblings running and ended."""
+    runs = [sibling(i, "verified") for i in range(ended)]
+    runs += [sibling(ended + i) for i in range(running)]
     return {
+        "task_id": "t" * 64,
+        "workflow_id": "w",
+        "workflow_version": "v" * 64,
+        "spec": spec().model_dump(mode="json"),
         "cancelled": False,
         "closed": False,
         "admitted": admitted,
@@ -43,7 +54,17 @@ def group(
         "per_run_cost_usd": per_run_cost_usd,
         "group_max_cost_usd": group_max_cost_usd,
         "spent_cost_usd": spent_cost_usd,
+        "deadline_ms": None,
+        "at_ms": 0,
+        "origin": "m",
+        "peak": 0,
+        "reason": "completed",
+        "detail": "",
     }
+
+
+def group(**fields: Any) -> RolloutGroup:
+    return RolloutGroup.model_validate(group_doc(**fields))
 
 
 def test_a_cost_budget_admits_what_it_covers_at_the_per_run_cap() -> None:
@@ -79,10 +100,10 @@ def test_a_sibling_starts_only_while_the_spent_cost_and_the_running_maxima_fit()
 
 
 def test_a_group_admitted_before_cost_caps_still_spawns() -> None:
-    doc = group(per_run_cost_usd=None, group_max_cost_usd=None)
+    doc = group_doc(per_run_cost_usd=None, group_max_cost_usd=None)
     for key in ("per_run_cost_usd", "group_max_cost_usd", "spent_cost_usd"):
         del doc[key]
-    assert may_spawn(doc)
+    assert may_spawn(RolloutGroup.model_validate(doc))
 
 
 @given(
@@ -102,19 +123,30 @@ def test_spawning_to_the_limit_never_exceeds_the_group_cost_cap(
         spec(n=64, run_max_cost_usd=run_cap, group_max_cost_usd=group_cap), 4
     )
     doc = group(admitted=admitted, per_run_cost_usd=run_cap, group_max_cost_usd=group_cap)
-    doc["runs"] = []
-    doc["concurrency"] = 3
+    doc = doc.model_copy(update={"concurrency": 3})
     costs = iter(spend)
     while True:
         while may_spawn(doc):
-            doc["runs"].append({"state": "running"})
-        running = [r for r in doc["runs"] if r["state"] == "running"]
-        if not running:
+            new = RolloutSibling.model_validate(sibling(len(doc.runs)))
+            doc = doc.model_copy(update={"runs": [*doc.runs, new]})
+        if not doc.running:
             break
-        running[0]["state"] = "verified"
-        doc["spent_cost_usd"] += next(costs, 1.0) * run_cap
-    assert len(doc["runs"]) == admitted
-    assert doc["spent_cost_usd"] <= group_cap + 1e-9
+        first = doc.running[0]
+        ended = RolloutProgress(
+            tenant=TenantId(uuid.UUID(int=1)),
+            idempotency_key="g",
+            run_id=first.run_id,
+            index=first.index,
+            ended="verified",
+            model_calls=0,
+            tokens=0,
+            cost_usd=next(costs, 1.0) * run_cap,
+        )
+        after = doc.sibling_ended(ended)
+        assert after is not None
+        doc = after
+    assert len(doc.runs) == admitted
+    assert doc.spent_cost_usd <= group_cap + 1e-9
 
 
 @pytest.mark.parametrize(

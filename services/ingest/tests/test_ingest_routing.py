@@ -3,6 +3,7 @@ and the version DAG's parents (§12.1, §12.2, §12.5)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from assay.bus import DECISIONS, RUNS, TASKS, WORKFLOWS
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.grading import StubJudge
 from assay.grading.ladder import LadderPolicy
-from assay.kernel import TaskId, WorkflowVersion, content_hash
+from assay.kernel import TaskId, TenantId, WorkflowId, WorkflowVersion, content_hash
 from assay.messages import (
     AllocationChanged,
     Purpose,
@@ -29,7 +30,7 @@ from assay.record import StateKey
 from assay.runtime import StageDeps
 from assay.store import FsBlobStore
 from assay.workflow import WorkflowDef
-from assay_ingest.routing import draw, held_out, route
+from assay_ingest.routing import Allocation, draw, held_out, route
 from services.ingest.tests.test_ingest_consumer import (
     ARITH,
     TENANT,
@@ -179,9 +180,18 @@ def test_raising_the_share_keeps_the_tasks_the_challenger_served(
 ) -> None:
     low, high = sorted((low, high))
     tid = TaskId(content_hash({"k": key}))
-    alloc = {"current": "a" * 64, "challenger": "b" * 64, "shadow_rate": rate}
-    before = route({**alloc, "challenger_share": low}, tid)
-    after = route({**alloc, "challenger_share": high}, tid)
+    alloc = Allocation(
+        tenant=TenantId(uuid.UUID(int=1)),
+        workflow_id=WorkflowId("w"),
+        generation=1,
+        current=WorkflowVersion("a" * 64),
+        challenger=WorkflowVersion("b" * 64),
+        challenger_share=low,
+        shadow_rate=rate,
+        definitions={},
+    )
+    before = route(alloc, tid)
+    after = route(alloc.model_copy(update={"challenger_share": high}), tid)
     if before.arm is Role.CHALLENGER:
         assert after.arm is Role.CHALLENGER
     for plan in (before, after):

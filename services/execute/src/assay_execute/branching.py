@@ -31,14 +31,11 @@ recorded once.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
-
 from assay.engine import RunFinished, RunSpec
-from assay.engine.branching import forked_deltas, plan_branch, with_deltas
+from assay.engine.branching import plan_branch
 from assay.engine.events import BranchTreeRecorded, Forked, RunStarted, commands_stream
 from assay.engine.lineage import branch_outcome, first_divergence
+from assay.engine.run_state import BranchingDone
 from assay.kernel import BranchId, Refused, RunId, StepId
 from assay.messages import Episode
 from assay.messages.branching import (
@@ -52,10 +49,9 @@ from assay.messages.branching import (
     StageAttribution,
 )
 from assay.record import BranchKey, LogRecord
-from assay.runtime import UnitOfWork
 from assay.runtime.leases import acquire
-from assay.store import Lease
 from assay.workflow import SubworkflowStep
+from assay_execute.driving import ExecuteUnitOfWork, conclude, pin, recorded
 from assay_execute.forks import (
     Fork,
     forks_of,
@@ -65,73 +61,51 @@ from assay_execute.forks import (
     source_branch,
 )
 
-Pin = Callable[[RunStarted, BranchId], RunSpec]
-"""The run a branch's first record pinned, checked (no deltas applied)."""
-Conclude = Callable[[RunSpec, UnitOfWork[Any], Lease], Awaitable[None]]
-"""Drive an ungraded branch to its end and record how it ended."""
 
-
-@dataclass(frozen=True)
-class Brancher:
-    """The execute stage's `BranchRun` handler."""
-
-    worker: str
-    ttl_s: float
-    known_tools: frozenset[str]
-    known_verifiers: frozenset[str]
-    pin: Pin
-    conclude: Conclude
-
-    async def on_branch(self, msg: BranchRun, uow: UnitOfWork[Any]) -> None:
-        """Fork, drive and record the children of one branch command (see the module)."""
-        run = msg.run_id
-        mine = await forks_of(uow, run)
-        if not mine:
+async def on_branch(msg: BranchRun, uow: ExecuteUnitOfWork) -> None:
+    """Fork, drive and record the children of one branch command (see the module)."""
+    run = msg.run_id
+    mine = await forks_of(uow, run)
+    if not mine:
+        await refuse_if_driven(uow, run, "branching")
+    # An ended run's last worker may hold its lease a while longer: wait it out.
+    lease = await acquire(uow.log, uow.tenant, run, uow.deps.worker, uow.deps.ttl_s)
+    uow = uow.fenced(lease)
+    if not mine:
+        if not await run_ended(uow, run):  # again, under the lease
             await refuse_if_driven(uow, run, "branching")
-        # An ended run's last worker may hold its lease a while longer: wait it out.
-        lease = await acquire(uow.log, uow.tenant, run, self.worker, self.ttl_s)
-        uow = uow.fenced(lease)
-        if not mine:
-            if not await run_ended(uow, run):  # again, under the lease
-                await refuse_if_driven(uow, run, "branching")
-            mine = await self._fork(msg, uow)
-        for fork in mine:
-            if not fork.ended:
-                key = BranchKey.for_run(uow.tenant, run, fork.branch)
-                await self.conclude(await self.spec(uow, key), uow, lease)
-                await uow.commit()  # its end is durable before the next child starts
-        if await uow.get_document("branching", f"{run}/{uow.envelope.id}") is None:
-            await self._record_tree(msg, uow, mine)
+        mine = await _fork(msg, uow)
+    for fork in mine:
+        if not fork.ended:
+            async with uow.step():  # its end is durable before the next child starts
+                spec = await recorded(uow, BranchKey.for_run(uow.tenant, run, fork.branch))
+                await conclude(spec, uow, lease, graded=False)  # a child is never graded
+    if await uow.get(BranchingDone, f"{run}/{uow.envelope.id}") is None:
+        await _record_tree(msg, uow, mine)
 
-    async def spec(self, uow: UnitOfWork[Any], key: BranchKey) -> RunSpec:
-        """A branch's effective run: pinned by its first record, with the deltas of
-        every `Forked` record on it applied in order."""
-        records = await uow.log.read(key)
-        started = records[0].event
-        assert isinstance(started, RunStarted)
-        return with_deltas(self.pin(started, key.branch), forked_deltas(records))
 
-    async def _fork(self, msg: BranchRun, uow: UnitOfWork[Any]) -> list[Fork]:
-        """Check the command against the parent and fork every child in one commit.
+async def _fork(msg: BranchRun, uow: ExecuteUnitOfWork) -> list[Fork]:
+    """Check the command against the parent and fork every child in one commit.
 
-        Raises:
-            Refused: the command is refused as a whole; nothing was forked.
-        """
-        run = msg.run_id
-        source, live, records = await source_branch(uow, run, msg.branch, rewinds_children=False)
-        started = records[0].event
-        assert isinstance(started, RunStarted)
-        base = self.pin(started, source)
-        plan = plan_branch(
-            base,
-            records,
-            msg.at_step,
-            msg.children,
-            known_tools=self.known_tools,
-            known_verifiers=self.known_verifiers,
-            ran_subworkflows=await self._subworkflows_run(uow, run, source, base),
-        )
-        forks = []
+    Raises:
+        Refused: the command is refused as a whole; nothing was forked.
+    """
+    run = msg.run_id
+    source, live, records = await source_branch(uow, run, msg.branch, rewinds_children=False)
+    started = records[0].event
+    assert isinstance(started, RunStarted)
+    base = pin(uow.deps, started, source)
+    plan = plan_branch(
+        base,
+        records,
+        msg.at_step,
+        msg.children,
+        known_tools=uow.deps.known_tools,
+        known_verifiers=uow.deps.known_verifiers,
+        ran_subworkflows=await _subworkflows_run(uow, run, source, base),
+    )
+    forks = []
+    async with uow.step():
         for n, child in enumerate(msg.children, start=1):
             forked = Forked(
                 from_branch=source,
@@ -146,88 +120,96 @@ class Brancher:
             branch = BranchId(live + n)
             record_fork(uow, run, branch, records, forked)
             forks.append(Fork(branch, forked, ended=False))
-        await uow.commit()
-        return forks
+    return forks
 
-    @staticmethod
-    async def _subworkflows_run(
-        uow: UnitOfWork[Any], run: RunId, branch: BranchId, base: RunSpec
-    ) -> list[StepId]:
-        """The sub-workflow steps that ran on `branch` (their streams exist)."""
-        ran = []
-        for step in base.definition.steps:
-            if isinstance(step, SubworkflowStep):
-                key = BranchKey(uow.tenant, f"{run}/sub/{step.id}/0", branch)
-                if await uow.log.read(key, limit=1):
-                    ran.append(step.id)
-        return ran
 
-    async def _record_tree(self, msg: BranchRun, uow: UnitOfWork[Any], forks: list[Fork]) -> None:
-        """Write each child's result and the tree as blobs; record `BranchTreeRecorded`."""
-        run, first = msg.run_id, forks[0].forked
-        if first.after_step is None:  # a branch command's forks always name their step
-            raise Refused(f"run {run}: branch {forks[0].branch} was not forked by a branch command")
-        boundary = BranchBoundary(step=first.after_step, branch=first.from_branch, at=first.at)
-        parent = await uow.log.read(BranchKey.for_run(uow.tenant, run, BranchId(boundary.branch)))
-        started = parent[0].event
-        assert isinstance(started, RunStarted)
-        ref = started.run
-        children = []
-        for fork in forks:
-            child = fork.forked.child
-            if child is None:
-                raise Refused(f"run {run}: branch {fork.branch} was not forked by a branch command")
-            key = BranchKey.for_run(uow.tenant, run, fork.branch)
-            records = await uow.log.read(key)
-            outcome = branch_outcome(records, boundary.at, await _output(uow, records))
-            provenance = BranchProvenance(
-                kind=PROVENANCE_KIND,
-                tenant=uow.tenant,
-                run_id=run,
-                command=str(uow.envelope.id),
-                boundary=boundary,
-                child=child,
-                branch=fork.branch,
-                label=fork.forked.label,
-                deltas=fork.forked.deltas,
-                workflow_id=ref.workflow_id,
-                workflow_version=ref.workflow_version,
-                effective_version=(await self.spec(uow, key)).definition.version,
-            )
-            result = BranchChildResult(
-                provenance=provenance,
-                outcome=outcome,
-                diverged_at=first_divergence(parent, records, boundary.at),
-            )
-            children.append(
-                BranchTreeChild(
-                    child=provenance.child,
-                    branch=fork.branch,
-                    label=provenance.label,
-                    deltas=provenance.deltas,
-                    outcome=outcome,
-                    diverged_at=result.diverged_at,
-                    result=await uow.blobs.put(uow.tenant, result.encode()),
-                )
-            )
-        tree = BranchTree(
-            kind=PROVENANCE_KIND,
-            tenant=uow.tenant,
-            run_id=run,
-            command=str(uow.envelope.id),
-            reason=msg.reason,
-            workflow_id=ref.workflow_id,
-            workflow_version=ref.workflow_version,
-            boundary=boundary,
-            parent=branch_outcome(parent, boundary.at, await _output(uow, parent)),
-            children=children,
-            attribution=_attribution(children),
-        )
-        tree_ref = await uow.blobs.put(uow.tenant, tree.encode())
-        uow.record(
-            BranchKey.main(uow.tenant, commands_stream(run)),
-            BranchTreeRecorded(tree_ref=tree_ref, tree=tree),
-        )
+async def _subworkflows_run(
+    uow: ExecuteUnitOfWork, run: RunId, branch: BranchId, base: RunSpec
+) -> list[StepId]:
+    """The sub-workflow steps that ran on `branch` (their streams exist)."""
+    ran = []
+    for step in base.definition.steps:
+        if isinstance(step, SubworkflowStep):
+            key = BranchKey(uow.tenant, f"{run}/sub/{step.id}/0", branch)
+            if await uow.log.read(key, limit=1):
+                ran.append(step.id)
+    return ran
+
+
+async def _record_tree(msg: BranchRun, uow: ExecuteUnitOfWork, forks: list[Fork]) -> None:
+    """Write each child's result and the tree as blobs; record `BranchTreeRecorded`."""
+    run, first = msg.run_id, forks[0].forked
+    if first.after_step is None:  # a branch command's forks always name their step
+        raise Refused(f"run {run}: branch {forks[0].branch} was not forked by a branch command")
+    boundary = BranchBoundary(step=first.after_step, branch=first.from_branch, at=first.at)
+    parent = await uow.history(BranchKey.for_run(uow.tenant, run, BranchId(boundary.branch)))
+    started = parent[0].event
+    assert isinstance(started, RunStarted)
+    children = [await _child(msg, uow, fork, boundary, parent) for fork in forks]
+    tree = BranchTree(
+        kind=PROVENANCE_KIND,
+        tenant=uow.tenant,
+        run_id=run,
+        command=str(uow.envelope.id),
+        reason=msg.reason,
+        workflow_id=started.run.workflow_id,
+        workflow_version=started.run.workflow_version,
+        boundary=boundary,
+        parent=branch_outcome(parent, boundary.at, await _output(uow, parent)),
+        children=children,
+        attribution=_attribution(children),
+    )
+    tree_ref = await uow.blobs.put(uow.tenant, tree.encode())
+    uow.record(
+        BranchKey.main(uow.tenant, commands_stream(run)),
+        BranchTreeRecorded(tree_ref=tree_ref, tree=tree),
+    )
+
+
+async def _child(
+    msg: BranchRun,
+    uow: ExecuteUnitOfWork,
+    fork: Fork,
+    boundary: BranchBoundary,
+    parent: list[LogRecord],
+) -> BranchTreeChild:
+    """One child's place in the tree, its `BranchChildResult` written as a blob."""
+    run, child = msg.run_id, fork.forked.child
+    if child is None:
+        raise Refused(f"run {run}: branch {fork.branch} was not forked by a branch command")
+    started = parent[0].event
+    assert isinstance(started, RunStarted)
+    key = BranchKey.for_run(uow.tenant, run, fork.branch)
+    records = await uow.history(key)
+    outcome = branch_outcome(records, boundary.at, await _output(uow, records))
+    provenance = BranchProvenance(
+        kind=PROVENANCE_KIND,
+        tenant=uow.tenant,
+        run_id=run,
+        command=str(uow.envelope.id),
+        boundary=boundary,
+        child=child,
+        branch=fork.branch,
+        label=fork.forked.label,
+        deltas=fork.forked.deltas,
+        workflow_id=started.run.workflow_id,
+        workflow_version=started.run.workflow_version,
+        effective_version=(await recorded(uow, key)).definition.version,
+    )
+    result = BranchChildResult(
+        provenance=provenance,
+        outcome=outcome,
+        diverged_at=first_divergence(parent, records, boundary.at),
+    )
+    return BranchTreeChild(
+        child=provenance.child,
+        branch=fork.branch,
+        label=provenance.label,
+        deltas=provenance.deltas,
+        outcome=outcome,
+        diverged_at=result.diverged_at,
+        result=await uow.blobs.put(uow.tenant, result.encode()),
+    )
 
 
 def _attribution(children: list[BranchTreeChild]) -> list[StageAttribution]:
@@ -239,7 +221,7 @@ def _attribution(children: list[BranchTreeChild]) -> list[StageAttribution]:
     return [StageAttribution(step=s, children=steps[s]) for s in ordered]
 
 
-async def _output(uow: UnitOfWork[Any], records: list[LogRecord]) -> str | None:
+async def _output(uow: ExecuteUnitOfWork, records: list[LogRecord]) -> str | None:
     """The output of a branch's frozen episode, when its blob is still there."""
     ref = next((r.event.episode for r in records if isinstance(r.event, RunFinished)), None)
     raw = None if ref is None else await uow.blobs.get(uow.tenant, ref)

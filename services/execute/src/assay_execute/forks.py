@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from assay.engine import RunFinished
 from assay.engine.events import Forked, Intent, RunCancelled, RunStarted
 from assay.kernel import BranchId, IntentState, Refused, RunId
 from assay.messages import RewindRun
 from assay.record import BranchKey, LogRecord
-from assay.runtime import UnitOfWork
+from assay_execute.driving import ExecuteUnitOfWork
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class Fork:
     ended: bool
 
 
-async def forks_of(uow: UnitOfWork[Any], run: RunId) -> list[Fork]:
+async def forks_of(uow: ExecuteUnitOfWork, run: RunId) -> list[Fork]:
     """Every branch of the run that the message being handled forked, by branch."""
     found = []
     for k in await uow.log.branches(run, uow.tenant):
@@ -47,7 +46,7 @@ def ended(records: Sequence[LogRecord]) -> bool:
     return any(isinstance(r.event, RunFinished | RunCancelled) for r in records)
 
 
-async def run_ended(uow: UnitOfWork[Any], run: RunId) -> bool:
+async def run_ended(uow: ExecuteUnitOfWork, run: RunId) -> bool:
     """Whether the run's live branch has reached its end."""
     keys = await uow.log.branches(run, uow.tenant)
     if not keys:
@@ -55,7 +54,7 @@ async def run_ended(uow: UnitOfWork[Any], run: RunId) -> bool:
     return ended(await uow.log.read(max(keys, key=lambda k: k.branch)))
 
 
-async def refuse_if_driven(uow: UnitOfWork[Any], run: RunId, what: str) -> None:
+async def refuse_if_driven(uow: ExecuteUnitOfWork, run: RunId, what: str) -> None:
     """§8.5: a fork departs from a run that ended. Checked before the lease is claimed:
     a claim by the worker driving the run would take it over from itself.
 
@@ -69,7 +68,7 @@ async def refuse_if_driven(uow: UnitOfWork[Any], run: RunId, what: str) -> None:
 
 
 async def source_branch(
-    uow: UnitOfWork[Any], run: RunId, branch: int | None, *, rewinds_children: bool = True
+    uow: ExecuteUnitOfWork, run: RunId, branch: int | None, *, rewinds_children: bool = True
 ) -> tuple[BranchId, BranchId, list[LogRecord]]:
     """(the branch to fork — `branch`, or the live one; the live one; its records).
 
@@ -96,7 +95,7 @@ async def source_branch(
     return BranchId(source), BranchId(live), records
 
 
-async def main_line(uow: UnitOfWork[Any], run: RunId, live: int) -> int:
+async def main_line(uow: ExecuteUnitOfWork, run: RunId, live: int) -> int:
     """The newest branch on the run's own line: branch 0, or a rewind of a branch on it
     (never a branch command's child, nor a fork of one). A branch command departs
     from it by default, so a second command does not fork the first one's last child."""
@@ -110,7 +109,11 @@ async def main_line(uow: UnitOfWork[Any], run: RunId, live: int) -> int:
 
 
 def record_fork(
-    uow: UnitOfWork[Any], run: RunId, branch: BranchId, records: Sequence[LogRecord], forked: Forked
+    uow: ExecuteUnitOfWork,
+    run: RunId,
+    branch: BranchId,
+    records: Sequence[LogRecord],
+    forked: Forked,
 ) -> None:
     """Record (not commit) a new branch: the parent's records below `forked.at`, then
     `forked`, whose `discarded_effects` this fills in."""
@@ -129,7 +132,7 @@ def record_fork(
     uow.record(new, forked.model_copy(update={"discarded_effects": lost}))
 
 
-async def new_rewind(uow: UnitOfWork[Any], msg: RewindRun) -> BranchId:
+async def new_rewind(uow: ExecuteUnitOfWork, msg: RewindRun) -> BranchId:
     """Fork the run in one commit for a rewind: the parent's records below `at`, then
     `Forked`.
 
@@ -149,6 +152,6 @@ async def new_rewind(uow: UnitOfWork[Any], msg: RewindRun) -> BranchId:
         )
     branch = BranchId(live + 1)
     forked = Forked(from_branch=source, at=msg.at, reason=msg.reason, command=str(uow.envelope.id))
-    record_fork(uow, msg.run_id, branch, records, forked)
-    await uow.commit()
+    async with uow.step():
+        record_fork(uow, msg.run_id, branch, records, forked)
     return branch

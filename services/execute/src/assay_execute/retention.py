@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -55,19 +55,17 @@ from assay.engine.retention import (
     reduce_episode,
     tiered_stream,
 )
+from assay.engine.run_state import GradingStatus, RunView, TieringDue
 from assay.kernel import AssayError, BranchId, Lsn, RunId, TenantId
 from assay.kernel.schema import one_line
-from assay.messages import Episode, RolloutResult, RunResult
-from assay.record import BranchKey, LogRecord, StateKey
-from assay.runtime import UnitOfWork
+from assay.messages import Episode
+from assay.record import BranchKey, Event, LogRecord
+from assay.runtime import Gauge, UnitOfWork
 from assay.store.ports import BlobStore, BranchDeletion, CommitBatch, EventLog, StreamChanged
 
 log = logging.getLogger(__name__)
 
-GradingStatus = Literal["graded", "ungraded", "cancelled"]
-"""How grading of a run ended, as `GradingEnded` records it."""
-
-TIERING_QUEUE = "tiering"
+TIERING_QUEUE = TieringDue.kind
 """The document kind `fold_work` keeps per reduced, untiered run (`Reduced` puts it with
 the reduction's time, `Tiered` deletes it): what the sweep reads."""
 _PAGE = 10_000
@@ -80,7 +78,8 @@ class ArchiveUnreadable(AssayError):
 
 
 class Retention:
-    """The execute stage's `RunResult` handler and its tiering sweep."""
+    """Retention's per-process memory and its two steps: reduce a run whose grading
+    ended (`grading_ended`), then tier the tenant's runs that are due (`sweep`)."""
 
     def __init__(self, policy: RetentionPolicy, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
@@ -100,45 +99,27 @@ class Retention:
         while len(self._tokens) > _REMEMBERED:
             self._tokens.popitem(last=False)
 
-    async def on_result(self, msg: RunResult, uow: UnitOfWork[Any]) -> None:
-        """Grading of `msg.run_id` ended: record it, reduce the run if it is over its
-        tenant's ceiling, then sweep the tenant's runs that are due to be tiered."""
-        await self._ended(msg.run_id, msg.status, uow)
-        await self.sweep(uow)
-
-    async def on_rollout_result(self, msg: RolloutResult, uow: UnitOfWork[Any]) -> None:
-        """Grading of every sibling of a rollout group ended with its selection (§13)."""
-        for sibling in msg.siblings:
-            status: GradingStatus = "cancelled" if sibling.ended == "cancelled" else "graded"
-            await self._ended(sibling.run_id, status, uow)
-        await self.sweep(uow)
-
-    async def _ended(self, run: RunId, status: GradingStatus, uow: UnitOfWork[Any]) -> None:
-        doc = await uow.get_document("run", run)
+    async def grading_ended(self, uow: UnitOfWork[Any], run: RunId, status: GradingStatus) -> None:
+        """Grading of `run` ended: record it, and reduce the run if it is over its tenant's
+        ceiling (the original blob is deleted once `Reduced` is durable)."""
+        doc = await uow.get(RunView, run)
         if doc is None:
             log.info("retention: no run %s of tenant %s here", run, uow.tenant)
-        elif not doc.get("tiered"):
-            await self._grading_ended(run, status, doc, uow)
-
-    async def _grading_ended(
-        self, run: RunId, status: GradingStatus, doc: dict[str, Any], uow: UnitOfWork[Any]
-    ) -> None:
-        key = BranchKey.for_run(uow.tenant, run, BranchId(doc.get("branch", 0)))
-        pending = False
-        if "grading" not in doc:
-            uow.record(key, GradingEnded(status=status))
-            pending = True
-        episode = doc.get("episode")
-        reduced = bool(doc.get("reduced"))
-        if isinstance(episode, str) and not reduced:
-            event = await self._reduction(uow, episode)
-            if event is not None:
-                uow.record(key, event)
-                pending = reduced = True
-        if pending:
-            await uow.commit()  # `Reduced` is durable before the original goes
-        if reduced and isinstance(episode, str):
-            await uow.blobs.delete(uow.tenant, episode)
+            return
+        if doc.tiered:
+            return
+        events: list[Event] = [] if doc.grading else [GradingEnded(status=status)]
+        reduction = None
+        if doc.episode is not None and not doc.reduced:
+            reduction = await self._reduction(uow, doc.episode)
+            events += [reduction] if reduction is not None else []
+        if events:
+            key = BranchKey.for_run(uow.tenant, run, BranchId(doc.branch))
+            async with uow.step():  # `Reduced` is durable before the original goes
+                for event in events:
+                    uow.record(key, event)
+        if (doc.reduced or reduction is not None) and doc.episode is not None:
+            await uow.blobs.delete(uow.tenant, doc.episode)
 
     async def _reduction(self, uow: UnitOfWork[Any], ref: str) -> Reduced | None:
         """`Reduced`, its summary blob written, if the episode is over the ceiling."""
@@ -176,8 +157,8 @@ class Retention:
             return []
         self._swept[uow.tenant] = now
         cutoff_ms = (now - self.policy.tier_after_s) * 1000
-        queue = await uow.scan_documents(TIERING_QUEUE)
-        due = [RunId(run) for run, q in queue if q["reduced_ms"] <= cutoff_ms]
+        queue = await uow.scan(TieringDue)
+        due = [RunId(run) for run, q in queue if q.reduced_ms <= cutoff_ms]
         tiered: list[RunId] = []
         for run in due[: self.policy.sweep_limit]:
             try:
@@ -199,11 +180,13 @@ async def tier_run(log_: EventLog, blobs: BlobStore, tenant: TenantId, run: RunI
         StreamChanged: a record was appended to the run meanwhile; nothing was deleted.
         ArchiveUnreadable: the archive did not read back as written; nothing was deleted.
     """
-    doc = await log_.get(StateKey(tenant, "run", run))
-    if doc is None or doc.get("tiered") or not doc.get("reduced") or "grading" not in doc:
+    stored = await log_.get(RunView.at(tenant, run))
+    doc = None if stored is None else RunView.model_validate(stored)
+    if doc is None or doc.tiered or not doc.reduced or doc.grading is None:
         return None
     # Completes a reduction whose delete a crash interrupted (a no-op otherwise).
-    await blobs.delete(tenant, str(doc["episode"]))
+    if doc.episode is not None:
+        await blobs.delete(tenant, doc.episode)
     keys = [*await log_.branches(run, tenant), *await log_.branches(commands_stream(run), tenant)]
     branches = {key: await _read_all(log_, key) for key in keys}
     records = [r for recs in branches.values() for r in recs]
@@ -253,3 +236,17 @@ async def _documents(
         if value is not None:
             out.append(SnapshotDocument(kind=at.kind, key=at.key, value=value))
     return out
+
+
+async def backlog_gauges(log: EventLog) -> list[Gauge]:
+    """§15's reduction backlog, per tenant: reduced runs whose records wait to be tiered."""
+    due = Counter(str(tenant) for tenant, _, _ in await log.scan_kind(TieringDue.kind))
+    return [
+        Gauge(
+            "assay_retention_tiering_due",
+            "Finished runs reduced and waiting to be tiered (their records moved to blobs), "
+            "per tenant.",
+            ("tenant",),
+            tuple(((tenant,), float(n)) for tenant, n in sorted(due.items())),
+        )
+    ]

@@ -26,7 +26,7 @@ from assay.bus.topics import RUN_STATUS
 from assay.grading.replay import METER_STREAM, ReplayPolicy, admit, meter_of
 from assay.kernel import Lsn, RunId, RunState, WorkflowVersion
 from assay.messages import Purpose, Role, RunRef, RunStatusChanged
-from assay.record import BranchKey, Event, LogRecord, Put, StateDelta, StateKey
+from assay.record import BranchKey, Event, LogRecord, ReadModel, StateDelta
 from assay.runtime import Gauge, UnitOfWork
 from assay.store import EventLog
 from assay.workflow import WorkflowDef
@@ -38,6 +38,9 @@ class CutReason(enum.Enum):
 
     REPLAY_BUDGET_EXHAUSTED = "replay_budget_exhausted"
     """A shadow run whose budget did not fit under the tenant's replay ceiling that day."""
+    CAPACITY = "capacity"
+    """A run whose demand did not fit the declared GPU capacity beside those in flight
+    (§14.2); a work run refused so takes its task's other runs with it."""
 
 
 class CutRun(BaseModel):
@@ -47,9 +50,10 @@ class CutRun(BaseModel):
     run_id: RunId = Field(description="The run id it would have had.")
     workflow_version: WorkflowVersion = Field(description="Version it would have run.")
     role: Role = Field(description="Current or challenger.")
-    purpose: Purpose = Field(description="Shadow: only shadow runs are ever cut.")
+    purpose: Purpose = Field(description="Shadow, or work when capacity refused the task.")
     reason: CutReason = Field(description="Why it was cut.")
     calls: int = Field(ge=0, description="Model calls it would have reserved (its budget).")
+    detail: str = Field("", description="Why, with the numbers (capacity refusals).")
 
 
 class ReplayMetered(Event):
@@ -68,14 +72,41 @@ class ReplayMetered(Event):
 
 REPLAY_EVENTS = (ReplayMetered,)
 
+METER_KEY = "replay"
+"""The key of a tenant's one replay meter document."""
+
+
+class ReplayMeter(ReadModel):
+    """A tenant's replay meter (`assay.grading.replay.meter_of`) as its last reservation
+    left it, and where its stream ends. Keyed `replay`."""
+
+    kind: ClassVar[str] = "meter"
+    day: str
+    """The UTC day the `*_today` counts are of."""
+    calls_today: int
+    runs_today: int
+    cut_today: int
+    calls_total: int
+    runs_total: int
+    cut_total: int
+    next: Lsn
+    """What the next reservation's compare-and-swap expects the stream to end at."""
+
+    def counts(self) -> dict[str, Any]:
+        """The meter's counts, as `meter_of` and `admit` take them."""
+        return self.model_dump(exclude={"next"})
+
+    def on(self, day: str) -> ReplayMeter:
+        """This meter as of `day` (UTC): a new day starts today's counts at zero."""
+        return self.model_copy(update=meter_of(day, self.counts()))
+
 
 def fold_replay(record: LogRecord) -> list[StateDelta]:
-    """The tenant's replay meter, with where its stream ends (`next`: what the next
-    reservation's compare-and-swap expects)."""
+    """The tenant's replay meter, with where its stream ends."""
     match record.event:
         case ReplayMetered(meter=m):
-            at = StateKey(record.key.tenant, "meter", "replay")
-            return [Put(at, {**m, "next": record.lsn + 1})]
+            meter = ReplayMeter.model_validate({**m, "next": record.lsn + 1})
+            return [meter.put(record.key.tenant, METER_KEY)]
     return []
 
 
@@ -102,9 +133,10 @@ async def metered(
     """
     if not any(p.purpose is Purpose.SHADOW for p in plan.runs):
         return Metered(plan, (), 0)
-    doc = await uow.get_document("meter", "replay")
-    head = Lsn(int(doc["next"]) if doc else 0)
-    meter = meter_of(uow.envelope.occurred_at.date().isoformat(), doc)
+    doc = await uow.get(ReplayMeter, METER_KEY)
+    head = Lsn(0) if doc is None else doc.next
+    today = uow.envelope.occurred_at.date().isoformat()
+    meter = meter_of(today, None if doc is None else doc.counts())
     ceiling = policy.ceiling_for(str(uow.tenant))
     kept: list[PlannedRun] = []
     cut: list[CutRun] = []
@@ -160,12 +192,12 @@ async def replay_gauges(log: EventLog, policy: ReplayPolicy, today: str) -> list
     calls: list[tuple[tuple[str, ...], float]] = []
     runs: list[tuple[tuple[str, ...], float]] = []
     ceilings: list[tuple[tuple[str, ...], float]] = []
-    for tenant, key, doc in sorted(await log.scan_kind("meter"), key=lambda r: r[:2]):
-        if key != "replay":
+    for tenant, key, doc in sorted(await log.scan_kind(ReplayMeter.kind), key=lambda r: r[:2]):
+        if key != METER_KEY:
             continue
-        who, meter = (str(tenant),), meter_of(today, doc)
-        calls.append((who, float(meter["calls_today"])))
-        runs += [((*who, "admitted"), meter["runs_today"]), ((*who, "cut"), meter["cut_today"])]
+        who, meter = (str(tenant),), ReplayMeter.model_validate(doc).on(today)
+        calls.append((who, float(meter.calls_today)))
+        runs += [((*who, "admitted"), meter.runs_today), ((*who, "cut"), meter.cut_today)]
         ceiling = policy.ceiling_for(str(tenant))
         if ceiling is not None:
             ceilings.append((who, float(ceiling)))

@@ -21,15 +21,15 @@ message that changes it — the task, each sibling's `RolloutProgress`, a
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import RUN_COMMANDS, RUN_STATUS, RUNS, TASKS, VERIFIED
-from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowVersion, run_id_from
+from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowId, WorkflowVersion, run_id_from
 from assay.messages import (
     CancelRollout,
     CancelRun,
@@ -44,16 +44,15 @@ from assay.messages import (
     RunStatusChanged,
     TaskSubmitted,
 )
-from assay.record import BranchKey, Event, LogRecord, Put, StateDelta, StateKey
-from assay.runtime import UnitOfWork
+from assay.record import BranchKey, Event, LogRecord, Put, ReadModel, StateDelta
 from assay.runtime.timers import Fired
 from assay.workflow import WorkflowDef
+from assay_ingest.ingesting import IngestUnitOfWork
+from assay_ingest.routing import Allocation
+from assay_ingest.versions import StoredDefinition, resolve
 
 DEADLINE = "deadline"
 """The reason of the `CancelRollout` the deadline timer sends."""
-
-Resolver = Callable[[UnitOfWork[Any], WorkflowDef], Awaitable[dict[str, dict[str, Any]]]]
-"""Pins the sub-workflows a definition calls (ingest's `_resolve`)."""
 
 
 class RolloutAdmitted(Event):
@@ -77,41 +76,131 @@ class RolloutUpdated(Event):
 ROLLOUT_EVENTS: list[type[Event]] = [RolloutAdmitted, RolloutUpdated]
 
 
+class RolloutSibling(BaseModel):
+    """One sibling of a group: its run, and what it spent once it ended."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: RunId
+    index: int
+    state: Literal["running", "verified", "cancelled"]
+    model_calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class RolloutGroup(ReadModel):
+    """A rollout group's whole state, which ingest alone writes (`RolloutUpdated`). Keyed
+    by the task's idempotency key.
+
+    A group admitted before token or cost caps has none of their fields stored: it reads
+    as uncapped, with nothing spent.
+    """
+
+    kind: ClassVar[str] = "rollout"
+    task_id: TaskId
+    workflow_id: WorkflowId
+    workflow_version: WorkflowVersion
+    spec: RolloutSpec
+    admitted: int
+    per_run: int
+    """Model calls each sibling may make."""
+    concurrency: int
+    group_max_model_calls: int | None
+    per_run_tokens: int | None = None
+    group_max_tokens: int | None = None
+    spent_tokens: int = 0
+    per_run_cost_usd: float | None = None
+    group_max_cost_usd: float | None = None
+    spent_cost_usd: float = 0.0
+    deadline_ms: float | None
+    at_ms: int
+    """When the task was submitted: sibling run ids derive from it."""
+    origin: str
+    """Id of the task's message: sibling run ids derive from it."""
+    runs: list[RolloutSibling]
+    spent: int
+    """Model calls the ended siblings made."""
+    peak: int
+    cancelled: bool
+    closed: bool
+    reason: Literal["completed", "cancelled", "deadline"]
+    detail: str
+
+    def sibling_ended(self, msg: RolloutProgress) -> RolloutGroup | None:
+        """The group once the sibling `msg` reports on ended, its spend counted; None if
+        that sibling is not running (a repeated report, or not one of the group's)."""
+        sibling = next((r for r in self.runs if r.run_id == msg.run_id), None)
+        if sibling is None or sibling.state != "running":
+            return None
+        spent = {"model_calls": msg.model_calls, "tokens": msg.tokens, "cost_usd": msg.cost_usd}
+        ended = sibling.model_copy(update={"state": msg.ended, **spent})
+        return self.model_copy(
+            update={
+                "runs": [ended if r is sibling else r for r in self.runs],
+                "spent": self.spent + msg.model_calls,
+                "spent_tokens": self.spent_tokens + msg.tokens,
+                "spent_cost_usd": self.spent_cost_usd + msg.cost_usd,
+            }
+        )
+
+    @property
+    def next_run_id(self) -> RunId:
+        """The run id of the group's next sibling."""
+        return run_id_from(self.at_ms, f"{self.origin}:rollout:{len(self.runs)}")
+
+    @property
+    def running(self) -> list[RolloutSibling]:
+        """The siblings running now."""
+        return [r for r in self.runs if r.state == "running"]
+
+    def stopped(self, reason: Literal["cancelled", "deadline"], detail: str) -> RolloutGroup:
+        """The group once nothing more may start."""
+        return self.model_copy(update={"cancelled": True, "reason": reason, "detail": detail})
+
+
+class RolloutInput(ReadModel):
+    """The task input every sibling of a group runs on, as given. Keyed like the group."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    kind: ClassVar[str] = "rollout-input"
+
+    @property
+    def input(self) -> dict[str, Any]:
+        """The input (the document is the input itself)."""
+        return self.model_dump()
+
+
 def fold_rollout(record: LogRecord) -> list[StateDelta]:
     """The group's document and its input."""
     t = record.key.tenant
     match record.event:
         case RolloutAdmitted() as e:
-            return [Put(StateKey(t, "rollout-input", e.group), e.input)]
+            return [RolloutInput.model_validate(e.input).put(t, e.group)]
         case RolloutUpdated() as e:
-            return [Put(StateKey(t, "rollout", e.group), e.doc)]
+            return [Put(RolloutGroup.at(t, e.group), e.doc)]  # as recorded: older groups too
     return []
 
 
-def _running(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in doc["runs"] if r["state"] == "running"]
-
-
-def may_spawn(doc: dict[str, Any]) -> bool:
+def may_spawn(group: RolloutGroup) -> bool:
     """Whether the group's next sibling may start: admitted, under the concurrency cap, and
     every group total still covers what is spent plus each running sibling's maximum plus its
     own (so no group cap is ever exceeded, whatever the running siblings go on to spend)."""
-    if doc["cancelled"] or doc["closed"] or len(doc["runs"]) >= doc["admitted"]:
+    if group.cancelled or group.closed or len(group.runs) >= group.admitted:
         return False
-    running = len(_running(doc))
-    if running >= doc["concurrency"]:
+    running = len(group.running)
+    if running >= group.concurrency:
         return False
-    cap = doc["group_max_model_calls"]
-    if cap is not None and doc["spent"] + (running + 1) * doc["per_run"] > cap:
+    cap = group.group_max_model_calls
+    if cap is not None and group.spent + (running + 1) * group.per_run > cap:
         return False
-    tokens = doc.get("group_max_tokens")
-    if tokens is not None and doc["spent_tokens"] + (running + 1) * doc["per_run_tokens"] > tokens:
+    tokens, per_run_tokens = group.group_max_tokens, group.per_run_tokens or 0
+    if tokens is not None and group.spent_tokens + (running + 1) * per_run_tokens > tokens:
         return False
-    cost = doc.get("group_max_cost_usd")
-    if cost is None:
+    cost, per_run_cost = group.group_max_cost_usd, group.per_run_cost_usd
+    if cost is None or per_run_cost is None:
         return True
-    per_run = _dollars(doc["per_run_cost_usd"])
-    return _dollars(doc["spent_cost_usd"]) + (running + 1) * per_run <= _dollars(cost)
+    spent = _dollars(group.spent_cost_usd)
+    return spent + (running + 1) * _dollars(per_run_cost) <= _dollars(cost)
 
 
 def admitted_within(spec: RolloutSpec, per_run_calls: int) -> int:
@@ -138,208 +227,193 @@ def _dollars(amount: float) -> Decimal:
     return Decimal(repr(amount))
 
 
-class Rollouts:
-    """Ingest's rollout handlers: admission, progress, cancellation and the deadline timer."""
+async def admit(
+    uow: IngestUnitOfWork, msg: TaskSubmitted, task_id: TaskId, alloc: Allocation
+) -> None:
+    """Admit the task's group and start its first siblings."""
+    spec = msg.rollout
+    assert spec is not None
+    if await uow.get(RolloutGroup, msg.idempotency_key) is not None:
+        return  # a resubmission: the first one stands
+    version = alloc.current
+    budget = spec.budget
+    per_run = WorkflowDef.model_validate(alloc.definitions[version]).budget.max_model_calls
+    if budget.run_max_model_calls is not None:
+        per_run = min(per_run, budget.run_max_model_calls)
+    admitted = admitted_within(spec, per_run)
+    at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
+    group = RolloutGroup(
+        task_id=task_id,
+        workflow_id=msg.workflow_id,
+        workflow_version=version,
+        spec=spec,
+        admitted=admitted,
+        per_run=per_run,
+        concurrency=budget.max_concurrency or max(admitted, 1),
+        group_max_model_calls=budget.group_max_model_calls,
+        per_run_tokens=budget.run_max_tokens,
+        group_max_tokens=budget.group_max_tokens,
+        per_run_cost_usd=budget.run_max_cost_usd,
+        group_max_cost_usd=budget.group_max_cost_usd,
+        deadline_ms=None if budget.deadline_s is None else at_ms + budget.deadline_s * 1000,
+        at_ms=at_ms,
+        origin=uow.envelope.id,
+        runs=[],
+        spent=0,
+        peak=0,
+        cancelled=False,
+        closed=False,
+        reason="completed",
+        detail="",
+    )
+    key = BranchKey.main(uow.tenant, f"rollout:{msg.idempotency_key}")
+    uow.record(key, RolloutAdmitted(group=msg.idempotency_key, input=msg.input))
+    await _advance(uow, msg.idempotency_key, group, msg.input)
 
-    def __init__(self, resolve: Resolver) -> None:
-        self.resolve = resolve
 
-    async def admit(
-        self, uow: UnitOfWork[Any], msg: TaskSubmitted, task_id: TaskId, alloc: dict[str, Any]
-    ) -> None:
-        """Admit the task's group and start its first siblings."""
-        spec = msg.rollout
-        assert spec is not None
-        if await uow.get_document("rollout", msg.idempotency_key) is not None:
-            return  # a resubmission: the first one stands
-        version = str(alloc["current"])
-        definition = WorkflowDef.model_validate(alloc["definitions"][version])
-        budget = spec.budget
-        per_run = definition.budget.max_model_calls
-        if budget.run_max_model_calls is not None:
-            per_run = min(per_run, budget.run_max_model_calls)
-        admitted = admitted_within(spec, per_run)
-        at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
-        doc: dict[str, Any] = {
-            "task_id": task_id,
-            "workflow_id": msg.workflow_id,
-            "workflow_version": version,
-            "spec": spec.model_dump(mode="json"),
-            "admitted": admitted,
-            "per_run": per_run,
-            "concurrency": budget.max_concurrency or max(admitted, 1),
-            "group_max_model_calls": budget.group_max_model_calls,
-            "per_run_tokens": budget.run_max_tokens,
-            "group_max_tokens": budget.group_max_tokens,
-            "spent_tokens": 0,
-            "per_run_cost_usd": budget.run_max_cost_usd,
-            "group_max_cost_usd": budget.group_max_cost_usd,
-            "spent_cost_usd": 0.0,
-            "deadline_ms": None if budget.deadline_s is None else at_ms + budget.deadline_s * 1000,
-            "at_ms": at_ms,
-            "origin": uow.envelope.id,
-            "runs": [],
-            "spent": 0,
-            "peak": 0,
-            "cancelled": False,
-            "closed": False,
-            "reason": "completed",
-            "detail": "",
-        }
-        key = BranchKey.main(uow.tenant, f"rollout:{msg.idempotency_key}")
-        uow.record(key, RolloutAdmitted(group=msg.idempotency_key, input=msg.input))
-        await self._advance(uow, msg.idempotency_key, doc, msg.input)
+async def on_rollout_progress(msg: RolloutProgress, uow: IngestUnitOfWork) -> None:
+    """A sibling ended: count what it spent, start the next, close when all is done."""
+    group = await uow.get(RolloutGroup, msg.idempotency_key)
+    group = None if group is None else group.sibling_ended(msg)
+    if group is None:
+        return  # not a group of this tenant's, or a repeated report
+    uow.deps.admission.release(str(msg.run_id))  # it ended: its KV is free for the next
+    task_input = await uow.get(RolloutInput, msg.idempotency_key)
+    await _advance(uow, msg.idempotency_key, group, {} if task_input is None else task_input.input)
 
-    async def on_progress(self, msg: RolloutProgress, uow: UnitOfWork[Any]) -> None:
-        """A sibling ended: count its calls, start the next, close when all is done."""
-        doc = await uow.get_document("rollout", msg.idempotency_key)
-        if doc is None:
-            return  # not a group of this tenant's: nothing to advance
-        sibling = next((r for r in doc["runs"] if r["run_id"] == msg.run_id), None)
-        if sibling is None or sibling["state"] != "running":
-            return  # a repeated report
-        sibling.update(
-            state=msg.ended, model_calls=msg.model_calls, tokens=msg.tokens, cost_usd=msg.cost_usd
-        )
-        doc["spent"] += msg.model_calls
-        doc["spent_tokens"] += msg.tokens
-        # A group admitted before cost caps has no such key: its spend starts counting here.
-        doc["spent_cost_usd"] = doc.get("spent_cost_usd", 0.0) + msg.cost_usd
-        task_input = await uow.get_document("rollout-input", msg.idempotency_key) or {}
-        await self._advance(uow, msg.idempotency_key, doc, task_input)
 
-    async def on_cancel(self, msg: CancelRollout, uow: UnitOfWork[Any]) -> None:
-        """Stop the group: nothing more starts; running siblings are cancelled."""
-        doc = await uow.get_document("rollout", msg.idempotency_key)
-        if doc is None or doc["closed"] or doc["cancelled"]:
-            return
-        deadline = msg.reason == DEADLINE
-        doc.update(
-            cancelled=True,
-            reason="deadline" if deadline else "cancelled",
-            detail="the group's deadline passed" if deadline else msg.reason or "cancelled",
-        )
-        for sibling in _running(doc):
-            uow.emit(RUN_COMMANDS, self._cancel(uow.tenant, msg.idempotency_key, sibling, doc))
-        await self._advance(uow, msg.idempotency_key, doc, {})
+async def on_cancel_rollout(msg: CancelRollout, uow: IngestUnitOfWork) -> None:
+    """Stop the group: nothing more starts; running siblings are cancelled."""
+    group = await uow.get(RolloutGroup, msg.idempotency_key)
+    if group is None or group.closed or group.cancelled:
+        return
+    if msg.reason == DEADLINE:
+        group = group.stopped("deadline", "the group's deadline passed")
+    else:
+        group = group.stopped("cancelled", msg.reason or "cancelled")
+    _cancel_running(uow, msg.idempotency_key, group)
+    await _advance(uow, msg.idempotency_key, group, {})
 
-    @staticmethod
-    def _cancel(
-        tenant: TenantId, group: str, sibling: dict[str, Any], doc: dict[str, Any]
-    ) -> CancelRun:
-        return CancelRun(
-            tenant=tenant,
-            run_id=RunId(sibling["run_id"]),
-            reason=f"rollout group {group} stopped: {doc['detail']}",
-        )
 
-    async def _advance(
-        self, uow: UnitOfWork[Any], group: str, doc: dict[str, Any], task_input: dict[str, Any]
-    ) -> None:
-        """Start what may start, close what is done, and record the document."""
-        spec = RolloutSpec.model_validate(doc["spec"])
-        due = doc["deadline_ms"]
-        if due is not None and time.time() * 1000 >= due and not doc["cancelled"]:
-            # Past the deadline nothing more starts; the timer cancels what still runs.
-            doc.update(cancelled=True, reason="deadline", detail="the group's deadline passed")
-            for sibling in _running(doc):
-                uow.emit(RUN_COMMANDS, self._cancel(uow.tenant, group, sibling, doc))
-        stored: dict[str, Any] | None = None
-        while may_spawn(doc):
-            if stored is None:
-                stored = await uow.get_document("definition", doc["workflow_version"])
-                assert stored is not None, "a routed version is always stored"
-            await self._spawn(uow, group, doc, spec, stored["definition"], task_input)
-        if not _running(doc) and not doc["closed"]:
-            doc["closed"] = True
-            if not doc["cancelled"] and len(doc["runs"]) < doc["admitted"]:
-                doc["detail"] = "the group's budget admits no further sibling"
-            uow.emit(VERIFIED, self._closed(uow.tenant, group, doc, spec))
-        uow.record(
-            BranchKey.main(uow.tenant, f"rollout:{group}"), RolloutUpdated(group=group, doc=doc)
-        )
+def _cancel_running(uow: IngestUnitOfWork, key: str, group: RolloutGroup) -> None:
+    for sibling in group.running:
+        reason = f"rollout group {key} stopped: {group.detail}"
+        uow.emit(RUN_COMMANDS, CancelRun(tenant=uow.tenant, run_id=sibling.run_id, reason=reason))
 
-    async def _spawn(
-        self,
-        uow: UnitOfWork[Any],
-        group: str,
-        doc: dict[str, Any],
-        spec: RolloutSpec,
-        pinned: dict[str, Any],
-        task_input: dict[str, Any],
-    ) -> None:
-        definition = WorkflowDef.model_validate(pinned)
-        index = len(doc["runs"])
-        run_id = run_id_from(int(doc["at_ms"]), f"{doc['origin']}:rollout:{index}")
-        ref = RunRef(
-            tenant=uow.tenant,
-            run_id=run_id,
-            task_id=TaskId(doc["task_id"]),
-            idempotency_key=group,
-            workflow_id=definition.id,
-            workflow_version=WorkflowVersion(doc["workflow_version"]),
-            role=Role.CURRENT,
-            purpose=Purpose.WORK,
-            rollout=RolloutRef(
-                group=group,
-                index=index,
-                size=doc["admitted"],
-                mode=spec.mode,
-                max_model_calls=doc["per_run"],
-                max_tokens=doc["per_run_tokens"],
-                max_cost_usd=doc.get("per_run_cost_usd"),
-            ),
-        )
-        children = await self.resolve(uow, definition)
-        uow.emit(
-            RUNS,
-            RunSpawned(
-                run=ref,
-                definition=pinned,
-                input=task_input,
-                subworkflows=children,
-            ),
-        )
-        uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
-        doc["runs"].append(
-            {
-                "run_id": run_id,
-                "index": index,
-                "state": "running",
-                "model_calls": 0,
-                "tokens": 0,
-                "cost_usd": 0.0,
-            }
-        )
-        doc["peak"] = max(doc["peak"], len(_running(doc)))
 
-    @staticmethod
-    def _closed(
-        tenant: TenantId, group: str, doc: dict[str, Any], spec: RolloutSpec
-    ) -> RolloutClosed:
-        return RolloutClosed(
-            tenant=tenant,
-            task_id=TaskId(doc["task_id"]),
-            idempotency_key=group,
-            workflow_id=doc["workflow_id"],
-            workflow_version=WorkflowVersion(doc["workflow_version"]),
-            spec=spec,
-            admitted=doc["admitted"],
-            runs=[RunId(r["run_id"]) for r in doc["runs"]],
-            cancelled=[RunId(r["run_id"]) for r in doc["runs"] if r["state"] == "cancelled"],
-            reason=doc["reason"],
-            detail=doc["detail"],
-            model_calls=doc["spent"],
-            tokens=doc["spent_tokens"],
-            cost_usd=doc.get("spent_cost_usd", 0.0),
-            peak_concurrency=doc["peak"],
-        )
+async def _advance(
+    uow: IngestUnitOfWork, key: str, group: RolloutGroup, task_input: dict[str, Any]
+) -> None:
+    """Start what may start, close what is done, and record the group."""
+    due = group.deadline_ms
+    if due is not None and time.time() * 1000 >= due and not group.cancelled:
+        # Past the deadline nothing more starts; the timer cancels what still runs.
+        group = group.stopped("deadline", "the group's deadline passed")
+        _cancel_running(uow, key, group)
+    refused: str | None = None
+    if may_spawn(group):
+        stored = await uow.get(StoredDefinition, group.workflow_version)
+        assert stored is not None, "a routed version is always stored"
+        children = await resolve(uow, stored.workflow)
+        while may_spawn(group):
+            refused = _refused(uow, group, stored)
+            if refused is not None:
+                break
+            group = _spawn(uow, key, group, stored, children, task_input)
+    if not group.running and not group.closed:
+        group = _close(uow, key, group, refused)
+    updated = RolloutUpdated(group=key, doc=group.model_dump(mode="json"))
+    uow.record(BranchKey.main(uow.tenant, f"rollout:{key}"), updated)
 
-    @staticmethod
-    def deadline(tenant: TenantId, group: str, doc: dict[str, Any], now_ms: float) -> Fired | None:
-        """An open group whose deadline passed sends itself its `CancelRollout`."""
-        due = doc.get("deadline_ms")
-        if due is None or due > now_ms or doc["closed"] or doc["cancelled"]:
-            return None
-        cancel = CancelRollout(tenant=tenant, idempotency_key=group, reason=DEADLINE)
-        return TASKS, cancel, f"rollout-deadline:{group}"
+
+def _refused(uow: IngestUnitOfWork, group: RolloutGroup, pinned: StoredDefinition) -> str | None:
+    """Hold the next sibling's demand against the declared capacity (§14.2; let go if `uow`
+    is discarded); why not, if it does not fit beside the runs in flight."""
+    admission, run = uow.deps.admission, str(group.next_run_id)
+    why = admission.admit(run, pinned.workflow)
+    if why is None:
+        uow.on_discard(functools.partial(admission.release, run))
+    return why
+
+
+def _close(
+    uow: IngestUnitOfWork, key: str, group: RolloutGroup, refused: str | None
+) -> RolloutGroup:
+    """Close a group with nothing running and nothing more to start; tell the tournament."""
+    detail = group.detail
+    if refused is not None:
+        detail = f"the declared capacity admits no further sibling: {refused}"
+    elif not group.cancelled and len(group.runs) < group.admitted:
+        detail = "the group's budget admits no further sibling"
+    group = group.model_copy(update={"closed": True, "detail": detail})
+    uow.emit(VERIFIED, _closed(uow.tenant, key, group))
+    return group
+
+
+def _spawn(
+    uow: IngestUnitOfWork,
+    key: str,
+    group: RolloutGroup,
+    pinned: StoredDefinition,
+    children: dict[str, dict[str, Any]],
+    task_input: dict[str, Any],
+) -> RolloutGroup:
+    """Start the group's next sibling; the group with it running."""
+    index, run_id = len(group.runs), group.next_run_id
+    ref = RunRef(
+        tenant=uow.tenant,
+        run_id=run_id,
+        task_id=group.task_id,
+        idempotency_key=key,
+        workflow_id=pinned.workflow.id,
+        workflow_version=group.workflow_version,
+        role=Role.CURRENT,
+        purpose=Purpose.WORK,
+        rollout=RolloutRef(
+            group=key,
+            index=index,
+            size=group.admitted,
+            mode=group.spec.mode,
+            max_model_calls=group.per_run,
+            max_tokens=group.per_run_tokens,
+            max_cost_usd=group.per_run_cost_usd,
+        ),
+    )
+    spawned = RunSpawned(
+        run=ref, definition=pinned.definition, input=task_input, subworkflows=children
+    )
+    uow.emit(RUNS, spawned)
+    uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
+    runs = [*group.runs, RolloutSibling(run_id=run_id, index=index, state="running")]
+    grown = group.model_copy(update={"runs": runs})
+    return grown.model_copy(update={"peak": max(group.peak, len(grown.running))})
+
+
+def _closed(tenant: TenantId, key: str, group: RolloutGroup) -> RolloutClosed:
+    return RolloutClosed(
+        tenant=tenant,
+        task_id=group.task_id,
+        idempotency_key=key,
+        workflow_id=group.workflow_id,
+        workflow_version=group.workflow_version,
+        spec=group.spec,
+        admitted=group.admitted,
+        runs=[r.run_id for r in group.runs],
+        cancelled=[r.run_id for r in group.runs if r.state == "cancelled"],
+        reason=group.reason,
+        detail=group.detail,
+        model_calls=group.spent,
+        tokens=group.spent_tokens,
+        cost_usd=group.spent_cost_usd,
+        peak_concurrency=group.peak,
+    )
+
+
+def rollout_due(tenant: TenantId, key: str, doc: dict[str, Any], now_ms: float) -> Fired | None:
+    """An open group whose deadline passed sends itself its `CancelRollout`."""
+    group = RolloutGroup.model_validate(doc)
+    due = group.deadline_ms
+    if due is None or due > now_ms or group.closed or group.cancelled:
+        return None
+    cancel = CancelRollout(tenant=tenant, idempotency_key=key, reason=DEADLINE)
+    return TASKS, cancel, f"rollout-deadline:{key}"

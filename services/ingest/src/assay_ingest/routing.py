@@ -19,10 +19,33 @@ challenger's share keeps serving the tasks it served before, and more.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from assay.kernel import TaskId, WorkflowVersion, digest
-from assay.messages import Purpose, Role
+from assay.kernel import TaskId, TenantId, WorkflowId, WorkflowVersion, digest
+from assay.messages import Ladder, Purpose, Role, Rung
+from assay.record import ReadModel
+
+
+class Allocation(ReadModel):
+    """The allocation ingest routes a workflow's tasks by: the `AllocationChanged` payload
+    it applied last (the newest generation). Keyed by workflow id.
+
+    An allocation applied before `AllocationChanged` v2 has no `rung` and no `ladder`
+    stored: it reads as having none, and the default ladder.
+    """
+
+    kind: ClassVar[str] = "allocation"
+    tenant: TenantId
+    workflow_id: WorkflowId
+    generation: int
+    current: WorkflowVersion
+    challenger: WorkflowVersion | None = None
+    challenger_share: float
+    shadow_rate: float
+    definitions: dict[str, dict[str, Any]]
+    """The IR of every version named here, by version."""
+    rung: Rung | None = None
+    ladder: Ladder = Ladder.DEFAULT
 
 
 def draw(task_id: TaskId, purpose: str) -> float:
@@ -59,20 +82,20 @@ class Route:
         return run.role is Role.CHALLENGER and any(r.role is Role.CURRENT for r in self.runs)
 
 
-def route(allocation: dict[str, Any], task_id: TaskId) -> Route:
-    """The runs a task gets under an allocation (an `AllocationChanged` payload)."""
+def route(allocation: Allocation, task_id: TaskId) -> Route:
+    """The runs a task gets under an allocation."""
     serve, shadow = draw(task_id, "serve"), draw(task_id, "shadow")
-    current = WorkflowVersion(allocation["current"])
-    challenger = allocation.get("challenger")
+    current = allocation.current
+    challenger = allocation.challenger
     if not challenger:
         return Route(
             Role.CURRENT, (PlannedRun(Role.CURRENT, Purpose.WORK, current),), serve, shadow
         )
-    replay = shadow < allocation["shadow_rate"]
-    if serve < allocation["challenger_share"]:
-        served = PlannedRun(Role.CHALLENGER, Purpose.WORK, WorkflowVersion(challenger))
+    replay = shadow < allocation.shadow_rate
+    if serve < allocation.challenger_share:
+        served = PlannedRun(Role.CHALLENGER, Purpose.WORK, challenger)
         reference = PlannedRun(Role.CURRENT, Purpose.SHADOW, current)
         return Route(Role.CHALLENGER, (served, reference) if replay else (served,), serve, shadow)
     served = PlannedRun(Role.CURRENT, Purpose.WORK, current)
-    replayed = PlannedRun(Role.CHALLENGER, Purpose.SHADOW, WorkflowVersion(challenger))
+    replayed = PlannedRun(Role.CHALLENGER, Purpose.SHADOW, challenger)
     return Route(Role.CURRENT, (served, replayed) if replay else (served,), serve, shadow)

@@ -1,38 +1,16 @@
 """The bus: topics, Kafka's partitioner, the transport port, the embedded and Kafka
 transports, the relay.
 
-The Kafka names are imported on first use, so embedded mode never loads aiokafka.
+Each name is imported on first use: embedded mode never loads aiokafka, and a process
+that needs the topics alone loads no transport.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from assay.bus.embedded import EmbeddedBus, EmbeddedSource
-from assay.bus.partitioner import murmur2, partition_for
-from assay.bus.relay import FileLock, OutboxRelay
-from assay.bus.topics import (
-    AGGREGATES,
-    DECISIONS,
-    EPISODES,
-    GRADED,
-    RESULTS,
-    RUN_COMMANDS,
-    RUN_STATUS,
-    RUNS,
-    TASKS,
-    TOPICS,
-    USAGE,
-    VERIFIED,
-    WORKFLOWS,
-    Topic,
-    UnknownTopic,
-    all_topics,
-    dlq,
-    producer_entry,
-    topic_for,
-)
-from assay.bus.transport import BusMessage, Handle, Positions, Source, Transport
+from assay.kernel.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from assay.bus.embedded import EmbeddedBus, EmbeddedSource
     from assay.bus.kafka import (
         KafkaSource,
         KafkaTransport,
@@ -40,17 +18,68 @@ if TYPE_CHECKING:
         TopicMismatch,
         ensure_topics,
     )
-
-_KAFKA = ("KafkaSource", "KafkaTransport", "PublishFailed", "TopicMismatch", "ensure_topics")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _KAFKA:
-        from assay.bus import kafka
-
-        return getattr(kafka, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+    from assay.bus.partitioner import murmur2, partition_for
+    from assay.bus.relay import FileLock, OutboxRelay
+    from assay.bus.topics import (
+        AGGREGATES,
+        DECISIONS,
+        EPISODES,
+        GRADED,
+        RESULTS,
+        RUN_COMMANDS,
+        RUN_STATUS,
+        RUNS,
+        TASKS,
+        TOPICS,
+        USAGE,
+        VERIFIED,
+        WORKFLOWS,
+        Topic,
+        UnknownTopic,
+        all_topics,
+        dlq,
+        producer_entry,
+        topic_for,
+    )
+    from assay.bus.transport import BusMessage, Handle, Positions, Source, Transport
+else:
+    __getattr__ = lazy_exports(
+        __name__,
+        {
+            "assay.bus.embedded": ["EmbeddedBus", "EmbeddedSource"],
+            "assay.bus.partitioner": ["murmur2", "partition_for"],
+            "assay.bus.relay": ["FileLock", "OutboxRelay"],
+            "assay.bus.topics": [
+                "AGGREGATES",
+                "DECISIONS",
+                "EPISODES",
+                "GRADED",
+                "RESULTS",
+                "RUN_COMMANDS",
+                "RUN_STATUS",
+                "RUNS",
+                "TASKS",
+                "TOPICS",
+                "USAGE",
+                "VERIFIED",
+                "WORKFLOWS",
+                "Topic",
+                "UnknownTopic",
+                "all_topics",
+                "dlq",
+                "producer_entry",
+                "topic_for",
+            ],
+            "assay.bus.transport": ["BusMessage", "Handle", "Positions", "Source", "Transport"],
+            "assay.bus.kafka": [
+                "KafkaSource",
+                "KafkaTransport",
+                "PublishFailed",
+                "TopicMismatch",
+                "ensure_topics",
+            ],
+        },
+    )
 
 __all__ = [
     "AGGREGATES",

@@ -218,6 +218,10 @@ def _parser() -> argparse.ArgumentParser:
     branch.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to wait for the tree (300)"
     )
+    cap = sub.add_parser(
+        "capacity", help="the declared GPU capacity and the context ceiling derived from it"
+    )
+    cap.add_argument("--json", action="store_true", help="print one JSON object")
     results = sub.add_parser("results", help="print RunResults from assay.results as JSON lines")
     results.add_argument("--follow", action="store_true", help="keep waiting for new results")
     results.add_argument("--tenant", default=None, help="only this tenant's results")
@@ -347,6 +351,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the judge ASSAY_JUDGE_* (or ASSAY_MODEL_*) describe (default: the stub judge)",
     )
+    from assay.cli.fleet import add_parser as add_fleet  # `assay fleet` (cli/fleet.py)
+
+    add_fleet(sub)
     return p
 
 
@@ -377,9 +384,20 @@ def _trace(args: argparse.Namespace) -> None:
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
-    from assay.runtime.embedded import default_data_dir
+    if args.command == "fleet" and args.fleet_command == "mark":
+        from assay.cli.fleet import mark_command  # before anything heavy: agents call it often
 
-    data_dir: Path = args.data_dir or default_data_dir()
+        return mark_command(args.edge)
+    # Each command imports what it runs, below: `assay grade bt` loads no stage, no
+    # store and no message model. The settings are read (and checked) for every one.
+    from assay.runtime.settings import AssaySettings
+
+    data_dir: Path = args.data_dir or AssaySettings.from_env().data_dir
+    if args.command == "capacity":
+        from assay.cli.capacity import capacity
+
+        print(capacity(AssaySettings.from_env(), as_json=args.json))
+        return 0
     if args.command == "demo":
         from assay.cli.demo import demo
 
@@ -410,14 +428,14 @@ async def _dispatch(args: argparse.Namespace) -> int:
         query = {k: getattr(args, k) for k in (*keys, "limit") if getattr(args, k) is not None}
         return await runs_list_command(data_dir, args.tenant, query, args.json)
     if args.command == "run":
-        from assay.cli.run import run_once
-
         try:
             task_input = json.loads(args.input)
         except json.JSONDecodeError as exc:
             raise UsageError(f"--input is not JSON: {exc}") from exc
         if not isinstance(task_input, dict):
             raise UsageError("--input must be a JSON object")
+        from assay.cli.run import run_once  # the whole pipeline: after the input is checked
+
         return await run_once(data_dir, args.workflow, task_input)
     if args.command == "rebuild":
         from assay.cli.rebuild import check_postgres, rebuild
@@ -568,4 +586,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.calibrate import calibrate_command
 
         return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
+    if args.command == "fleet":
+        from assay.cli.fleet_commands import dispatch as fleet_dispatch
+
+        return await fleet_dispatch(args, data_dir)
     raise UsageError(f"unknown command {args.command}")

@@ -1,4 +1,8 @@
-"""CLI commands of distributed mode: serve a stage, provision, topics, submit, results."""
+"""CLI commands of distributed mode: serve a stage, provision, topics, submit, results.
+
+Each command imports its clients itself: `assay db provision` loads no Kafka client,
+`assay cancel` no Postgres driver.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,10 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from assay.bus.kafka import KafkaTransport
 from assay.bus.topics import RESULTS, RUN_COMMANDS, TASKS, WORKFLOWS, producer_entry
 from assay.cli.logs import tenant_arg
 from assay.cli.tasks import read_tasks
@@ -31,9 +35,10 @@ from assay.messages import (
 )
 from assay.runtime.sections import STAGE_ROLES
 from assay.runtime.settings import AssaySettings
-from assay.store.pg_provision import provision_stage
-from assay.store.ports import OutboxEntry
 from assay.workflow import load_workflow
+
+if TYPE_CHECKING:
+    from assay.store.ports import OutboxEntry
 
 
 async def serve_command(stage: str) -> int:
@@ -84,6 +89,8 @@ def _out_of_grace(stage: str) -> None:
 
 async def provision_command() -> int:
     """`assay db provision`: each stage's role and schema, idempotently; prints nothing secret."""
+    from assay.store.pg_provision import provision_stage
+
     settings = AssaySettings.from_env()
     settings.require("database.admin_url")
     assert settings.database.admin_url is not None
@@ -107,6 +114,8 @@ async def topics_command() -> int:
 
 async def produce(entries: list[OutboxEntry]) -> None:
     """Produce `entries` to the Kafka cluster `ASSAY_KAFKA_BOOTSTRAP` names."""
+    from assay.bus.kafka import KafkaTransport
+
     settings = AssaySettings.from_env()
     settings.require("kafka.bootstrap")
     assert settings.kafka.bootstrap is not None

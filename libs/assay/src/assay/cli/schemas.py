@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from assay.bus.topics import TOPICS, dlq
+from assay.fleet.schemas import fleet_schemas
 from assay.kernel.errors import AssayError
 from assay.messages import (
     MESSAGES,
@@ -44,6 +45,8 @@ def render() -> dict[str, str]:
         put(f"{artifact.type}.v{artifact.version}.schema.json", artifact.model_json_schema())
     for name, model in sorted(MESSAGES.types().items()):
         put(f"{name}.v{model.version}.schema.json", model.model_json_schema())
+    for name, schema in fleet_schemas().items():  # files, not messages (DESIGN §16)
+        put(name, schema)
     channels: dict[str, Any] = {}
     for topic in TOPICS.values():
         channels[topic.name] = {

@@ -22,13 +22,16 @@ import logging
 import math
 import random
 import re
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from assay.engine.models import Completion, ModelError, Prices
+from assay.engine.priority import CallPriority, PriorityLimiter
 from assay.kernel.canonical import digest
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,9 @@ class ChatCompletionsModel:
         retry: how transient failures are retried.
         prices: what tokens cost; `Completion.cost_usd` is computed from them.
         temperature: sampling temperature (0: the most likely answer).
+        limiter: the endpoint's limiter, shared with the other models calling it (each
+            HTTP request holds one of its slots; None: no limit).
+        priority: who calls through this instance (agent calls go first).
     """
 
     def __init__(
@@ -124,6 +130,8 @@ class ChatCompletionsModel:
         retry: RetryPolicy | None = None,
         prices: Prices | None = None,
         temperature: float = 0.0,
+        limiter: PriorityLimiter | None = None,
+        priority: CallPriority = CallPriority.AGENT,
     ) -> None:
         if not name:
             raise ValueError("a chat-completions model needs a model name")
@@ -135,6 +143,10 @@ class ChatCompletionsModel:
         self.retry = retry or RetryPolicy()
         self.prices = prices or Prices()
         self.temperature = temperature
+        self.limiter = limiter
+        self.priority = priority
+        import httpx  # here: a process whose models are all stubs does not load it
+
         headers = {"Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -164,6 +176,8 @@ class ChatCompletionsModel:
             ModelRequestRefused: any other non-2xx status (not retried).
             ModelResponseInvalid: a 2xx whose body lacks the text or the token counts.
         """
+        import httpx
+
         messages = [{"role": "user", "content": prompt}]
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
@@ -179,8 +193,9 @@ class ChatCompletionsModel:
         for attempt in range(attempts):
             retry_after: float | None = None
             try:
-                # httpx's timeout bounds each phase; this bounds the whole request.
-                async with asyncio.timeout(self.timeout_s):
+                # httpx's timeout bounds each phase; this bounds the whole request, once
+                # the endpoint has a slot for it.
+                async with self._slot(), asyncio.timeout(self.timeout_s):
                     response = await self._client.post(self.url, json=body)
             except (httpx.TimeoutException, TimeoutError):
                 failure = f"no answer within {self.timeout_s}s"
@@ -206,6 +221,12 @@ class ChatCompletionsModel:
                 )
                 await asyncio.sleep(delay)
         raise ModelUnavailable(f"{self.url}: gave up after {attempts} attempt(s); last: {failure}")
+
+    def _slot(self) -> AbstractAsyncContextManager[None]:
+        """A slot of the endpoint's limiter (none to wait for without one)."""
+        if self.limiter is None:
+            return nullcontext()
+        return self.limiter.slot(self.priority)
 
     def _completion(self, response: httpx.Response) -> Completion:
         try:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field
 
+from assay.engine.run_state import (
+    AttemptView,
+    BranchingDone,
+    CancelAsked,
+    ForkPoint,
+    GradingStatus,
+    IntentView,
+    RunView,
+    TieringDue,
+    Waiting,
+)
 from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import AttemptNo, RunId, StepId
 from assay.kernel.intents import IntentState
@@ -225,7 +236,7 @@ class GradingEnded(Event):
 
     type: ClassVar[str] = "GradingEnded"
     version: ClassVar[int] = 1
-    status: Literal["graded", "ungraded", "cancelled"] = Field(
+    status: GradingStatus = Field(
         description="How grading ended; `cancelled`: the run was stopped and never graded."
     )
 
@@ -327,41 +338,34 @@ def _attempt_finished_v1(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def fold_work(record: LogRecord) -> list[StateDelta]:
-    """Derived run and attempt documents, from one record alone."""
+    """Derived run and attempt documents (`assay.engine.run_state`), from one record alone."""
     t, run, branch = record.key.tenant, record.key.stream, record.key.branch
-    run_doc = StateKey(t, "run", run)
+    run_doc = RunView.at(t, run)
     match record.event:
         case RunStarted(run=ref):
-            return [
-                Put(
-                    run_doc,
-                    {
-                        "status": "running",
-                        "branch": branch,
-                        "workflow_id": ref.workflow_id,
-                        "workflow_version": ref.workflow_version,
-                        "role": ref.role.value,
-                        "purpose": ref.purpose.value,
-                        "task_id": ref.task_id,
-                        "attempts": 0,
-                        "started_ms": record.at_ms,
-                    },
-                )
-            ]
+            started = {
+                "status": "running",
+                "branch": branch,
+                "workflow_id": ref.workflow_id,
+                "workflow_version": ref.workflow_version,
+                "role": ref.role.value,
+                "purpose": ref.purpose.value,
+                "task_id": ref.task_id,
+                "attempts": 0,
+                "started_ms": record.at_ms,
+            }
+            return [Put(run_doc, started)]  # not the model's dump: later patches fill it in
         case AttemptStarted(step=step, attempt=n, iteration=i):
+            attempt = AttemptView.at(t, f"{run}/{branch}/{step}/{n}")
             return [
                 Patch(run_doc, {"current_step": step, "last_lsn": record.lsn}),
-                Put(
-                    StateKey(t, "attempt", f"{run}/{branch}/{step}/{n}"),
-                    {"state": AttemptState.RUNNING.value, "iteration": i},
-                ),
+                Put(attempt, {"state": AttemptState.RUNNING.value, "iteration": i}),
             ]
         case Intent(step=step, attempt=n, state=state, tool=tool, effect=effect):
             return [
                 Patch(run_doc, {"last_lsn": record.lsn}),
-                Put(
-                    StateKey(t, "intent", f"{run}/{branch}/{step}/{n}"),
-                    {"state": state.value, "tool": tool, "effect": effect},
+                IntentView(state=state, tool=tool, effect=effect).put(
+                    t, f"{run}/{branch}/{step}/{n}"
                 ),
             ]
         case AttemptFinished(step=step, attempt=n, state=state, error=error):
@@ -369,7 +373,7 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
             return [
                 Patch(run_doc, {"last_lsn": record.lsn, **extra}),
                 Patch(
-                    StateKey(t, "attempt", f"{run}/{branch}/{step}/{n}"),
+                    AttemptView.at(t, f"{run}/{branch}/{step}/{n}"),
                     {"state": state.value, "error": error},
                 ),
             ]
@@ -380,43 +384,38 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                     {
                         "status": "running",
                         "branch": branch,
-                        "forked_from": {"branch": parent, "at": at},
+                        "forked_from": ForkPoint(branch=parent, at=at).model_dump(),
                         "discarded_effects": lost,
                     },
                 ),
                 # A cancel asked for before the rewind stopped what ran then, not the fork.
-                Delete(StateKey(t, "cancel", run)),
+                Delete(CancelAsked.at(t, run)),
             ]
         case Suspended(step=step, iteration=i, signal=signal, deadline_ms=deadline):
-            waiting = {
-                "branch": branch,
-                "step": step,
-                "iteration": i,
-                "signal": signal,
-                "deadline_ms": deadline,
-            }
+            waiting = Waiting(
+                branch=branch, step=step, iteration=i, signal=signal, deadline_ms=deadline
+            )
             return [
                 Patch(run_doc, {"status": "suspended", "last_lsn": record.lsn}),
-                Put(StateKey(t, "await", run), waiting),
+                waiting.put(t, run),
             ]
         case Signalled():
             return [
                 Patch(run_doc, {"status": "running", "last_lsn": record.lsn}),
-                Delete(StateKey(t, "await", run)),
+                Delete(Waiting.at(t, run)),
             ]
         case BranchTreeRecorded(tree_ref=ref, tree=tree):
-            target = run.removesuffix("/commands")
-            summary = {
-                "tree": ref,
-                "step": tree.boundary.step,
-                "from_branch": tree.boundary.branch,
-                "at": tree.boundary.at,
-                "branches": [c.branch for c in tree.children],
-            }
-            return [Put(StateKey(t, "branching", f"{target}/{tree.command}"), summary)]
+            done = BranchingDone(
+                tree=ref,
+                step=tree.boundary.step,
+                from_branch=tree.boundary.branch,
+                at_lsn=tree.boundary.at,
+                branches=[c.branch for c in tree.children],
+            )
+            return [done.put(t, f"{run.removesuffix('/commands')}/{tree.command}")]
         case CancelRequested(reason=reason):
-            target = run.removesuffix("/commands")
-            return [Put(StateKey(t, "cancel", target), {"reason": reason, "at_ms": record.at_ms})]
+            asked = CancelAsked(reason=reason, at_ms=record.at_ms)
+            return [asked.put(t, run.removesuffix("/commands"))]
         case Routed():
             return [Patch(run_doc, {"last_lsn": record.lsn})]
         case RunCancelled(reason=reason, indeterminate=unknown):
@@ -430,7 +429,7 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                         "finished_ms": record.at_ms,
                     },
                 ),
-                Delete(StateKey(t, "await", run)),  # a cancelled run waits for nothing
+                Delete(Waiting.at(t, run)),  # a cancelled run waits for nothing
             ]
         case RunFinished(succeeded=ok, episode=episode, usage=usage):
             return [
@@ -459,14 +458,14 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                     },
                 ),
                 # Reduced and not yet tiered: the queue tiering sweeps (§8.6).
-                Put(StateKey(t, "tiering", run), {"reduced_ms": record.at_ms}),
+                TieringDue(reduced_ms=record.at_ms).put(t, run),
             ]
         case Tiered(run=moved, archive=archive, records=n, documents=documents):
             return [
                 *(Put(StateKey(t, d.kind, d.key), d.value) for d in documents),
-                Delete(StateKey(t, "tiering", moved)),
+                Delete(TieringDue.at(t, moved)),
                 Patch(
-                    StateKey(t, "run", moved),
+                    RunView.at(t, moved),
                     {"tiered": True, "archive": archive, "archived_records": n},
                 ),
             ]

@@ -21,15 +21,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assay.kernel.canonical import canonical_bytes
 from assay.kernel.ids import BranchId, Lsn, TenantId, tenant_id
 from assay.kernel.tenant_maps import tenant_map
-from assay.messages.episode import Elision, Episode, ReducedEpisode
 from assay.record.events import BranchKey, EventRegistry, LogRecord
+
+if TYPE_CHECKING:
+    from assay.messages.episode import Elision, Episode, ReducedEpisode
 
 DEFAULT_TOKEN_CEILING = 200_000
 """Tokens a run's episode may hold before it is reduced (§8.6), unless its tenant's
@@ -141,6 +143,9 @@ def reduce_episode(episode: Episode, original: str, keep_chars: int) -> ReducedE
     text longer than `keep_chars` shortened with a marker. Deterministic: the same
     episode always gives the same bytes, so a repeated reduction writes the same blob.
     """
+    # Here: the settings read this module's policy, and need no message model.
+    from assay.messages.episode import Elision, Episode, ReducedEpisode
+
     elisions: list[Elision] = []
 
     def cut(path: str, text: str) -> str:

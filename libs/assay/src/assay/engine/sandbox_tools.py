@@ -15,8 +15,6 @@ import dataclasses
 import json
 import math
 
-import httpx
-
 from assay.engine.tools import Idempotent, Tool, ToolCall, ToolError, ToolRefused, Unsafe
 from assay.sandbox.port import NetworkPolicy, SandboxError
 
@@ -115,6 +113,8 @@ async def _http_request(call: ToolCall) -> str:
         raise ToolRefused(f"http_request: `url` must be http:// or https://, not {url[:80]!r}")
     body = call.args.get("body")
     timeout_s = _timeout(call.args.get("timeout_s"), 30.0)
+    import httpx  # here: a stage whose tools make no HTTP request does not load it
+
     try:
         async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client:
             response = await client.request(

@@ -25,6 +25,7 @@ from assay.grading.judge_answers import parse_verdict, parse_violations
 from assay.grading.judge_prompts import (
     DEFAULT_EPISODE_CHARS,
     DEFAULT_RUBRIC_CHARS,
+    MIN_EPISODE_CHARS,
     JudgePrompt,
     JudgePrompts,
     core_criteria,
@@ -236,3 +237,34 @@ def _report(on_usage: UsageCallback | None, done: JudgeCompletion, *, failed: bo
                 done.model, done.prompt_tokens, done.completion_tokens, done.cost_usd, failed
             )
         )
+
+
+def episode_chars_within(
+    context_tokens: int, *, rubric_chars: int = DEFAULT_RUBRIC_CHARS, max_answer_tokens: int = 512
+) -> int:
+    """The most characters one episode may take so that a judge call — two episodes,
+    the criteria and the answer — needs at most `context_tokens` (§14.2: the judge's
+    prompt budget follows from the derived context ceiling).
+
+    Raises:
+        ValueError: not even `MIN_EPISODE_CHARS` fit.
+    """
+
+    def need(episode_chars: int) -> int:
+        prompts = JudgePrompts(episode_chars=episode_chars, rubric_chars=rubric_chars)
+        chars = prompts.max_prompt_chars
+        return math.ceil(chars / CHARS_PER_TOKEN) + TEMPLATE_TOKENS + max_answer_tokens
+
+    low, high = MIN_EPISODE_CHARS, max(MIN_EPISODE_CHARS, context_tokens * CHARS_PER_TOKEN)
+    if need(low) > context_tokens:
+        raise ValueError(
+            f"a judge call needs {need(low)} tokens of context at the smallest episode budget "
+            f"({MIN_EPISODE_CHARS} characters); the ceiling is {context_tokens}"
+        )
+    while low < high:  # the largest budget whose need fits
+        mid = (low + high + 1) // 2
+        if need(mid) <= context_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    return low

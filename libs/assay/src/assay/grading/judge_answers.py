@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assay.grading.judges import JudgeFailed
 from assay.kernel.scores import CoreViolation, Verdict
-from assay.workflow.ir import RubricItem
+
+if TYPE_CHECKING:
+    from assay.workflow.ir import RubricItem
 
 _FENCE = re.compile(r"```(?:json)?[ \t]*\n(?P<body>.*)\n[ \t]*```", re.DOTALL)
 _VERDICTS = {"A": Verdict.A, "B": Verdict.B, "draw": Verdict.DRAW}

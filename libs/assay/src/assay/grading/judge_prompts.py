@@ -29,11 +29,14 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from assay.grading.judges import JudgeFailed
 from assay.kernel.canonical import digest
-from assay.messages.episode import Episode
-from assay.workflow.ir import RubricItem
+
+if TYPE_CHECKING:
+    from assay.messages.episode import Episode
+    from assay.workflow.ir import RubricItem
 
 DEFAULT_EPISODE_CHARS = 12_000
 """Characters one rendered episode may take."""

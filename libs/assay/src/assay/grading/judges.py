@@ -13,15 +13,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from assay.kernel.errors import AssayError
 from assay.kernel.scores import CoreViolation, Verdict
-from assay.messages.episode import Episode
-from assay.workflow.ir import RubricItem
+
+if TYPE_CHECKING:
+    from assay.messages.episode import Episode
+    from assay.workflow.ir import RubricItem
 
 _tracer = trace.get_tracer("assay.grading")
 

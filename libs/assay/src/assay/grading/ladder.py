@@ -32,12 +32,15 @@ import enum
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assay.grading.sprt import SprtDecision, SprtPolicy, evaluate
-from assay.messages.loop import Ladder, Rung, VariantAggregate
+from assay.messages.rungs import Ladder, Rung
+
+if TYPE_CHECKING:
+    from assay.messages.loop import VariantAggregate
 
 MIN_ORDER_CHECKS = 5
 """Order checks before the drift check reads their inconsistency rate."""

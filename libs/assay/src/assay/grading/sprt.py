@@ -20,7 +20,6 @@ import enum
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from assay.grading.sprt_calibration import (
@@ -179,6 +178,8 @@ def operating_characteristics(policy: SprtPolicy, p: float, *, horizon: int = HO
     Raises:
         ValueError: `p` is outside [0, 1] or `horizon` is below 1.
     """
+    import numpy as np  # here: a process that only reads a policy does not load numpy
+
     if not 0 <= p <= 1:
         raise ValueError(f"the win rate {p} is outside [0, 1]")
     oc = lattice_oc(
@@ -221,6 +222,8 @@ def simulate(
         raise ValueError("the win and draw rates must lie in [0, 1]")
     if reps < 1 or horizon < 1:
         raise ValueError("reps and horizon must be at least 1")
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     steps = Steps.of(policy.p0, policy.p1)
     upper, lower = policy.upper, policy.lower

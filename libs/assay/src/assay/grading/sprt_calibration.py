@@ -24,9 +24,15 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
-import numpy as np
-from numpy.typing import NDArray
+if TYPE_CHECKING:
+    # numpy is imported by the functions that compute: a process that only reads a
+    # policy's settings (every stage's, every command's) does not load it.
+    import numpy as np
+    from numpy.typing import NDArray
+
+    FloatArray = NDArray[np.float64]
 
 HORIZON = 100_000
 """Decisive comparisons after which the exact walk is cut off; what is left is undecided."""
@@ -39,8 +45,6 @@ CANDIDATES = 64
 
 QUANTILES = (0.5, 0.9, 0.99)
 """Levels of the sample-size quantiles reported with every operating characteristic."""
-
-FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ def _walk(
     can still be continuing is held. The walk ends when less than `TAIL` of every
     test is still continuing, or at `horizon` comparisons.
     """
+    import numpy as np
+
     d = steps.win - steps.loss
     floor_lower = float(lower.min())
     # Window of k (wins) that can hold a continuing state of any test at step n:
@@ -148,6 +154,8 @@ def lattice_oc(
     Decisions are those of `sprt.evaluate` on decisive comparisons; the walk is
     cut off once less than `TAIL` of every test is continuing, or at `horizon`.
     """
+    import numpy as np
+
     shape = (len(upper), len(win_rates))
     accept, reject, mean_n = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     stopped = np.zeros(shape)
@@ -187,6 +195,8 @@ def _candidates(
     `CANDIDATES` likeliest at p0 or p1 on each side. Wald's own boundary leads
     each list.
     """
+    import numpy as np
+
     values, reach = [], []
     for step in _walk(
         steps, np.array([wald_upper]), np.array([wald_lower]), np.array([p0, p1]), HORIZON
@@ -214,6 +224,8 @@ def _gap_middle(steps: Steps, value: float, below: bool, last_n: int) -> float:
     the middle keeps a one-ulp difference in how a caller sums the ratio from
     flipping a decision.
     """
+    import numpy as np
+
     n = np.arange(1, last_n + 1)
     d = steps.win - steps.loss
     k = np.floor((value - n * steps.loss) / d).astype(np.int64)
@@ -240,6 +252,8 @@ def calibrate(p0: float, p1: float, alpha: float, beta: float) -> tuple[float, f
     rejects), found by a bisection run on every upper boundary at once. Wald's
     pair when no candidate qualifies. Cached: a policy calibrates once per process.
     """
+    import numpy as np
+
     steps = Steps.of(p0, p1)
     wald_upper = math.log((1 - beta) / alpha)
     wald_lower = math.log(beta / (1 - alpha))
@@ -280,6 +294,8 @@ def fixed_n(p0: float, p1: float, alpha: float, beta: float) -> int:
     Raises:
         ValueError: the parameters are outside 0 < p0 < p1 < 1, 0 < alpha, beta < 1.
     """
+    import numpy as np
+
     # Imported here: scipy.stats takes about a second to import, and every process
     # that evaluates the sequential test imports this module.
     from scipy import stats

@@ -10,13 +10,16 @@ an out-of-memory at three in the morning.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from assay.grading.judges import Judge
 from assay.kernel.errors import AssayError
 from assay.kernel.tenant_maps import tenant_keyed
-from assay.workflow.ir import GradingSpec, RubricItem
+
+if TYPE_CHECKING:
+    from assay.grading.judges import Judge
+    from assay.workflow.ir import GradingSpec, RubricItem
 
 
 class StrategyRefused(AssayError):

@@ -9,7 +9,6 @@ by (`AllocationChanged`) with the decision that moved it (`Promoted`,
 
 from __future__ import annotations
 
-import enum
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -18,28 +17,23 @@ from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.schema import Versioned
 from assay.kernel.scores import WinRecord
 from assay.messages.proposals import FailureEvidence
+from assay.messages.rungs import Ladder, Rung
 
-
-class Rung(enum.Enum):
-    """Where a challenger stands on the promotion ladder (§12.3)."""
-
-    SHADOW = "shadow"
-    """0% of live tasks: replayed beside the current version for comparison only."""
-    TRIAL = "trial"
-    """Default ladder: serves a small share of live tasks (5%)."""
-    CANARY = "canary"
-    """Resourced ladder: serves a small share once its strength beats the current's."""
-    RAMP = "ramp"
-    """Resourced ladder: serves a growing share (20%, then 50%)."""
-
-
-class Ladder(enum.Enum):
-    """Which promotion ladder a challenger climbs, by its grading strategy."""
-
-    DEFAULT = "default"
-    """Pairwise or deterministic grading: shadow -> trial -> current, on the sequential test."""
-    RESOURCED = "resourced"
-    """Tournament grading: shadow -> canary -> ramp -> current, on Bradley-Terry strengths."""
+__all__ = [
+    "AllocationChanged",
+    "ChallengerRejected",
+    "HeldOutTally",
+    "Ladder",
+    "Promoted",
+    "RolledBack",
+    "Rung",
+    "StrengthSummary",
+    "VariantAggregate",
+    "allocation_changed_v1_to_v2",
+    "variant_aggregate_v1_to_v2",
+    "variant_aggregate_v2_to_v3",
+    "variant_aggregate_v3_to_v4",
+]
 
 
 class StrengthSummary(Versioned):

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assay.engine.models import Model
+from assay.engine.priority import PriorityLimiter
 from assay.grading.judges import Judge, traced
 from assay.grading.ladder import LadderPolicy
 from assay.grading.sprt import SprtPolicy
+from assay.runtime.admission import Admission
+from assay.runtime.capacity_plan import plan_capacity
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import AssaySettings
 from assay.runtime.stage import StageDeps
@@ -48,6 +51,25 @@ class StageWiring:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class EndpointLimiters:
+    """One `PriorityLimiter` per endpoint URL: the agent's model, the judge and the
+    proposer share one when they share a URL, so agent calls go first on it."""
+
+    def __init__(self, slots: int, reserved: int) -> None:
+        self.slots = slots
+        self.reserved = reserved
+        self._by_url: dict[str, PriorityLimiter] = {}
+
+    def at(self, url: str | None) -> PriorityLimiter | None:
+        """The limiter of the endpoint at `url` (None without a URL: the stub)."""
+        if url is None:
+            return None
+        key = url.rstrip("/")
+        if key not in self._by_url:
+            self._by_url[key] = PriorityLimiter(self.slots, self.reserved)
+        return self._by_url[key]
 
 
 def sandbox_for(
@@ -82,19 +104,33 @@ def stage_deps(
     test's or the demo's own); the sandbox's default root is under `data_dir`
     (default: `settings.data_dir`). The caller closes the result (`aclose`).
 
+    The agent's model, the judge and the proposer built here share one priority
+    limiter per endpoint URL (agent calls first, `ASSAY_CAPACITY_ENDPOINT_CONCURRENCY`
+    slots, `ASSAY_CAPACITY_AGENT_RESERVED_CALLS` of them for agent calls alone). With a
+    declared capacity (§14.2), the judge's episode budget and the retention
+    ceilings are cut to what the derived context ceiling allows, and ingest's admission
+    holds runs against it.
+
     Raises:
-        SettingsInvalid: an endpoint with a URL but no model name.
+        SettingsInvalid: an endpoint with a URL but no model name, or a declared capacity
+            that does not hold the resident models.
     """
     owned = AsyncExitStack()
+    plan = plan_capacity(settings)
+    limiters = EndpointLimiters(
+        settings.capacity.endpoint_concurrency, settings.capacity.agent_reserved_calls
+    )
     if model is None:
-        built_model = settings.model.build()
+        built_model = settings.model.build(limiters.at(settings.model.url))
         owned.push_async_callback(built_model.aclose)
         model = built_model
     if judge is None:
-        built_judge = settings.judge.build()
+        built_judge = settings.judge.build(
+            plan.judge_episode_chars if plan else None, limiters.at(settings.judge.url)
+        )
         owned.push_async_callback(built_judge.aclose)
         judge = built_judge
-    proposer = settings.proposer.build()
+    proposer = settings.proposer.build(limiters.at(settings.proposer.url))
     owned.push_async_callback(proposer.aclose)
     deps = StageDeps(
         blobs=blobs,
@@ -107,10 +143,11 @@ def stage_deps(
         lease_ttl_s=settings.lease_ttl_s,
         sandbox=sandbox_for(settings, blobs, settings.data_dir if data_dir is None else data_dir),
         verifiers=load_verifiers(),
-        retention=settings.retention,
+        retention=plan.retention(settings.retention) if plan else settings.retention,
         grading=settings.grading,
         replay=settings.replay,
         proposer=proposer,
         proposals=settings.proposer,
+        admission=Admission(plan, settings.capacity.default_context_tokens),
     )
     return StageWiring(deps, owned)

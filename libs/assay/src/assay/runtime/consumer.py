@@ -284,8 +284,8 @@ class StageRunner:
                 attempt -= 1
                 log.info("stage %s: %s; handling %s again", self.spec.name, exc, env.type)
             except Exception as exc:
+                uow.discard()
                 if is_outage(exc):  # not the message's fault: it goes again, uncounted
-                    uow.discard()
                     raise
                 log.warning(
                     "stage %s: handler failed on %s/%d@%d (attempt %d/%d)",

@@ -11,9 +11,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
@@ -29,15 +29,16 @@ from assay.kernel.schema import Versioned
 from assay.messages.envelope import open_envelope
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
-from assay.runtime.http import StatusServer
-from assay.runtime.metrics import StagesCollector, process_registry
 from assay.runtime.sections import PIPELINE_STAGES
 from assay.runtime.settings import AssaySettings
 from assay.runtime.signals import Signals
-from assay.runtime.stage import StageFactory, StageSpec
+from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
 from assay.store.ports import OutboxEntry
 from assay.store.sqlite import SqliteEventLog
+
+if TYPE_CHECKING:
+    from assay.runtime.http import StatusServer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,8 +66,22 @@ def default_data_dir() -> Path:
 
 
 def discover_stages() -> dict[str, StageFactory]:
-    """Stage factories registered under the `assay.stages` entry-point group."""
-    return {ep.name: ep.load() for ep in entry_points(group="assay.stages")}
+    """Stage factories registered under the `assay.stages` entry-point group.
+
+    A stage's module is imported when its factory is first called, not here: `assay
+    serve verify` does not import the five other stages (nor what they import).
+    """
+    return {ep.name: _on_first_call(ep) for ep in entry_points(group="assay.stages")}
+
+
+def _on_first_call(entry: EntryPoint) -> StageFactory:
+    """The factory `entry` names, imported when first called."""
+
+    def factory(deps: StageDeps) -> StageSpec:
+        loaded: StageFactory = entry.load()
+        return loaded(deps)
+
+    return factory
 
 
 def stage_log(data_dir: Path, spec: StageSpec) -> SqliteEventLog:
@@ -161,6 +176,10 @@ class Embedded:
     async def serve_status(self, port: int, host: str = "127.0.0.1") -> StatusServer:
         """Serve `/healthz`, `/readyz` and `/metrics` for the whole process on `port` (0: any
         free port; the server's `port` says which). Close it before leaving the context."""
+        # Here: a run without a metrics port loads no Prometheus client.
+        from assay.runtime.http import StatusServer
+        from assay.runtime.metrics import StagesCollector, process_registry
+
         collector = StagesCollector(list(self.runners.values()))
 
         def health() -> dict[str, object]:

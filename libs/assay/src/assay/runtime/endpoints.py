@@ -7,13 +7,12 @@ settings tree fills each endpoint setting they do not set from `ASSAY_MODEL_*`.
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
 from assay.engine.models import Prices, StubModel
-from assay.grading.chat_judge import ChatJudge
-from assay.grading.chat_proposer import ChatProposer
+from assay.engine.priority import CallPriority, PriorityLimiter
 from assay.grading.judge_prompts import (
     DEFAULT_EPISODE_CHARS,
     DEFAULT_RUBRIC_CHARS,
@@ -22,6 +21,13 @@ from assay.grading.judge_prompts import (
 from assay.grading.judges import StubJudge
 from assay.grading.proposers import CatalogProposer, ProposalPolicy
 from assay.runtime.sections import SettingsInvalid
+
+if TYPE_CHECKING:
+    # Imported by the methods that build them: settings that name no URL (every
+    # command's, most stages') load no chat client and no message model.
+    from assay.engine.chat_model import ChatCompletionsModel
+    from assay.grading.chat_judge import ChatJudge
+    from assay.grading.chat_proposer import ChatProposer
 
 SHARED_WITH_THE_AGENT = (
     "url",
@@ -65,6 +71,8 @@ class EndpointSettings(BaseModel):
     def _http_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        import httpx  # here: settings without a URL do not load the HTTP client
+
         try:
             parsed = httpx.URL(value)
         except httpx.InvalidURL as exc:
@@ -73,14 +81,18 @@ class EndpointSettings(BaseModel):
             raise ValueError("must be an http:// or https:// URL with a host")
         return value
 
-    def _chat_model(self) -> ChatCompletionsModel:
-        """The chat-completions model at the URL.
+    def _chat_model(
+        self, limiter: PriorityLimiter | None = None, priority: CallPriority = CallPriority.AGENT
+    ) -> ChatCompletionsModel:
+        """The chat-completions model at the URL, its calls through `limiter` at `priority`.
 
         Raises:
             SettingsInvalid: a URL without a model name.
         """
         if self.url is None or not self.name:
             raise SettingsInvalid("missing settings: a model name is required with a URL")
+        from assay.engine.chat_model import ChatCompletionsModel, RetryPolicy
+
         return ChatCompletionsModel(
             self.url,
             self.name,
@@ -88,6 +100,8 @@ class EndpointSettings(BaseModel):
             timeout_s=self.timeout_s,
             retry=RetryPolicy(max_retries=self.max_retries),
             prices=Prices(self.price_prompt_per_mtok, self.price_completion_per_mtok),
+            limiter=limiter,
+            priority=priority,
         )
 
 
@@ -98,8 +112,9 @@ class ModelSettings(EndpointSettings):
     variables are only checked, not used.
     """
 
-    def build(self) -> StubModel | ChatCompletionsModel:
-        """The model these settings describe: the stub without a URL.
+    def build(self, limiter: PriorityLimiter | None = None) -> StubModel | ChatCompletionsModel:
+        """The model these settings describe: the stub without a URL; its calls go
+        through `limiter` first of all (agent work).
 
         The caller owns the result and closes it with `aclose()`.
 
@@ -112,7 +127,7 @@ class ModelSettings(EndpointSettings):
             raise SettingsInvalid(
                 "missing settings: ASSAY_MODEL_NAME (required when ASSAY_MODEL_URL is set)"
             )
-        return self._chat_model()
+        return self._chat_model(limiter, CallPriority.AGENT)
 
 
 class JudgeSettings(EndpointSettings):
@@ -138,18 +153,26 @@ class JudgeSettings(EndpointSettings):
         description="Characters a prompt's rubric criteria may take; a longer rubric fails.",
     )
 
-    def build(self) -> StubJudge | ChatJudge:
+    def build(
+        self, episode_chars: int | None = None, limiter: PriorityLimiter | None = None
+    ) -> StubJudge | ChatJudge:
         """The judge these settings describe: the stub without a URL.
 
-        The caller owns the result and closes it with `aclose()`.
+        `episode_chars`, when given, replaces the configured episode budget (the one the
+        derived context ceiling allows, §14.2); the judge's calls go through `limiter`
+        after agent calls. The caller owns the result and closes it with `aclose()`.
 
         Raises:
             SettingsInvalid: a URL without a model name.
         """
         if self.url is None:
             return StubJudge()
+        from assay.grading.chat_judge import ChatJudge
+
         return ChatJudge(
-            self._chat_model(), episode_chars=self.episode_chars, rubric_chars=self.rubric_chars
+            self._chat_model(limiter, CallPriority.GRADING),
+            episode_chars=self.episode_chars if episode_chars is None else episode_chars,
+            rubric_chars=self.rubric_chars,
         )
 
 
@@ -166,8 +189,9 @@ class ProposerSettings(EndpointSettings, ProposalPolicy):
 
     max_tokens: int = Field(4096, ge=1, description="Completion tokens one draft may take.")
 
-    def build(self) -> CatalogProposer | ChatProposer:
-        """The proposer these settings describe: the catalog without a URL.
+    def build(self, limiter: PriorityLimiter | None = None) -> CatalogProposer | ChatProposer:
+        """The proposer these settings describe: the catalog without a URL; its calls go
+        through `limiter` last.
 
         The caller owns the result and closes it with `aclose()`.
 
@@ -176,4 +200,8 @@ class ProposerSettings(EndpointSettings, ProposalPolicy):
         """
         if self.url is None:
             return CatalogProposer()
-        return ChatProposer(self._chat_model(), max_answer_tokens=self.max_tokens)
+        from assay.grading.chat_proposer import ChatProposer
+
+        return ChatProposer(
+            self._chat_model(limiter, CallPriority.PROPOSER), max_answer_tokens=self.max_tokens
+        )

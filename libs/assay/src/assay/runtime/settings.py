@@ -32,6 +32,8 @@ from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy
 from assay.kernel.ids import TenantId
+from assay.runtime.capacity import CapacitySettings
+from assay.runtime.capacity_plan import plan_capacity
 from assay.runtime.endpoints import (
     SHARED_WITH_THE_AGENT,
     EndpointSettings,
@@ -54,6 +56,7 @@ from assay.runtime.sections import (
 __all__ = [
     "RENAMED",
     "AssaySettings",
+    "CapacitySettings",
     "ConsoleSettings",
     "DatabaseSettings",
     "HttpSettings",
@@ -210,6 +213,10 @@ class AssaySettings(BaseSettings):
         default_factory=GradingPolicy,
         description="Grading capacity, judge-call ceilings and order-check sampling.",
     )
+    capacity: CapacitySettings = Field(
+        default_factory=CapacitySettings,
+        description="Declared GPU capacity and model profiles: the residency invariant (§14.2).",
+    )
     replay: ReplayPolicy = Field(
         default_factory=ReplayPolicy, description="Ceilings on the model calls shadow runs reserve."
     )
@@ -273,8 +280,9 @@ class AssaySettings(BaseSettings):
 
         Raises:
             SettingsInvalid: a value does not parse or is out of range (the message names
-                the variable, and its value unless it is a secret), or a URL is set
-                without a model name.
+                the variable, and its value unless it is a secret), a URL is set without a
+                model name, or the declared capacity is inconsistent or does not hold the
+                resident models (`assay.runtime.capacity_plan.plan_capacity`).
         """
         env = os.environ if environ is None else environ
         try:
@@ -284,6 +292,7 @@ class AssaySettings(BaseSettings):
         missing = settings._names_missing(env)
         if missing:
             raise SettingsInvalid(f"missing settings: {'; '.join(missing)}")
+        plan_capacity(settings)  # §14.2: the resident models must fit before anything starts
         return settings
 
     def _names_missing(self, env: Mapping[str, str]) -> list[str]:

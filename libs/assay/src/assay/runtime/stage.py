@@ -36,7 +36,8 @@ from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
-from assay.record.state import DocumentTable, Fold, ReadModel, StateKey
+from assay.record.state import DocumentTable, Fold, ReadModel
+from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider
@@ -130,6 +131,8 @@ class StageDeps:
     """The slow loop's generator: drafts a new version when a challenger's time ends."""
     proposals: ProposalPolicy = field(default_factory=ProposalPolicy)
     """Which tenants' proposals skip the operator's approval."""
+    admission: Admission = field(default_factory=lambda: Admission(None))
+    """Capacity checks at registration and admission (§14.2); none without a declaration."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:
@@ -190,6 +193,8 @@ class _Pending:
     fence: Lease | None = None
     taken: list[Versioned] = field(default_factory=list)
     committed: int = 0
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    """What to undo if the pending writes are dropped (`UnitOfWork.on_discard`)."""
 
 
 class UnitOfWork(Generic[D]):
@@ -309,6 +314,12 @@ class UnitOfWork(Generic[D]):
         self._pending.outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
         self._pending.messages.append(msg)
 
+    def on_discard(self, undo: Callable[[], None]) -> None:
+        """Call `undo` if the pending writes are dropped instead of committed (the handler
+        failed): what the handler did outside the transaction, such as holding capacity
+        for runs it was about to spawn, is undone with them."""
+        self._pending.undo.append(undo)
+
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
         self._pending.outbox.append(entry)
@@ -322,15 +333,6 @@ class UnitOfWork(Generic[D]):
         """Committed derived documents of this tenant, by key prefix, as read models."""
         found = await self.log.scan(self.tenant, model.kind, prefix)
         return [(key, model.model_validate(doc)) for key, doc in found]
-
-    async def get_document(self, kind: str, key: str) -> dict[str, Any] | None:
-        """A committed derived document of this tenant, untyped (being replaced by `get`)."""
-        return await self.log.get(StateKey(self.tenant, kind, key))
-
-    async def scan_documents(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-        """Committed derived documents of this tenant, by key prefix, untyped (being
-        replaced by `scan`)."""
-        return await self.log.scan(self.tenant, kind, prefix)
 
     async def history(self, key: BranchKey) -> list[LogRecord]:
         """Every committed record of one stream of this tenant."""
@@ -401,12 +403,17 @@ class UnitOfWork(Generic[D]):
         )
         p.taken = p.messages
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        p.undo = []
         return batch
 
     def discard(self) -> None:
-        """Drop pending writes (a refused message writes only its dead letter)."""
+        """Drop pending writes (a refused message writes only its dead letter), undoing
+        what was registered with `on_discard` since the last commit."""
         p = self._pending
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        undo, p.undo = p.undo, []
+        for step in reversed(undo):
+            step()
 
 
 def commit_label(records: Sequence[tuple[BranchKey, Event]]) -> str:

@@ -12,20 +12,10 @@ outcome was unknown either landed (the inbox then drops the repeat) or did not.
 from __future__ import annotations
 
 import errno
-
-import asyncpg
-import botocore.exceptions
+import sys
 
 from assay.kernel.errors import AssayError
 
-_POSTGRES = (
-    asyncpg.PostgresConnectionError,  # class 08: the connection failed or does not exist
-    asyncpg.exceptions.OperatorInterventionError,  # 57P01-03: shutdown, crash, starting up
-    asyncpg.TooManyConnectionsError,
-    asyncpg.InterfaceError,  # a connection the server ended, released back to its pool
-    asyncpg.InternalClientError,  # a pooled connection caught mid-termination
-)
-_S3 = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)
 _S3_BUSY = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout"}
 _NETWORK = {
     errno.ECONNREFUSED,
@@ -56,8 +46,30 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
+def _postgres() -> tuple[type[BaseException], ...]:
+    """Postgres's lost or refused connections: none while asyncpg is not loaded (nothing
+    can have raised one), so that embedded mode never loads it."""
+    if "asyncpg" not in sys.modules:
+        return ()
+    import asyncpg
+
+    return (
+        asyncpg.PostgresConnectionError,  # class 08: the connection failed or does not exist
+        asyncpg.exceptions.OperatorInterventionError,  # 57P01-03: shutdown, crash, starting up
+        asyncpg.TooManyConnectionsError,
+        asyncpg.InterfaceError,  # a connection the server ended, released back to its pool
+        asyncpg.InternalClientError,  # a pooled connection caught mid-termination
+    )
+
+
 def _one(exc: BaseException) -> bool:
-    if isinstance(exc, (Outage, ConnectionError, *_POSTGRES, *_S3)):
+    if isinstance(exc, (Outage, ConnectionError, *_postgres())):
+        return True
+    if "botocore" not in sys.modules:  # as for asyncpg: no S3 client, no S3 error
+        return isinstance(exc, OSError) and exc.errno in _NETWORK
+    import botocore.exceptions
+
+    if isinstance(exc, (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError)):
         return True
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})

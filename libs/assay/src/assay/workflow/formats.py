@@ -7,7 +7,6 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
 from pydantic import ValidationError
 
 from assay.kernel.schema import one_line
@@ -41,6 +40,8 @@ class YamlFormat:
     extensions: tuple[str, ...] = (".yaml", ".yml")
 
     def parse(self, src: bytes) -> WorkflowDef:
+        import yaml  # here: a process that reads no YAML workflow does not load it
+
         try:
             doc = yaml.safe_load(src)
         except yaml.YAMLError as exc:

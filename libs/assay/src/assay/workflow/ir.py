@@ -353,6 +353,30 @@ class BudgetSpec(_Frozen):
     max_step_executions: int = Field(100, ge=1, description="Step executions per run (loops).")
 
 
+class ResourceSpec(_Frozen):
+    """What one run of the workflow asks of the model's GPU (§14.2), for admission.
+
+    Unset fields take the deployment's: the agent's model, `ASSAY_CAPACITY_DEFAULT_
+    CONTEXT_TOKENS` per call, and as many concurrent calls as the widest parallel step
+    has model branches (at least one).
+    """
+
+    model: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "The model its model steps need resident; a model other than the agent's must "
+            "fit beside it, and is refused at registration if it does not."
+        ),
+    )
+    max_context_tokens: int | None = Field(
+        None, ge=1, le=10_000_000, description="Largest context (prompt and answer) of one call."
+    )
+    concurrent_calls: int | None = Field(
+        None, ge=1, le=1024, description="Model calls one run has in flight at once."
+    )
+
+
 class WorkflowDef(_Frozen):
     """A workflow, as data. Its version is the blake3 of its canonical form."""
 
@@ -368,6 +392,27 @@ class WorkflowDef(_Frozen):
     rubric: list[RubricItem] = Field(default_factory=list, description="Rubric for judges.")
     grading: GradingSpec = Field(default_factory=GradingSpec, description="Grading strategy.")
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="Per-run ceilings.")
+    resources: ResourceSpec | None = Field(
+        None, description="What a run asks of the model's GPU (§14.2); left out while unset."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_resources(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Left out while unset, so versions written before it hash as they always did."""
+        data: dict[str, Any] = handler(self)
+        if data.get("resources") is None:
+            data.pop("resources", None)
+        return data
+
+    def model_call_width(self) -> int:
+        """Model calls one run can have in flight at once: the most model branches of
+        one parallel step, at least one."""
+        widest = 1
+        for s in self.steps:
+            if isinstance(s, ParallelStep):
+                calls = sum(1 for b in s.branches if isinstance(self.node(b), ModelStep))
+                widest = max(widest, calls)
+        return widest
 
     def canonical(self) -> bytes:
         """Canonical bytes of the IR, defaults filled in, key order irrelevant."""

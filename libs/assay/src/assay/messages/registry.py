@@ -1,0 +1,129 @@
+"""The registry of every message type that travels on a topic, and their upcasters.
+
+Built on first use of `assay.messages.MESSAGES`: a process that reads one message
+type's model does not pay for building the registry.
+"""
+
+from assay.kernel.schema import SchemaRegistry, Versioned
+from assay.messages.branching import BranchRun
+from assay.messages.loop import (
+    AllocationChanged,
+    ChallengerRejected,
+    Promoted,
+    RolledBack,
+    VariantAggregate,
+    allocation_changed_v1_to_v2,
+    variant_aggregate_v1_to_v2,
+    variant_aggregate_v2_to_v3,
+    variant_aggregate_v3_to_v4,
+)
+from assay.messages.models import (
+    AttemptIndeterminate,
+    CancelRun,
+    GroupDue,
+    RewindRun,
+    RunExecuted,
+    RunGraded,
+    RunResult,
+    RunSpawned,
+    RunStatusChanged,
+    RunVerified,
+    SignalRun,
+    TaskSubmitted,
+    UsageRecorded,
+    WorkflowRegistered,
+    run_cost_unknown,
+    run_graded_v1_to_v2,
+    run_graded_v3_to_v4,
+    run_graded_v5_to_v6,
+    run_ref_unchanged,
+    run_ref_v2_unchanged,
+    run_result_v1_to_v2,
+    run_result_v2_to_v3,
+    run_result_v3_to_v4,
+    run_result_v4_to_v5,
+    run_spawned_v1_to_v2,
+    task_submitted_v1_to_v2,
+    task_submitted_v2_to_v3,
+    usage_recorded_v1_to_v2,
+    usage_recorded_v2_to_v3,
+    workflow_registered_v1_to_v2,
+)
+from assay.messages.proposals import (
+    ProposalRequested,
+    ReviewProposal,
+)
+from assay.messages.rollouts import (
+    CancelRollout,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutResult,
+    rollout_cost_unknown,
+    rollout_result_v2_to_v3,
+)
+
+MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
+    [
+        TaskSubmitted,
+        WorkflowRegistered,
+        RunSpawned,
+        RunStatusChanged,
+        AttemptIndeterminate,
+        RunExecuted,
+        RunVerified,
+        GroupDue,
+        RunGraded,
+        RunResult,
+        RolloutProgress,
+        CancelRollout,
+        RolloutClosed,
+        RolloutResult,
+        CancelRun,
+        RewindRun,
+        BranchRun,
+        SignalRun,
+        VariantAggregate,
+        AllocationChanged,
+        Promoted,
+        ChallengerRejected,
+        RolledBack,
+        ProposalRequested,
+        ReviewProposal,
+        UsageRecorded,
+    ]
+)
+"""Every message type that travels on a topic, at its current version."""
+
+MESSAGES.upcaster("UsageRecorded", 1)(usage_recorded_v1_to_v2)
+MESSAGES.upcaster("TaskSubmitted", 1)(task_submitted_v1_to_v2)
+MESSAGES.upcaster("RunSpawned", 2)(run_ref_unchanged)
+MESSAGES.upcaster("RunStatusChanged", 1)(run_ref_unchanged)
+MESSAGES.upcaster("AttemptIndeterminate", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunExecuted", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunVerified", 1)(run_ref_unchanged)
+MESSAGES.upcaster("RunGraded", 2)(run_ref_unchanged)
+MESSAGES.upcaster("RunResult", 1)(run_result_v1_to_v2)
+MESSAGES.upcaster("RunResult", 2)(run_result_v2_to_v3)
+MESSAGES.upcaster("RunResult", 3)(run_result_v3_to_v4)
+MESSAGES.upcaster("RunGraded", 1)(run_graded_v1_to_v2)
+MESSAGES.upcaster("RunGraded", 3)(run_graded_v3_to_v4)
+MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)
+MESSAGES.upcaster("VariantAggregate", 2)(variant_aggregate_v2_to_v3)
+MESSAGES.upcaster("VariantAggregate", 3)(variant_aggregate_v3_to_v4)
+MESSAGES.upcaster("AllocationChanged", 1)(allocation_changed_v1_to_v2)
+MESSAGES.upcaster("WorkflowRegistered", 1)(workflow_registered_v1_to_v2)
+MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
+MESSAGES.upcaster("TaskSubmitted", 2)(task_submitted_v2_to_v3)
+MESSAGES.upcaster("RunSpawned", 3)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunStatusChanged", 2)(run_ref_v2_unchanged)
+MESSAGES.upcaster("AttemptIndeterminate", 2)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunGraded", 4)(run_ref_v2_unchanged)
+MESSAGES.upcaster("RunExecuted", 2)(run_cost_unknown)
+MESSAGES.upcaster("RunVerified", 2)(run_cost_unknown)
+MESSAGES.upcaster("RolloutProgress", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("RolloutClosed", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("RolloutResult", 1)(rollout_cost_unknown)
+MESSAGES.upcaster("UsageRecorded", 2)(usage_recorded_v2_to_v3)
+MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
+MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
+MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
