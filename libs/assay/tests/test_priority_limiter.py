@@ -23,6 +23,7 @@ from assay.engine.chat_model import ChatCompletionsModel
 from assay.engine.priority import CallPriority, PriorityLimiter
 from assay.grading.chat_judge import ChatJudge
 from assay.grading.chat_proposer import ChatProposer
+from assay.grading.judges import TracedJudge
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.settings import AssaySettings
 from assay.store.fs_blobs import FsBlobStore
@@ -199,12 +200,14 @@ async def test_the_agent_judge_and_proposer_on_one_url_share_one_limiter(tmp_pat
     async with stage_deps(settings, FsBlobStore(tmp_path)) as wiring:
         deps = wiring.deps
         assert isinstance(deps.model, ChatCompletionsModel)
-        assert isinstance(deps.judge, ChatJudge)
+        assert isinstance(deps.judge, TracedJudge)
+        judge = deps.judge.judge
+        assert isinstance(judge, ChatJudge)
         assert isinstance(deps.proposer, ChatProposer)
         limiter = deps.model.limiter
         assert limiter is not None
         assert (limiter.slots, limiter.reserved) == (8, 1)
-        judge_model, proposer_model = deps.judge._model, deps.proposer._model
+        judge_model, proposer_model = judge._model, deps.proposer._model
         assert isinstance(judge_model, ChatCompletionsModel)
         assert isinstance(proposer_model, ChatCompletionsModel)
         assert judge_model.limiter is limiter
