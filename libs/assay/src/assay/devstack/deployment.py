@@ -207,6 +207,36 @@ async def deploy(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
+    try:
+        d = await _provision(
+            workdir, broker, postgres, s3, partitions, database, bucket, detached, extra_env, roles
+        )
+    except BaseException:
+        broker.stop()  # a deployment that never came up leaves no broker behind
+        raise
+    try:
+        for stage in stages:
+            d.start(stage)
+        await asyncio.to_thread(d.wait_healthy)
+    except BaseException:
+        await asyncio.to_thread(d.stop)  # ... nor stages, nor its database
+        raise
+    return d
+
+
+async def _provision(
+    workdir: Path,
+    broker: Service,
+    postgres: Service,
+    s3: Service,
+    partitions: int,
+    database: str | None,
+    bucket: str | None,
+    detached: bool,
+    extra_env: dict[str, str] | None,
+    roles: Mapping[str, str] | None,
+) -> Deployment:
+    """The database, roles, topics and environment of a deployment (see `deploy`)."""
     owned: tuple[str, str] | None = None
     owned_roles = False
     if database is None:
@@ -217,6 +247,32 @@ async def deploy(
             roles, owned_roles = {s: f"assay_{name}_{s}" for s in STAGES}, True
     else:
         admin = await ensure_database(postgres.address, database)
+    try:
+        return await _configure(
+            workdir, broker, admin, s3, partitions, bucket, detached, extra_env, roles, owned,
+            owned_roles,
+        )  # fmt: skip
+    except BaseException:
+        if owned is not None:
+            await drop_database(*owned)
+            if owned_roles and roles:
+                await drop_roles(owned[0], list(roles.values()))
+        raise
+
+
+async def _configure(
+    workdir: Path,
+    broker: Service,
+    admin: str,
+    s3: Service,
+    partitions: int,
+    bucket: str | None,
+    detached: bool,
+    extra_env: dict[str, str] | None,
+    roles: Mapping[str, str] | None,
+    owned: tuple[str, str] | None,
+    owned_roles: bool,
+) -> Deployment:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
     env.update(extra_env or {})
     env.update(
@@ -239,7 +295,7 @@ async def deploy(
         s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=named[s])
         for s in STAGES
     }
-    d = Deployment(
+    return Deployment(
         workdir,
         broker,
         admin,
@@ -250,7 +306,3 @@ async def deploy(
         roles=named,
         owned_roles=owned_roles,
     )
-    for stage in stages:
-        d.start(stage)
-    await asyncio.to_thread(d.wait_healthy)
-    return d
