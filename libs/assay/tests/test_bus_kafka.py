@@ -237,6 +237,45 @@ async def test_source_starts_from_stored_positions_and_else_from_the_beginning(
     assert_in_order(seen)
 
 
+async def test_end_offsets_are_the_log_ends_of_the_partitions_the_member_holds(
+    kafka: Service,
+) -> None:
+    topic, other = unique("ends"), unique("ends-other")
+    await ensure_topics(kafka.address, [topic, other], partitions=3)
+    batch = entries(topic, 30, 6)
+    # one record per produce request: Tansu answers ListOffsets(latest) with the base
+    # offset of a partition's last record batch plus one, not its last offset plus one
+    async with KafkaTransport(kafka.address, client_id=unique("producer")) as transport:
+        for e in batch:
+            await transport.publish([e])
+    counts = Counter(partition_for(e.key.encode(), 3) for e in batch)
+    src, store, stop = source(kafka, unique("g")), Store(), asyncio.Event()
+    seen: list[BusMessage] = []
+
+    async def handle(m: BusMessage) -> None:
+        seen.append(m)
+        store[(m.topic, m.partition)] = m.offset + 1
+
+    async def positions() -> Store:
+        return dict(store)
+
+    assert await src.end_offsets([topic]) == {}  # not a member yet
+    run = asyncio.create_task(src.consume([topic], handle, positions, stop))
+    try:
+        await eventually(lambda: len(seen) == len(batch))
+        assert await src.end_offsets([topic]) == {(topic, p): counts[p] for p in range(3)}
+        assert await src.end_offsets([other]) == {}  # not a topic this member consumes
+        async with KafkaTransport(kafka.address, client_id=unique("producer")) as transport:
+            for e in entries(topic, 6, 6, start=30):  # one more on each key
+                await transport.publish([e])
+        await eventually(lambda: len(seen) == len(batch) + 6)
+        more = Counter(partition_for(e.key.encode(), 3) for e in entries(topic, 36, 6))
+        assert await src.end_offsets([topic]) == {(topic, p): more[p] for p in range(3)}
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
+
+
 async def test_a_restarted_consumer_resumes_from_the_positions_the_handler_stored(
     kafka: Service,
 ) -> None:
