@@ -16,7 +16,15 @@ import pytest
 from faststream.kafka import KafkaBroker, TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
-from assay.bus import FileLock, KafkaTransport, OutboxRelay, dlq
+from assay.bus import (
+    ORIGINAL_HEADERS,
+    BadOriginalHeaders,
+    FileLock,
+    KafkaTransport,
+    OutboxRelay,
+    dlq,
+    original_headers,
+)
 from assay.bus.partitions import bus_message
 from assay.kernel import TenantId, WorkflowId
 from assay.messages import TaskSubmitted, message_id, seal
@@ -69,6 +77,30 @@ async def test_the_relay_publishes_each_row_with_its_key_value_and_headers(
             await log.close()
     assert [(k, v) for k, v, _ in received] == [(r.key.encode(), r.value) for r in rows]
     assert all(h["assay-type"] == b"T" for _, _, h in received)
+
+
+async def test_headers_a_dict_cannot_hold_travel_whole_beside_it() -> None:
+    broker = KafkaBroker(logger=None, id_generator=lambda: "")
+    received: list[tuple[tuple[str, bytes], ...]] = []
+
+    @broker.subscriber("assay.test.out")
+    async def on_record(message: KafkaMessage) -> None:
+        record: Any = message.raw_message
+        received.append(tuple(record.headers))
+
+    plain = (("assay-type", b"T"), ("x-producer", b"p1"))
+    foreign = (("x-trace", b"a"), ("x-bin", b"\xff\x00"), ("x-trace", b"b"), ("x-empty", b""))
+    rows = [OutboxEntry("assay.test.out", "k", b"v", h) for h in (plain, foreign)]
+    async with TestKafkaBroker(broker):
+        transport = await KafkaTransport("", client_id="relay", broker=broker).open()
+        await transport.publish(rows)
+    exact, whole = received
+    assert ORIGINAL_HEADERS not in dict(exact)  # what fits a dict goes as it is
+    assert original_headers(exact)[-2:] == plain
+    assert ORIGINAL_HEADERS in dict(whole)
+    assert original_headers(whole) == foreign
+    with pytest.raises(BadOriginalHeaders):
+        original_headers(((ORIGINAL_HEADERS, b'[["x", "not base64!"]]'),))
 
 
 def _spec(name: str, handlers: dict[str, dict[str, object]]) -> StageSpec:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from assay.bus import (
@@ -27,6 +27,7 @@ from assay.bus import (
     TopicMismatch,
     dlq,
     ensure_topics,
+    original_headers,
     partition_for,
 )
 from assay.devstack import Service
@@ -507,6 +508,49 @@ async def test_a_stage_dead_letters_poison_through_the_relay_and_keeps_going(
     finally:
         await transport.close()
         await log.close()
+
+
+async def test_a_dead_letter_carries_repeated_and_binary_headers_exactly(
+    kafka: Service, tmp_path: Path
+) -> None:
+    stage = f"echo-{uuid.uuid4().hex[:8]}"
+    inbound = unique("inbound")
+    await ensure_topics(kafka.address, [inbound, dlq(stage)], partitions=1)
+    sent = (("x-trace", b"first"), ("x-bin", b"\xff\xfe\x00\x80"), ("x-trace", b"second"))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.address)  # another producer's record
+    await producer.start()
+    try:
+        await producer.send_and_wait(inbound, b"\x00not json", key=b"k", headers=list(sent))
+    finally:
+        await producer.stop()
+    spec = StageSpec(name=stage, events=EventRegistry([]), fold=_no_fold, handlers={inbound: {}})
+    log = await stage_log(tmp_path, spec).open()
+    transport = await KafkaTransport(kafka.address, client_id=stage).open()
+    try:
+        relay = OutboxRelay(stage, log, transport, FileLock(tmp_path / "relay.lock"))
+        runner = StageRunner(
+            spec, log, FsBlobStore(tmp_path / "blobs"), relay, source(kafka, stage)
+        )
+        stop = asyncio.Event()
+        run = asyncio.create_task(runner.run(stop))
+        try:
+            await eventually(lambda: relay.shipped == 1)
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 10)
+    finally:
+        await transport.close()
+        await log.close()
+    (letter,) = await read_all(kafka, dlq(stage), 1, 1)
+    assert (letter.key, letter.value) == (b"k", b"\x00not json")
+    headers = original_headers(letter.headers)
+    assert headers[: len(sent)] == sent
+    assert [k for k, _ in headers[len(sent) :]] == [
+        "assay-dlq-reason",
+        "assay-dlq-stage",
+        "assay-dlq-source",
+    ]
+    assert dict(headers)["assay-dlq-source"] == f"{inbound}/0/0".encode()
 
 
 async def test_a_relay_keeps_its_rows_through_a_broker_outage_and_ships_them_after(

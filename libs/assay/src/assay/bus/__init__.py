@@ -7,6 +7,7 @@ The Kafka names are imported on first use, so embedded mode never loads aiokafka
 from typing import TYPE_CHECKING, Any
 
 from assay.bus.embedded import EmbeddedBus, EmbeddedSource
+from assay.bus.headers import ORIGINAL_HEADERS, BadOriginalHeaders, original_headers
 from assay.bus.partitioner import murmur2, partition_for
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import (
@@ -57,6 +58,7 @@ __all__ = [
     "DECISIONS",
     "EPISODES",
     "GRADED",
+    "ORIGINAL_HEADERS",
     "RESULTS",
     "RUNS",
     "RUN_COMMANDS",
@@ -66,6 +68,7 @@ __all__ = [
     "USAGE",
     "VERIFIED",
     "WORKFLOWS",
+    "BadOriginalHeaders",
     "BusMessage",
     "EmbeddedBus",
     "EmbeddedSource",
@@ -85,6 +88,7 @@ __all__ = [
     "dlq",
     "ensure_topics",
     "murmur2",
+    "original_headers",
     "partition_for",
     "producer_entry",
     "topic_for",

@@ -107,7 +107,10 @@ def stage_application(stage: str, handles: Mapping[str, Mapping[str, object]]) -
             title=f"{stage}:publish:{dlq(stage)}",
             description=(
                 f"Input {stage} refused: the original bytes, key and headers, plus headers "
-                "assay-dlq-reason, assay-dlq-stage and assay-dlq-source (topic/partition/offset)."
+                "assay-dlq-reason, assay-dlq-stage and assay-dlq-source (topic/partition/offset); "
+                "where the headers repeat a name or hold bytes that are not UTF-8, also "
+                "assay-dlq-original-headers: the complete list as a JSON array of "
+                "[name, base64(value)] pairs."
             ),
             schema=bytes,
         )

@@ -28,8 +28,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
+from faststream.kafka.message import FAKE_CONSUMER
+from faststream.kafka.message import KafkaMessage as Fetched
 from faststream.middlewares import AckPolicy
 
+from assay.bus.headers import as_text
 from assay.bus.partitions import RETRY_MAX_S, PartitionWorkers
 from assay.bus.transport import Handle, Positions
 from assay.kernel.errors import AssayError
@@ -107,10 +110,11 @@ def _headers(entry: OutboxEntry) -> dict[str, str]:
     `KafkaBroker.publish` takes `dict[str, str]`, and always adds a `content-type`
     header (empty for bytes: faststream/kafka/publisher/producer.py,
     `AioKafkaFastProducerImpl.publish`). Assay's headers are ASCII, one per name;
-    a dead letter copies a foreign record's headers, and there a repeated name
-    keeps its last value and bytes that are not UTF-8 are replaced.
+    a dead letter copies a foreign record's headers, which may repeat a name or
+    hold bytes that are not UTF-8: then the whole list also travels in
+    `assay-dlq-original-headers` (`assay.bus.headers`).
     """
-    return {k: v.decode("utf-8", errors="replace") for k, v in entry.headers}
+    return as_text(entry.headers)
 
 
 @dataclass
@@ -224,6 +228,20 @@ def stage_subscriber(
     nothing is read from the group's offsets: `workers` seeks on every assignment.
     """
 
+    async def records(batch: tuple[Any, ...]) -> Fetched:
+        # FastStream's own parser decodes every header value as UTF-8
+        # (faststream/kafka/parser.py, `AioKafkaBatchParser.parse_batch`): one record
+        # whose header holds other bytes, or no value, fails the whole fetched batch,
+        # which FastStream then drops, and the partitions' next records would be
+        # handled past it. The workers take the records as fetched.
+        first = batch[0]
+        return Fetched(
+            raw_message=batch,
+            body=b"",
+            message_id=f"{first.topic}/{first.partition}/{first.offset}",
+            consumer=FAKE_CONSUMER,  # nothing is acknowledged through FastStream
+        )
+
     async def raw(msg: Any) -> None:  # the bytes are decoded by the stage, not here
         return None
 
@@ -238,6 +256,7 @@ def stage_subscriber(
         session_timeout_ms=member_timeout_ms,
         heartbeat_interval_ms=heartbeat_interval_ms,
         fetch_max_wait_ms=fetch_max_wait_ms,
+        parser=records,
         decoder=raw,
         include_in_schema=False,  # the stage applications in `assay.bus.asyncapi` document it
     )
