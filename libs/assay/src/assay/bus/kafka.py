@@ -281,8 +281,13 @@ class KafkaSource:
         member_timeout_ms: how long the group waits for a silent member before
             giving its partitions to the others.
         heartbeat_interval_ms: how often a member tells the group it is alive.
-        poll_ms: the longest a fetch waits for records (FastStream's batch subscriber
-            also pauses this long after an empty fetch).
+        poll_ms: how long the subscriber waits for fetched records before it looks
+            again; short, because FastStream's batch subscriber also sleeps this long
+            after every empty wait (faststream/kafka/subscriber/usecase.py,
+            `BatchSubscriber.get_msg`), and a record arriving then waits it out: idle,
+            each hop of the task-to-result path pays up to `poll_ms`. Only the local
+            loop wakes this often; requests to the broker are paced by
+            `fetch_max_wait_ms` (aiokafka's fetcher long-polls on its own).
         fetch_max_wait_ms: the longest the broker holds a fetch waiting for data; short,
             because every stage is a hop on the task-to-result path.
         retry_backoff_s: the first wait before a failed record is retried (doubling).
@@ -294,7 +299,7 @@ class KafkaSource:
     member_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     client_id: str | None = None
-    poll_ms: int = 50
+    poll_ms: int = 5
     fetch_max_wait_ms: int = 20
     retry_backoff_s: float = 0.5
     _workers: PartitionWorkers | None = field(default=None, init=False, repr=False)
