@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from assay.bus import (
@@ -27,6 +27,7 @@ from assay.bus import (
     TopicMismatch,
     dlq,
     ensure_topics,
+    original_headers,
     partition_for,
 )
 from assay.devstack import Service
@@ -199,7 +200,8 @@ async def test_publish_then_consume_preserves_order_per_partition_and_key(
     assert_in_order(seen)
     for m in seen:
         assert m.partition == partition_for(m.key.encode(), 4)
-    sent = {e.value: e.headers for e in first + second}
+    # FastStream's publish always writes a `content-type` header, empty for bytes
+    sent = {e.value: (("content-type", b""), *e.headers) for e in first + second}
     assert all(m.headers == sent[m.value] for m in seen)
 
 
@@ -234,6 +236,45 @@ async def test_source_starts_from_stored_positions_and_else_from_the_beginning(
         assert min(m.offset for m in seen if m.partition == p) == n
     assert min(m.offset for m in seen if m.partition == 2) == 0
     assert_in_order(seen)
+
+
+async def test_end_offsets_are_the_log_ends_of_the_partitions_the_member_holds(
+    kafka: Service,
+) -> None:
+    topic, other = unique("ends"), unique("ends-other")
+    await ensure_topics(kafka.address, [topic, other], partitions=3)
+    batch = entries(topic, 30, 6)
+    # one record per produce request: Tansu answers ListOffsets(latest) with the base
+    # offset of a partition's last record batch plus one, not its last offset plus one
+    async with KafkaTransport(kafka.address, client_id=unique("producer")) as transport:
+        for e in batch:
+            await transport.publish([e])
+    counts = Counter(partition_for(e.key.encode(), 3) for e in batch)
+    src, store, stop = source(kafka, unique("g")), Store(), asyncio.Event()
+    seen: list[BusMessage] = []
+
+    async def handle(m: BusMessage) -> None:
+        seen.append(m)
+        store[(m.topic, m.partition)] = m.offset + 1
+
+    async def positions() -> Store:
+        return dict(store)
+
+    assert await src.end_offsets([topic]) == {}  # not a member yet
+    run = asyncio.create_task(src.consume([topic], handle, positions, stop))
+    try:
+        await eventually(lambda: len(seen) == len(batch))
+        assert await src.end_offsets([topic]) == {(topic, p): counts[p] for p in range(3)}
+        assert await src.end_offsets([other]) == {}  # not a topic this member consumes
+        async with KafkaTransport(kafka.address, client_id=unique("producer")) as transport:
+            for e in entries(topic, 6, 6, start=30):  # one more on each key
+                await transport.publish([e])
+        await eventually(lambda: len(seen) == len(batch) + 6)
+        more = Counter(partition_for(e.key.encode(), 3) for e in entries(topic, 36, 6))
+        assert await src.end_offsets([topic]) == {(topic, p): more[p] for p in range(3)}
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
 
 
 async def test_a_restarted_consumer_resumes_from_the_positions_the_handler_stored(
@@ -467,6 +508,49 @@ async def test_a_stage_dead_letters_poison_through_the_relay_and_keeps_going(
     finally:
         await transport.close()
         await log.close()
+
+
+async def test_a_dead_letter_carries_repeated_and_binary_headers_exactly(
+    kafka: Service, tmp_path: Path
+) -> None:
+    stage = f"echo-{uuid.uuid4().hex[:8]}"
+    inbound = unique("inbound")
+    await ensure_topics(kafka.address, [inbound, dlq(stage)], partitions=1)
+    sent = (("x-trace", b"first"), ("x-bin", b"\xff\xfe\x00\x80"), ("x-trace", b"second"))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.address)  # another producer's record
+    await producer.start()
+    try:
+        await producer.send_and_wait(inbound, b"\x00not json", key=b"k", headers=list(sent))
+    finally:
+        await producer.stop()
+    spec = StageSpec(name=stage, events=EventRegistry([]), fold=_no_fold, handlers={inbound: {}})
+    log = await stage_log(tmp_path, spec).open()
+    transport = await KafkaTransport(kafka.address, client_id=stage).open()
+    try:
+        relay = OutboxRelay(stage, log, transport, FileLock(tmp_path / "relay.lock"))
+        runner = StageRunner(
+            spec, log, FsBlobStore(tmp_path / "blobs"), relay, source(kafka, stage)
+        )
+        stop = asyncio.Event()
+        run = asyncio.create_task(runner.run(stop))
+        try:
+            await eventually(lambda: relay.shipped == 1)
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 10)
+    finally:
+        await transport.close()
+        await log.close()
+    (letter,) = await read_all(kafka, dlq(stage), 1, 1)
+    assert (letter.key, letter.value) == (b"k", b"\x00not json")
+    headers = original_headers(letter.headers)
+    assert headers[: len(sent)] == sent
+    assert [k for k, _ in headers[len(sent) :]] == [
+        "assay-dlq-reason",
+        "assay-dlq-stage",
+        "assay-dlq-source",
+    ]
+    assert dict(headers)["assay-dlq-source"] == f"{inbound}/0/0".encode()
 
 
 async def test_a_relay_keeps_its_rows_through_a_broker_outage_and_ships_them_after(

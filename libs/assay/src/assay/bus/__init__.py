@@ -11,6 +11,7 @@ from assay.kernel.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from assay.bus.embedded import EmbeddedBus, EmbeddedSource
+    from assay.bus.headers import ORIGINAL_HEADERS, BadOriginalHeaders, original_headers
     from assay.bus.kafka import (
         KafkaSource,
         KafkaTransport,
@@ -47,6 +48,7 @@ else:
         __name__,
         {
             "assay.bus.embedded": ["EmbeddedBus", "EmbeddedSource"],
+            "assay.bus.headers": ["ORIGINAL_HEADERS", "BadOriginalHeaders", "original_headers"],
             "assay.bus.partitioner": ["murmur2", "partition_for"],
             "assay.bus.relay": ["FileLock", "OutboxRelay"],
             "assay.bus.topics": [
@@ -77,6 +79,7 @@ else:
                 "PublishFailed",
                 "TopicMismatch",
                 "ensure_topics",
+                "original_headers",
             ],
         },
     )
@@ -86,6 +89,7 @@ __all__ = [
     "DECISIONS",
     "EPISODES",
     "GRADED",
+    "ORIGINAL_HEADERS",
     "RESULTS",
     "RUNS",
     "RUN_COMMANDS",
@@ -95,6 +99,7 @@ __all__ = [
     "USAGE",
     "VERIFIED",
     "WORKFLOWS",
+    "BadOriginalHeaders",
     "BusMessage",
     "EmbeddedBus",
     "EmbeddedSource",
@@ -114,6 +119,7 @@ __all__ = [
     "dlq",
     "ensure_topics",
     "murmur2",
+    "original_headers",
     "partition_for",
     "producer_entry",
     "topic_for",

@@ -1,12 +1,15 @@
 """`assay schemas DIR`: the wire contracts as JSON Schema files plus an AsyncAPI document.
 
-Generated from the pydantic models, so field descriptions are the documentation.
-A test regenerates them and fails on any drift from the committed copies.
+Generated from the pydantic models, so field descriptions are the documentation;
+the AsyncAPI document is FastStream's, from one application per installed stage
+(`assay.bus.asyncapi`). A test regenerates them and fails on any drift from the
+committed copies.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from importlib.metadata import entry_points
 from importlib.resources import files
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from assay.bus.topics import TOPICS, dlq
+from assay.bus.asyncapi import document
 from assay.fleet.schemas import fleet_schemas
 from assay.kernel.errors import AssayError
 from assay.messages import (
@@ -25,7 +28,10 @@ from assay.messages import (
     Episode,
     ReducedEpisode,
 )
-from assay.runtime.embedded import STAGES
+from assay.runtime.bootstrap import stage_deps
+from assay.runtime.embedded import STAGES, discover_stages
+from assay.runtime.settings import AssaySettings
+from assay.store.fs_blobs import FsBlobStore
 
 
 def render() -> dict[str, str]:
@@ -47,33 +53,7 @@ def render() -> dict[str, str]:
         put(f"{name}.v{model.version}.schema.json", model.model_json_schema())
     for name, schema in fleet_schemas().items():  # files, not messages (DESIGN §16)
         put(name, schema)
-    channels: dict[str, Any] = {}
-    for topic in TOPICS.values():
-        channels[topic.name] = {
-            "description": f"Key: {topic.key_doc}. Partitioned with Kafka's murmur2.",
-            "messages": {
-                m.type: {"$ref": f"./{m.type}.v{m.version}.schema.json"} for m in topic.carries
-            },
-        }
-    for stage in STAGES:
-        channels[dlq(stage)] = {
-            "description": (
-                "The original bytes, key and headers of input the stage refused, plus headers "
-                "assay-dlq-reason, assay-dlq-stage and assay-dlq-source (topic/partition/offset)."
-            )
-        }
-    doc = {
-        "asyncapi": "3.0.0",
-        "info": {
-            "title": "Assay",
-            "version": "1",
-            "description": (
-                "Every message body is an Envelope (Envelope.schema.json) whose payload is the "
-                "message named by `type` at `schema_version`. Kafka headers mirror the envelope."
-            ),
-        },
-        "channels": channels,
-    }
+    doc = document(stage_handlers())
     files["asyncapi.yaml"] = yaml.safe_dump(doc, sort_keys=True, width=100)
     for name, example in examples().items():
         files[f"examples/{name}.json"] = json.dumps(example, indent=2, sort_keys=True) + "\n"
@@ -81,6 +61,19 @@ def render() -> dict[str, str]:
     for ep in entry_points(group="assay.schemas"):
         files[ep.name] = ep.load()()
     return files
+
+
+def stage_handlers() -> dict[str, dict[str, dict[str, object]]]:
+    """Each installed stage's `StageSpec.handlers`, in pipeline order (built with the
+    default dependencies; nothing is opened or run)."""
+    factories = discover_stages()
+    with tempfile.TemporaryDirectory() as tmp:
+        deps = stage_deps(AssaySettings(), FsBlobStore(tmp)).deps
+        return {
+            s: {t: dict(h) for t, h in factories[s](deps).handlers.items()}
+            for s in STAGES
+            if s in factories
+        }
 
 
 def examples() -> dict[str, dict[str, Any]]:
