@@ -79,7 +79,6 @@ else:
                 "PublishFailed",
                 "TopicMismatch",
                 "ensure_topics",
-                "original_headers",
             ],
         },
     )
