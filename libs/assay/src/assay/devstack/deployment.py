@@ -5,6 +5,7 @@ and the pipeline benchmark."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -206,103 +207,60 @@ async def deploy(
             given `database`, `assay_<stage>`.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    broker = await asyncio.to_thread(start_tansu, workdir / "kafka")
-    try:
-        d = await _provision(
-            workdir, broker, postgres, s3, partitions, database, bucket, detached, extra_env, roles
+    async with contextlib.AsyncExitStack() as undo:  # a deployment that never came up
+        broker = await asyncio.to_thread(start_tansu, workdir / "kafka")  # leaves nothing
+        undo.callback(broker.stop)
+        owned: tuple[str, str] | None = None
+        owned_roles = False
+        if database is None:
+            name = f"e2e_{uuid.uuid4().hex[:10]}"
+            if roles is None:  # dropped last: once the database they own things in is gone
+                roles, owned_roles = {s: f"assay_{name}_{s}" for s in STAGES}, True
+                undo.push_async_callback(drop_roles, postgres.address, list(roles.values()))
+            admin = await create_database(postgres.address, name)
+            owned = (postgres.address, name)
+            undo.push_async_callback(drop_database, *owned)
+        else:
+            admin = await ensure_database(postgres.address, database)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
+        env.update(extra_env or {})
+        env.update(
+            {
+                "ASSAY_KAFKA_BOOTSTRAP": broker.address,
+                "ASSAY_S3_ENDPOINT": s3.address,
+                "ASSAY_S3_BUCKET": bucket or f"e2e-{uuid.uuid4().hex[:10]}",
+                "ASSAY_S3_ACCESS_KEY_ID": s3.details["access_key_id"],
+                "ASSAY_S3_SECRET_ACCESS_KEY": s3.details["secret_access_key"],
+                "ASSAY_S3_REGION": s3.details.get("region", "us-east-1"),
+                "ASSAY_PARTITIONS": str(partitions),
+                "ASSAY_LOG_LEVEL": "WARNING",
+            }
         )
-    except BaseException:
-        broker.stop()  # a deployment that never came up leaves no broker behind
-        raise
+        from assay.runtime.distributed import create_topics
+
+        await create_topics(AssaySettings.from_env(env))
+        named = {s: (roles or {}).get(s) or stage_role(s) for s in STAGES}
+        dsns = {
+            s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=named[s])
+            for s in STAGES
+        }
+        d = Deployment(
+            workdir,
+            broker,
+            admin,
+            env,
+            dsns,
+            detached=detached,
+            owned_database=owned,
+            roles=named,
+            owned_roles=owned_roles,
+        )
+        undo.pop_all()  # from here the deployment's own stop undoes it all
     try:
         for stage in stages:
             d.start(stage)
         await asyncio.to_thread(d.wait_healthy)
     except BaseException:
-        await asyncio.to_thread(d.stop)  # ... nor stages, nor its database
+        await asyncio.to_thread(d.stop)
         raise
     return d
-
-
-async def _provision(
-    workdir: Path,
-    broker: Service,
-    postgres: Service,
-    s3: Service,
-    partitions: int,
-    database: str | None,
-    bucket: str | None,
-    detached: bool,
-    extra_env: dict[str, str] | None,
-    roles: Mapping[str, str] | None,
-) -> Deployment:
-    """The database, roles, topics and environment of a deployment (see `deploy`)."""
-    owned: tuple[str, str] | None = None
-    owned_roles = False
-    if database is None:
-        name = f"e2e_{uuid.uuid4().hex[:10]}"
-        admin = await create_database(postgres.address, name)
-        owned = (postgres.address, name)
-        if roles is None:
-            roles, owned_roles = {s: f"assay_{name}_{s}" for s in STAGES}, True
-    else:
-        admin = await ensure_database(postgres.address, database)
-    try:
-        return await _configure(
-            workdir, broker, admin, s3, partitions, bucket, detached, extra_env, roles, owned,
-            owned_roles,
-        )  # fmt: skip
-    except BaseException:
-        if owned is not None:
-            await drop_database(*owned)
-            if owned_roles and roles:
-                await drop_roles(owned[0], list(roles.values()))
-        raise
-
-
-async def _configure(
-    workdir: Path,
-    broker: Service,
-    admin: str,
-    s3: Service,
-    partitions: int,
-    bucket: str | None,
-    detached: bool,
-    extra_env: dict[str, str] | None,
-    roles: Mapping[str, str] | None,
-    owned: tuple[str, str] | None,
-    owned_roles: bool,
-) -> Deployment:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
-    env.update(extra_env or {})
-    env.update(
-        {
-            "ASSAY_KAFKA_BOOTSTRAP": broker.address,
-            "ASSAY_S3_ENDPOINT": s3.address,
-            "ASSAY_S3_BUCKET": bucket or f"e2e-{uuid.uuid4().hex[:10]}",
-            "ASSAY_S3_ACCESS_KEY_ID": s3.details["access_key_id"],
-            "ASSAY_S3_SECRET_ACCESS_KEY": s3.details["secret_access_key"],
-            "ASSAY_S3_REGION": s3.details.get("region", "us-east-1"),
-            "ASSAY_PARTITIONS": str(partitions),
-            "ASSAY_LOG_LEVEL": "WARNING",
-        }
-    )
-    from assay.runtime.distributed import create_topics
-
-    await create_topics(AssaySettings.from_env(env))
-    named = {s: (roles or {}).get(s) or stage_role(s) for s in STAGES}
-    dsns = {
-        s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=named[s])
-        for s in STAGES
-    }
-    return Deployment(
-        workdir,
-        broker,
-        admin,
-        env,
-        dsns,
-        detached=detached,
-        owned_database=owned,
-        roles=named,
-        owned_roles=owned_roles,
-    )
