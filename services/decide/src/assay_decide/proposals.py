@@ -35,7 +35,7 @@ from assay.workflow import WorkflowDef, WorkflowInvalid, validate
 from assay_decide.deciding import DecideUnitOfWork, Deciding
 from assay_decide.entry import shadow_refusal
 from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
-from assay_decide.state import Known, OpenProposal, ProposalRecord
+from assay_decide.state import Allocation, Known, OpenProposal, ProposalRecord
 from assay_decide.workflow import Workflow
 
 
@@ -66,12 +66,7 @@ async def on_review_proposal(msg: ReviewProposal, uow: DecideUnitOfWork) -> None
         return  # a repeated review
     alloc = await w.allocation()
     assert alloc is not None  # a proposal is only ever made for a workflow decide holds
-    if msg.approve and alloc.challenger:
-        raise Refused(
-            f"workflow {msg.workflow_id!r} has challenger {alloc.challenger} on "
-            f"{alloc.rung.value if alloc.rung else 'the ladder'}; approve proposal "
-            f"{msg.proposal_id} once its time ends"
-        )
+    _refuse_approval_beside_challenger(msg, alloc)
     reason = msg.reason or ("approved" if msg.approve else "rejected")
     w.record(
         ProposalReviewed(
@@ -95,6 +90,20 @@ async def on_review_proposal(msg: ReviewProposal, uow: DecideUnitOfWork) -> None
         doc.failures,
         replacing=True,
     )
+
+
+def _refuse_approval_beside_challenger(msg: ReviewProposal, alloc: Allocation) -> None:
+    """One challenger at a time: a proposal is approved once the live one's time ends.
+
+    Raises:
+        Refused: the review approves and the workflow has a challenger.
+    """
+    if msg.approve and alloc.challenger:
+        raise Refused(
+            f"workflow {msg.workflow_id!r} has challenger {alloc.challenger} on "
+            f"{alloc.rung.value if alloc.rung else 'the ladder'}; approve proposal "
+            f"{msg.proposal_id} once its time ends"
+        )
 
 
 def _under_review(

@@ -83,11 +83,7 @@ async def on_workflow_registered(msg: WorkflowRegistered, uow: DecideUnitOfWork)
         return
     if await uow.get(Known, wf.version) is not None:
         return  # a re-registration of a version decide holds, held or turned away
-    if alloc.challenger:
-        raise Refused(
-            f"workflow {wf.id!r} already has challenger {alloc.challenger}; "
-            "at most one challenger at a time"
-        )
+    _refuse_second_challenger(wf, alloc)
     refusal = shadow_refusal(wf, deps)
     if refusal is not None:  # §12.3: shadow's entry criteria, checked before any replay
         _turn_away(w, wf, refusal)
@@ -101,6 +97,19 @@ async def on_workflow_registered(msg: WorkflowRegistered, uow: DecideUnitOfWork)
         shadow_rate=deps.shadow_rate,
         definitions={**alloc.definitions, wf.version: definition},
     )
+
+
+def _refuse_second_challenger(wf: WorkflowDef, alloc: Allocation) -> None:
+    """One challenger at a time.
+
+    Raises:
+        Refused: the workflow already has a challenger.
+    """
+    if alloc.challenger:
+        raise Refused(
+            f"workflow {wf.id!r} already has challenger {alloc.challenger}; "
+            "at most one challenger at a time"
+        )
 
 
 async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> None:
