@@ -209,3 +209,26 @@ async def test_a_released_view_drops_the_fence_of_what_is_pending(
     assert batch.fence is None
     assert len(batch.outbox) == 1
     assert len(batch.records) == 1
+
+
+# -- what happens once a commit lands -------------------------------------------------------
+
+
+async def test_on_landed_runs_after_the_commit_and_never_for_dropped_writes(
+    log: SqliteEventLog, tmp_path: Path
+) -> None:
+    """A count kept outside the transaction counts a handler run again after a failure
+    once: a dropped attempt's hooks go with its writes."""
+    done: list[str] = []
+    first = unit(log, tmp_path)
+    first.record(BranchKey.main(TENANT, "s"), Counted(name="a", n=1))
+    first.on_landed(lambda: done.append("first"))
+    first.discard()  # the handler failed: it runs again on a new unit of work
+    again = unit(log, tmp_path)
+    again.record(BranchKey.main(TENANT, "s"), Counted(name="a", n=1))
+    again.on_landed(lambda: done.append("again"))
+    assert done == []
+    await again.commit()
+    assert done == ["again"]
+    await again.commit()  # nothing more pending: the hook does not run twice
+    assert done == ["again"]

@@ -25,7 +25,9 @@ from assay.messages import (
     RunResult,
     RunSpawned,
     RunStatusChanged,
+    message_id,
     open_envelope,
+    seal,
 )
 from assay.record import StateKey
 from assay.runtime import StageDeps, UnitOfWork
@@ -40,6 +42,7 @@ from services.ingest.tests.test_ingest_consumer import (
     arith,
     decoded,
     envelope_bytes,
+    ir,
     open_harness,
     task,
 )
@@ -228,3 +231,27 @@ async def test_runs_in_flight_do_not_refuse_a_registration(
     stored = await h.log.get(StateKey(TENANT, "workflow", again.id))
     assert stored is not None
     assert stored["latest"] == again.version
+
+
+def _uow(h: Harness, tmp_path: Path) -> UnitOfWork[Any]:
+    env = seal(task("t-x"), tenant=TENANT, key="t-x", id=message_id("t", "t-x"), causation=None)
+    return UnitOfWork("ingest", h.log, FsBlobStore(tmp_path / "blobs"), env)
+
+
+async def test_a_refusal_is_counted_only_when_its_commit_lands(
+    h: Harness, admission: Admission, tmp_path: Path
+) -> None:
+    """A handler run again after a failed commit refuses the same run again; the gauge
+    counts the refusal once, from the attempt whose writes were committed."""
+    wf = ir(arith(resources=RESOURCES))
+    for n in range(3):  # three runs fill the device beside the weights
+        assert admission.admit(f"held-{n}", wf, _uow(h, tmp_path)) is None
+    dropped = _uow(h, tmp_path)
+    assert admission.admit("fourth", wf, dropped) is not None
+    dropped.discard()  # the handler failed: its writes and its count go together
+    assert admission.refused == {}
+    landed = _uow(h, tmp_path)
+    assert admission.admit("fourth", wf, landed) is not None
+    assert admission.refused == {}  # nothing counts before the commit
+    await landed.commit()
+    assert admission.refused == {"capacity_vram_bytes_per_device": 1}

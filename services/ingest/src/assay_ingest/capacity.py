@@ -34,13 +34,14 @@ def admit_by_capacity(
 ) -> tuple[Route, tuple[CutRun, ...]]:
     """The runs of `plan` that fit (held until they stop executing, or until `uow` is
     discarded without spawning them), and those refused."""
-    route, cut = _admit(admission, plan, definitions, run_id_of)
+    route, cut = _admit(uow, admission, plan, definitions, run_id_of)
     for planned in route.runs:
         uow.on_discard(functools.partial(admission.release, str(run_id_of(planned))))
     return route, cut
 
 
 def _admit(
+    uow: UnitOfWork[Any],
     admission: Admission,
     plan: Route,
     definitions: dict[str, Any],
@@ -51,7 +52,7 @@ def _admit(
     for planned in plan.runs:
         run_id = run_id_of(planned)
         definition = WorkflowDef.model_validate(definitions[planned.version])
-        why = admission.admit(str(run_id), definition)
+        why = admission.admit(str(run_id), definition, uow)
         if why is None:
             kept.append(planned)
             continue

@@ -330,7 +330,7 @@ def _refused(uow: IngestUnitOfWork, group: RolloutGroup, pinned: StoredDefinitio
     """Hold the next sibling's demand against the declared capacity (§14.2; let go if `uow`
     is discarded); why not, if it does not fit beside the runs in flight."""
     admission, run = uow.deps.admission, str(group.next_run_id)
-    why = admission.admit(run, pinned.workflow)
+    why = admission.admit(run, pinned.workflow, uow)
     if why is None:
         uow.on_discard(functools.partial(admission.release, run))
     return why

@@ -137,7 +137,7 @@ async def _spawn(
     admitted = await metered(uow, deps.replay, fits, alloc.definitions, run_id_of)
     for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
         deps.admission.release(str(gone.run_id))
-    deps.admission.count_budget_cuts(len(admitted.cut))
+    deps.admission.count_budget_cuts(len(admitted.cut), uow)
     refs = []
     for planned in admitted.plan.runs:
         ref = _run_ref(msg, alloc, task_id, admitted.plan, planned, run_id_of(planned), split)

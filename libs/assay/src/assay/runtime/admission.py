@@ -16,6 +16,7 @@ admitted before it are no longer held.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from assay.runtime.capacity_plan import CapacityPlan
 from assay.workflow.ir import WorkflowDef
 
 if TYPE_CHECKING:
-    from assay.runtime.stage import Gauge
+    from assay.runtime.stage import Gauge, UnitOfWork
 
 __all__ = ["Admission", "CapacityRefused"]
 
@@ -113,9 +114,10 @@ class Admission:
         with contextlib.suppress(CapacityExceeded):
             self.ledger.make_resident(*models)
 
-    def admit(self, run: str, wf: WorkflowDef) -> str | None:
+    def admit(self, run: str, wf: WorkflowDef, uow: UnitOfWork[Any]) -> str | None:
         """Hold one run of `wf` under `run`'s id if it fits; why not, if it does not (the
-        refusal is counted). A run already held is admitted again without holding twice."""
+        refusal is counted once `uow` commits it). A run already held is admitted again
+        without holding twice."""
         demand = self.demand(wf)
         if self.ledger is None or demand is None:
             return None
@@ -125,17 +127,21 @@ class Admission:
             refusal = CapacityExceeded("model", str(exc))
         if refusal is None:
             return None
-        self.refused[f"capacity_{refusal.limit}"] += 1
+        uow.on_landed(functools.partial(self._count, f"capacity_{refusal.limit}", 1))
         return (
             f"capacity: a run of {wf.id!r} needs {demand.concurrent_calls} call(s) of "
             f"{demand.context_tokens} tokens on {demand.model!r} and does not fit beside the "
             f"{self.ledger.held} run(s) in flight: {refusal}"
         )
 
-    def count_budget_cuts(self, cuts: int) -> None:
-        """Count runs the replay budget cut at admission, beside the capacity refusals."""
+    def count_budget_cuts(self, cuts: int, uow: UnitOfWork[Any]) -> None:
+        """Count runs the replay budget cut at admission, beside the capacity refusals,
+        once `uow` commits them."""
         if cuts:
-            self.refused["replay_budget"] += cuts
+            uow.on_landed(functools.partial(self._count, "replay_budget", cuts))
+
+    def _count(self, reason: str, n: int) -> None:
+        self.refused[reason] += n
 
     def release(self, run: str) -> None:
         """Let go of what `run` was admitted with."""

@@ -195,6 +195,9 @@ class _Pending:
     committed: int = 0
     undo: list[Callable[[], None]] = field(default_factory=list)
     """What to undo if the pending writes are dropped (`UnitOfWork.on_discard`)."""
+    then: list[Callable[[], None]] = field(default_factory=list)
+    """What to do once the pending writes are committed (`UnitOfWork.on_landed`)."""
+    taken_then: list[Callable[[], None]] = field(default_factory=list)
 
 
 class UnitOfWork(Generic[D]):
@@ -244,11 +247,14 @@ class UnitOfWork(Generic[D]):
     def landed(self) -> None:
         """The batch the last `take()` handed over is committed: count what it emitted
         (the §15 signals derive from committed messages only)."""
-        taken = self._pending.taken
+        taken, then = self._pending.taken, self._pending.taken_then
+        self._pending.taken_then = []
         self.emitted.update(m.type for m in taken)
         if self._signals is not None and taken:
             now = datetime.now(UTC)
             self._signals.landed(self.stage, taken, self.envelope.occurred_at, now)
+        for step in then:
+            step()
 
     @property
     def committed(self) -> int:
@@ -319,6 +325,12 @@ class UnitOfWork(Generic[D]):
         failed): what the handler did outside the transaction, such as holding capacity
         for runs it was about to spawn, is undone with them."""
         self._pending.undo.append(undo)
+
+    def on_landed(self, then: Callable[[], None]) -> None:
+        """Call `then` once the pending writes are committed, and never if they are
+        dropped: a count kept outside the transaction (a refusal, say) then counts a
+        redelivered message once."""
+        self._pending.then.append(then)
 
     def emit_raw(self, entry: OutboxEntry) -> None:
         """Enqueue an already-encoded entry (dead letters)."""
@@ -401,9 +413,9 @@ class UnitOfWork(Generic[D]):
         batch = CommitBatch(
             records=p.records, outbox=p.outbox, fence=p.fence, expect=p.expect, **final
         )
-        p.taken = p.messages
+        p.taken, p.taken_then = p.messages, p.then
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
-        p.undo = []
+        p.undo, p.then = [], []
         return batch
 
     def discard(self) -> None:
@@ -411,7 +423,7 @@ class UnitOfWork(Generic[D]):
         what was registered with `on_discard` since the last commit."""
         p = self._pending
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
-        undo, p.undo = p.undo, []
+        undo, p.undo, p.then = p.undo, [], []
         for step in reversed(undo):
             step()
 
