@@ -152,3 +152,51 @@ def test_down_signals_only_the_processes_up_started(processes: Processes, tmp_pa
         assert bystander.poll() is None
         assert pending_signals(bystander.pid) == 0, "down signalled a process it did not start"
     assert not (tmp_path / "stack.json").exists()
+
+
+def _fake_proc(root: Path, pid: int, flags: int) -> Path:
+    """A `/proc` with one process of `flags` (stat field 9) and no command line yet."""
+    proc = root / str(pid)
+    proc.mkdir(parents=True)
+    # fields 3.. : state, ppid, pgrp, session, tty, tpgid, flags, ..., starttime (22)
+    after = ["S", "1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + ["4242"] + ["0"] * 10
+    (proc / "stat").write_text(f"{pid} (sle ep) " + " ".join(after) + "\n")
+    (proc / "cmdline").write_bytes(b"")
+    boot = root / "sys/kernel/random"
+    boot.mkdir(parents=True)
+    (boot / "boot_id").write_text("b00t\n")
+    return proc
+
+
+def test_a_process_caught_mid_exec_is_identified_with_its_new_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after `Popen` returns, the child may still be inside `execve` with no
+    arguments mapped: identifying it then must not record an empty command line, which
+    `assay down` would later find changed and so never stop the process."""
+    import threading
+
+    from assay.devstack import processes as module
+
+    proc = _fake_proc(tmp_path, 77, flags=0x400000)
+    monkeypatch.setattr(module, "_PROC", tmp_path)
+    monkeypatch.setattr(module, "_BOOT_ID", tmp_path / "sys/kernel/random/boot_id")
+    exec_done = threading.Timer(0.05, (proc / "cmdline").write_bytes, [b"sleep\x00300\x00"])
+    exec_done.start()
+    try:
+        found = identify(77, exec_wait_s=30)
+    finally:
+        exec_done.join()
+    assert found == ProcessIdentity(77, 4242, ("sleep", "300"), "b00t")
+
+
+def test_a_kernel_thread_has_no_command_line_and_is_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from assay.devstack import processes as module
+
+    _fake_proc(tmp_path, 2, flags=0x00200000)
+    monkeypatch.setattr(module, "_PROC", tmp_path)
+    monkeypatch.setattr(module, "_BOOT_ID", tmp_path / "sys/kernel/random/boot_id")
+    found = identify(2, exec_wait_s=60)  # the test's timeout fails it if this waits
+    assert found == ProcessIdentity(2, 4242, (), "b00t")

@@ -24,6 +24,8 @@ from assay.kernel.errors import AssayError
 
 _PROC = Path("/proc")
 _BOOT_ID = _PROC / "sys/kernel/random/boot_id"
+_PF_KTHREAD = 0x00200000
+"""`/proc/<pid>/stat` field 9 (flags): the process is a kernel thread."""
 
 
 class IdentityInvalid(AssayError):
@@ -78,19 +80,31 @@ class ProcessIdentity:
         return f"pid {self.pid} ({' '.join(self.cmdline) or '?'})"
 
 
-def identify(pid: int) -> ProcessIdentity | None:
+def identify(pid: int, exec_wait_s: float = 1.0) -> ProcessIdentity | None:
     """The identity of the live process `pid` now is; None when there is none (no such
-    process, one that has exited and awaits its parent, or no `/proc` to read)."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-        cmdline = (_PROC / str(pid) / "cmdline").read_bytes()
-        boot_id = _BOOT_ID.read_text().strip()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces or parentheses.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):  # exited: a zombie or dead
-        return None
+    process, one that has exited and awaits its parent, or no `/proc` to read).
+
+    A process in the middle of `execve` reads with no command line for a moment (the
+    new image's arguments are not mapped yet) although `Popen` has already returned: up
+    to `exec_wait_s` is given for them to appear, so that what `assay up` records is the
+    command line `assay down` will later read. Kernel threads never have one.
+    """
+    deadline = time.monotonic() + exec_wait_s
+    while True:
+        try:
+            stat = (_PROC / str(pid) / "stat").read_text()
+            cmdline = (_PROC / str(pid) / "cmdline").read_bytes()
+            boot_id = _BOOT_ID.read_text().strip()
+        except OSError:
+            return None
+        # The command name (field 2) is in parentheses and may hold spaces or parentheses.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] in ("Z", "X"):  # exited: a zombie or dead
+            return None
+        kernel_thread = int(fields[6]) & _PF_KTHREAD
+        if cmdline or kernel_thread or time.monotonic() >= deadline:
+            break
+        time.sleep(0.001)
     args = tuple(a.decode(errors="replace") for a in cmdline.split(b"\0")[:-1])
     return ProcessIdentity(pid, int(fields[19]), args, boot_id)
 
