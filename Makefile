@@ -57,11 +57,16 @@ chromium:  ## install Debian's chromium when missing; fail when it cannot be
 	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
 	@test -x "$(CHROMIUM)" || { echo "chromium is missing and could not be installed" >&2; exit 1; }
 
+# Two pytest workers, a test file each at a time (a file's module fixtures, such as a
+# shared deployment, are set up once); `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+
 test: bytecode chromium  ## the whole suite
-	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest
+	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest $(XDIST)
 
 test-fast: bytecode  ## the inner loop: every test not marked slow (no end-to-end, crash or fault tests)
-	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest -m "not slow" -q
+	TMPDIR=$(TEST_TMPDIR) $(VENV)/bin/pytest -m "not slow" -q $(XDIST)
 
 lint: sync  ## ruff, mypy --strict, import-linter layer contracts, the docs site's strict build
 	$(VENV)/bin/ruff check .
