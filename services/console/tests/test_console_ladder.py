@@ -6,18 +6,23 @@ rollbacks, rejections and proposals — tenant-scoped, with hostile names escape
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from assay.grading.sprt import SprtPolicy
+from assay.grading.sprt import SprtPolicy, llr
+from assay.kernel.scores import WinRecord
 from assay.store.sqlite import SqliteEventLog
 from assay_console.access import Access
 from assay_console.app import create_app
+from assay_console.charts import sprt_chart
+from assay_console.ladder import EvidenceSeen
 from assay_console.reads import ConsoleReads, SqliteRunsTable
 from assay_console.stage import CONSOLE_EVENTS, RUNS_TABLE, fold_console
+from assay_console.workflows import sprt_path
 from services.console.tests.console_seed import HOSTILE, TENANT_A, TENANT_B
 from services.console.tests.ladder_seed import (
     HELD_OUT_STRENGTH,
@@ -216,3 +221,42 @@ async def test_the_pages_draw_the_path_and_the_forest(client: httpx.AsyncClient)
     assert page.count('class="step"') == len(expected_path(SprtPolicy())) + 1  # v2's and v3's
     tourney = (await client.get(url(TOURNEY, api=False), headers=A)).text
     assert tourney.count('class="strength"') == 2
+
+
+def evidence(wins: int, policy: SprtPolicy) -> EvidenceSeen:
+    """A challenger's evidence after `wins` judge wins, under `policy`."""
+    return EvidenceSeen(
+        at=datetime(2026, 6, 1, tzinfo=UTC) + timedelta(minutes=wins),
+        workflow_version=V["v2"],
+        baseline_version=V["v1"],
+        record=WinRecord(judge_wins=wins),
+        runs=wins,
+        passes=wins,
+        baseline_runs=0,
+        baseline_passes=0,
+        strength=None,
+        held_out=None,
+        order_checked=0,
+        order_inconsistent=0,
+        llr=llr(wins, 0, policy),
+        policy=policy,
+        upper=policy.upper,
+        lower=policy.lower,
+    )
+
+
+async def test_points_under_an_earlier_policy_are_drawn_apart() -> None:
+    old, new = SprtPolicy(p1=0.8), SprtPolicy()
+    path = sprt_path([evidence(1, old), evidence(2, old), evidence(2, new), evidence(3, new)])
+    assert [(p.comparisons, p.policy_changed) for p in path.points] == [
+        (0, True),
+        (1, True),
+        (2, False),  # republished under the new policy: the newest stands
+        (3, False),
+    ]
+    assert (path.upper, path.p1) == (new.upper, new.p1)
+    chart = sprt_chart(path)
+    assert len(chart.earlier.split()) == 3  # the origin to the first point under `new`
+    assert len(chart.path.split()) == 2
+    assert chart.crossing is None
+    assert chart.lower_y > chart.zero_y > chart.upper_y  # the ratio grows upwards
