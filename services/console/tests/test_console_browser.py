@@ -304,3 +304,14 @@ def test_another_tenants_workflow_is_not_reachable_by_url(page: Page, served: st
     response = page.goto(f"{served}workflows/arith?tenant={TENANT_A}")
     assert response is not None
     assert response.status == 404
+
+
+def test_a_live_challengers_ladder_refreshes_itself(page_a: Page, served: str) -> None:
+    page_a.goto(f"{served}workflows/{TOURNEY.replace('/', '%2F')}")
+    # Waits for the poll to land (a locator assertion: the page's CSP forbids eval).
+    expect(page_a.locator("#ladder")).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"))
+    assert page_a.locator("#updated").inner_text().endswith("UTC")
+    assert page_a.locator("svg.forest g.strength").count() == 2
+    assert page_a.evaluate("window.__pwned") is None
+    page_a.goto(f"{served}workflows/arith")  # no live challenger: nothing to refresh
+    assert page_a.locator("#ladder").get_attribute("data-poll") is None

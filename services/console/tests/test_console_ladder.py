@@ -211,6 +211,10 @@ async def test_hostile_names_and_reasons_are_escaped(client: httpx.AsyncClient) 
     assert quote(TOURNEY, safe="") in listed.text  # the link carries the name, encoded
     detail = await client.get(url("arith", api=False), headers=A)
     assert "no: &lt;script&gt;" in detail.text
+    polled = await client.get(url("arith", api=False), headers=A | {"x-console-poll": "1"})
+    assert "no: &lt;script&gt;" in polled.text  # the live fragment is escaped alike
+    assert "<script>window" not in polled.text
+    assert "<html" not in polled.text
     raw = (await client.get(url(TOURNEY), headers=A)).json()
     assert raw["workflow"]["workflow_id"] == TOURNEY
     assert HOSTILE in TOURNEY

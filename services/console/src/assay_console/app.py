@@ -226,7 +226,9 @@ def create_app(reads: ConsoleReads, access: Access) -> Starlette:
             for c in detail.challengers
         ]
         dag = dag_chart(detail.versions)
-        return render("workflow.html", d=detail, tenant=tenant, charts=charts, dag=dag)
+        polled = request.headers.get("x-console-poll")
+        template = "workflow_body.html" if polled else "workflow.html"
+        return render(template, d=detail, tenant=tenant, charts=charts, dag=dag)
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
