@@ -186,6 +186,20 @@ def ladder_messages() -> list[tuple[str, Versioned, TenantId]]:
             a,
         ),
         (DECISIONS, _alloc(a, "arith", 4, "v2"), a),
+        # A run still in flight at the promotion: evidence that moves nothing any more.
+        (
+            AGGREGATES,
+            _aggregate(
+                a,
+                "arith",
+                "v2",
+                "v1",
+                record=final.model_copy(update={"judge_losses": final.judge_losses + 1}),
+                runs=13,
+                passes=12,
+            ),
+            a,
+        ),
         (WORKFLOWS, WorkflowRegistered(tenant=a, definition=DEFS["v3"]), a),
         (DECISIONS, _alloc(a, "arith", 5, "v2", "v3", Rung.SHADOW), a),
         (
@@ -212,6 +226,11 @@ def ladder_messages() -> list[tuple[str, Versioned, TenantId]]:
             a,
         ),
         (DECISIONS, _alloc(a, "arith", 6, "v2"), a),
+        (
+            AGGREGATES,
+            _aggregate(a, "arith", "v3", "v2", record=WinRecord(capped=2), runs=2, passes=2),
+            a,
+        ),
         (
             DECISIONS,
             ProposalRequested(

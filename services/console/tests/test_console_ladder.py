@@ -118,6 +118,17 @@ async def test_the_sequential_tests_path_between_its_boundaries(
     assert (v2["live"], v2["outcome"]) == (False, "promoted")
 
 
+async def test_an_ended_challengers_evidence_stops_at_its_decision(
+    client: httpx.AsyncClient,
+) -> None:
+    d = (await client.get(url("arith"), headers=A)).json()
+    v2, v3 = d["challengers"]
+    assert v2["sprt"]["points"][-1]["comparisons"] == len(expected_path(SprtPolicy())) - 1
+    assert v2["sprt"]["points"][-1]["llr"] == pytest.approx(d["decisions"][0]["llr"])
+    assert v2["runs"] == 12  # not the 13th run, graded after the promotion
+    assert v3["record"]["capped"] == 1
+
+
 async def test_wins_losses_draws_judge_and_verifier_apart(client: httpx.AsyncClient) -> None:
     d = (await client.get(url("arith"), headers=A)).json()
     v2 = next(c for c in d["challengers"] if c["version"] == V["v2"])

@@ -117,7 +117,12 @@ class Challenger(BaseModel):
     version: str = Field(description="The challenger.")
     baseline: str = Field(description="The current version it is compared with.")
     live: bool = Field(description="It is the workflow's challenger now.")
-    outcome: str | None = Field(description="promoted, rejected or rolled_back; None: live.")
+    outcome: str | None = Field(
+        description=(
+            "promoted, rejected or rolled_back; None: live. An ended challenger's figures "
+            "and path stop at its decision."
+        )
+    )
     record: WinRecord = Field(description="Record on selection tasks (judge, verifier apart).")
     runs: int = Field(description="Graded runs on selection tasks.")
     passes: int = Field(description="Of which passed.")

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Literal
 
 from assay.kernel.ids import Lsn, TenantId
+from assay.kernel.scores import WinRecord
 from assay.messages import StrengthSummary
 from assay.record import LogRecord
 from assay.store.ports import EventLog
@@ -153,8 +154,20 @@ def strengths(e: EvidenceSeen) -> list[Strength]:
     return out
 
 
-def challenger_of(evidence: list[EvidenceSeen], live: bool, outcome: str | None) -> Challenger:
-    """A challenger's latest evidence, with the test's path over all of it."""
+def _within(record: WinRecord, bound: WinRecord) -> bool:
+    """Whether a cumulative record is at or before `bound` (no count past it)."""
+    mine, theirs = record.model_dump(), bound.model_dump()
+    return all(mine[k] <= theirs[k] for k in mine)
+
+
+def challenger_of(
+    evidence: list[EvidenceSeen], live: bool, decision: DecisionEntry | None
+) -> Challenger:
+    """A challenger's evidence up to its decision (the latest, while it is live), with
+    the test's path over it. Evidence published after the decision — its runs still in
+    flight when it ended — moved nothing, so neither the path nor the figures show it."""
+    if decision is not None:
+        evidence = [e for e in evidence if _within(e.record, decision.record)] or evidence[:1]
     e = evidence[-1]
     held = None
     gap = None
@@ -170,7 +183,7 @@ def challenger_of(evidence: list[EvidenceSeen], live: bool, outcome: str | None)
         version=e.workflow_version,
         baseline=e.baseline_version,
         live=live,
-        outcome=outcome,
+        outcome=decision.outcome if decision else None,
         record=e.record,
         runs=e.runs,
         passes=e.passes,
@@ -292,8 +305,9 @@ async def workflow_detail(
         node.proposal = entry.proposal_id
     for node in nodes.values():
         node.status = _status(node.version, row, ended, by_version)
+    decided = {d.version: d for d in decisions}
     challengers = [
-        challenger_of(evs, live=v == row.challenger, outcome=ended.get(v))
+        challenger_of(evs, live=v == row.challenger, decision=decided.get(v))
         for v, evs in evidence.items()
     ]
     return WorkflowDetail(
