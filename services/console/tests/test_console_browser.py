@@ -162,6 +162,9 @@ def test_a_run_page_shows_its_timeline_and_verdict(page: Page, served: str, shot
     assert page.locator("#timeline li").count() >= 3
     assert page.locator("#verdict tr").count() >= 2
     assert page.locator("#state").inner_text() == "graded"
+    page.click("#workflow-link")  # from a run to its workflow's ladder
+    page.wait_for_url("**/workflows/arith?**")
+    assert page.locator("#dag g.node").count() >= 2
 
 
 def test_another_tenants_run_is_not_reachable_by_url(page: Page, served: str) -> None:

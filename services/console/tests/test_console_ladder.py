@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
@@ -275,3 +275,11 @@ async def test_points_under_an_earlier_policy_are_drawn_apart() -> None:
     assert len(chart.path.split()) == 2
     assert chart.crossing is None
     assert chart.lower_y > chart.zero_y > chart.upper_y  # the ratio grows upwards
+
+
+async def test_each_version_links_to_its_runs(client: httpx.AsyncClient) -> None:
+    page = (await client.get(url(TOURNEY, api=False), headers=A)).text
+    query = urlencode({"tenant": str(TENANT_A), "workflow": TOURNEY, "version": V["t2"]})
+    assert f'href="/runs?{query.replace("&", "&amp;")}"' in page
+    runs = await client.get(f"/runs?{query}", headers=A)
+    assert runs.status_code == 200

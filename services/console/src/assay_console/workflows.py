@@ -216,105 +216,115 @@ def _status(
     return "registered"
 
 
+def _node(v: VersionSeen) -> VersionNode:
+    return VersionNode(
+        version=v.workflow_version,
+        parents=list(v.parents),
+        registered_at=v.at,
+        description=v.description,
+        grading=v.grading,
+        proposal=None,
+        status="registered",
+    )
+
+
+def _rung(a: AllocationSeen) -> RungEntry:
+    return RungEntry(
+        at=a.at,
+        generation=a.generation,
+        current=a.current,
+        challenger=a.challenger,
+        rung=a.rung.value if a.rung else None,
+        share=a.share,
+    )
+
+
+def _decision(d: DecisionSeen) -> DecisionEntry:
+    return DecisionEntry(
+        at=d.at,
+        version=d.workflow_version,
+        outcome=d.outcome,
+        reason=d.reason,
+        trigger=d.trigger,
+        rung=d.rung.value if d.rung else None,
+        llr=d.llr,
+        record=d.record,
+    )
+
+
+def _proposal(p: ProposalSeen, review: ReviewSeen | None) -> ProposalEntry:
+    status: Literal["pending", "approved", "rejected"] = "pending" if p.gated else "approved"
+    if review is not None:
+        status = "approved" if review.approve else "rejected"
+    return ProposalEntry(
+        proposal_id=p.proposal_id,
+        at=p.at,
+        version=p.workflow_version,
+        parent=p.parent,
+        after=p.after,
+        rationale=p.rationale,
+        proposer=p.proposer,
+        evidence=p.evidence,
+        status=status,
+        review=review.reason if review else None,
+    )
+
+
+def _proposed_node(p: ProposalEntry) -> VersionNode:
+    return VersionNode(
+        version=p.version,
+        parents=[p.parent],
+        registered_at=None,
+        description="",
+        grading=None,
+        proposal=p.proposal_id,
+        status="registered",
+    )
+
+
 async def workflow_detail(
     log: EventLog, tenant: TenantId, workflow_id: str
 ) -> WorkflowDetail | None:
-    """One workflow of the tenant; None when the tenant has no such workflow."""
+    """One workflow of the tenant; None when the tenant has no such workflow.
+
+    The console's stream interleaves topics, so nothing here relies on their order
+    across topics (a review may come before its proposal, evidence after a decision).
+    """
     doc = await log.get(WorkflowRow.at(tenant, workflow_id))
     if doc is None:
         return None
     row = WorkflowRow.model_validate(doc)
+    events = [r.event for r in await _records(log, tenant, workflow_id)]
     nodes: dict[str, VersionNode] = {}
-    rungs: list[RungEntry] = []
-    evidence: dict[str, list[EvidenceSeen]] = {}
-    decisions: list[DecisionEntry] = []
-    proposals: dict[str, ProposalEntry] = {}
-    reviews: dict[str, ReviewSeen] = {}
-    for record in await _records(log, tenant, workflow_id):
-        match record.event:
-            case VersionSeen() as v if v.workflow_version not in nodes:
-                nodes[v.workflow_version] = VersionNode(
-                    version=v.workflow_version,
-                    parents=list(v.parents),
-                    registered_at=v.at,
-                    description=v.description,
-                    grading=v.grading,
-                    proposal=None,
-                    status="registered",
-                )
-            case AllocationSeen() as a:
-                rungs.append(
-                    RungEntry(
-                        at=a.at,
-                        generation=a.generation,
-                        current=a.current,
-                        challenger=a.challenger,
-                        rung=a.rung.value if a.rung else None,
-                        share=a.share,
-                    )
-                )
-            case EvidenceSeen() as e:
-                evidence.setdefault(e.workflow_version, []).append(e)
-            case DecisionSeen() as d:
-                decisions.append(
-                    DecisionEntry(
-                        at=d.at,
-                        version=d.workflow_version,
-                        outcome=d.outcome,
-                        reason=d.reason,
-                        trigger=d.trigger,
-                        rung=d.rung.value if d.rung else None,
-                        llr=d.llr,
-                        record=d.record,
-                    )
-                )
-            case ProposalSeen() as p:
-                proposals[p.proposal_id] = ProposalEntry(
-                    proposal_id=p.proposal_id,
-                    at=p.at,
-                    version=p.workflow_version,
-                    parent=p.parent,
-                    after=p.after,
-                    rationale=p.rationale,
-                    proposer=p.proposer,
-                    evidence=p.evidence,
-                    status="pending" if p.gated else "approved",
-                    review=None,
-                )
-            case ReviewSeen() as r:  # may come before its proposal: another topic
-                reviews[r.proposal_id] = r
-    for proposal_id, review in reviews.items():
-        if proposal_id in proposals:
-            proposals[proposal_id].status = "approved" if review.approve else "rejected"
-            proposals[proposal_id].review = review.reason
+    for v in (e for e in events if isinstance(e, VersionSeen)):
+        nodes.setdefault(v.workflow_version, _node(v))
+    reviews = {e.proposal_id: e for e in events if isinstance(e, ReviewSeen)}
+    proposals = [
+        _proposal(e, reviews.get(e.proposal_id)) for e in events if isinstance(e, ProposalSeen)
+    ]
+    for p in proposals:  # a proposal not (yet) registered is a node too
+        nodes.setdefault(p.version, _proposed_node(p)).proposal = p.proposal_id
+    rungs = [_rung(e) for e in events if isinstance(e, AllocationSeen)]
+    decisions = sorted(
+        (_decision(e) for e in events if isinstance(e, DecisionSeen)), key=lambda d: d.at
+    )
     ended = {d.version: d.outcome for d in decisions}
     ended |= {r.current: "retired" for r in rungs if r.current != row.current}
-    by_version = {p.version: p for p in proposals.values()}
-    for entry in proposals.values():  # a proposal not (yet) registered is a node too
-        node = nodes.get(entry.version)
-        if node is None:
-            node = nodes[entry.version] = VersionNode(
-                version=entry.version,
-                parents=[entry.parent],
-                registered_at=None,
-                description="",
-                grading=None,
-                proposal=None,
-                status="registered",
-            )
-        node.proposal = entry.proposal_id
+    by_version = {p.version: p for p in proposals}
     for node in nodes.values():
         node.status = _status(node.version, row, ended, by_version)
+    evidence: dict[str, list[EvidenceSeen]] = {}
+    for e in (e for e in events if isinstance(e, EvidenceSeen)):
+        evidence.setdefault(e.workflow_version, []).append(e)
     decided = {d.version: d for d in decisions}
-    challengers = [
-        challenger_of(evs, live=v == row.challenger, decision=decided.get(v))
-        for v, evs in evidence.items()
-    ]
     return WorkflowDetail(
         workflow=summary_of(row),
         versions=list(nodes.values()),
         rungs=rungs,
-        challengers=challengers,
-        decisions=sorted(decisions, key=lambda d: d.at),
-        proposals=list(proposals.values()),
+        challengers=[
+            challenger_of(evs, live=v == row.challenger, decision=decided.get(v))
+            for v, evs in evidence.items()
+        ],
+        decisions=decisions,
+        proposals=proposals,
     )
