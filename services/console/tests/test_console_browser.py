@@ -1,6 +1,8 @@
 """The console in a real headless Chromium (Debian's, driven by Playwright): the demo's
 data renders, filters and paging keep their state in the URL, the list refreshes
-itself, another tenant's run is not reachable by URL, hostile strings show as text.
+itself, another tenant's run is not reachable by URL, hostile strings show as text;
+the ladder's pages draw the sequential test's path and the forest plot with the
+seeded numbers.
 
 One demo, one served data directory and one browser for the whole module.
 Screenshots are kept under pytest's temporary directory.
@@ -22,14 +24,23 @@ from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, FloatRect, Locator, Page, expect, sync_playwright
 
 from assay.cli.demo import DEMO_TENANT
-from services.console.tests.console_seed import HOSTILE, TENANT_B, run_ref, seed
+from assay.grading.sprt import SprtPolicy
+from services.console.tests.console_seed import HOSTILE, TENANT_A, TENANT_B, run_ref, seed
+from services.console.tests.ladder_seed import (
+    HELD_OUT_STRENGTH,
+    STRENGTH,
+    TOURNEY,
+    V,
+    expected_path,
+    seed_ladder,
+)
 
 ASSAY = str(Path(sys.executable).parent / "assay")
 CHROMIUM = os.environ.get("ASSAY_CHROMIUM", "/usr/bin/chromium")
-TOKENS = f"{DEMO_TENANT}=token-demo,{TENANT_B}=token-b"
+TOKENS = f"{DEMO_TENANT}=token-demo,{TENANT_A}=token-a,{TENANT_B}=token-b"
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +61,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Playwright's sync API may already run a loop on this thread: seed on another.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, seed(data, {DEMO_TENANT: 3, TENANT_B: 2})).result()
+        pool.submit(asyncio.run, seed_ladder(data)).result()
     return data
 
 
@@ -86,13 +98,23 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
 
 
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(extra_http_headers={"authorization": "Bearer token-demo"})
+def _tab(browser: Browser, token: str) -> Iterator[Page]:
+    context = browser.new_context(extra_http_headers={"authorization": f"Bearer {token}"})
     tab = context.new_page()
     tab.on("dialog", lambda d: pytest.fail(f"a script ran: dialog {d.message!r}"))
     yield tab
     context.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    yield from _tab(browser, "token-demo")
+
+
+@pytest.fixture
+def page_a(browser: Browser) -> Iterator[Page]:
+    """A tab of the tenant whose ladder was seeded."""
+    yield from _tab(browser, "token-a")
 
 
 def test_the_demo_renders_on_the_overview(page: Page, served: str, shots: Path) -> None:
@@ -140,6 +162,9 @@ def test_a_run_page_shows_its_timeline_and_verdict(page: Page, served: str, shot
     assert page.locator("#timeline li").count() >= 3
     assert page.locator("#verdict tr").count() >= 2
     assert page.locator("#state").inner_text() == "graded"
+    page.click("#workflow-link")  # from a run to its workflow's ladder
+    page.wait_for_url("**/workflows/arith?**")
+    assert page.locator("#dag g.node").count() >= 2
 
 
 def test_another_tenants_run_is_not_reachable_by_url(page: Page, served: str) -> None:
@@ -196,3 +221,100 @@ def test_the_cli_lists_what_the_api_lists(served: str, data_dir: Path) -> None:
     lines = table.stdout.splitlines()
     assert lines[0].split()[0] == "run_id"
     assert [line.split()[0] for line in lines[1:6]] == [r["run_id"] for r in api(limit="5")["runs"]]
+
+
+def box(locator: Locator) -> FloatRect:
+    """Where the browser drew an element."""
+    found = locator.bounding_box()
+    assert found is not None, locator
+    return found
+
+
+def middle(locator: Locator) -> float:
+    """The vertical middle of a drawn element."""
+    drawn = box(locator)
+    return drawn["y"] + drawn["height"] / 2
+
+
+def test_the_demos_workflow_shows_its_ladder(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}workflows?tenant={DEMO_TENANT}")
+    page.get_by_role("link", name="arith").click()
+    page.wait_for_url("**/workflows/arith?**")
+    page.screenshot(path=shots / "demo-workflow.png", full_page=True)
+    assert page.locator("#dag g.node").count() >= 2  # v1 and the challenger the demo registered
+    assert page.locator("#dag g.node[data-status=current]").count() == 1
+    assert page.locator("#rungs tr.rung").count() >= 2
+
+
+def test_the_sequential_tests_path_is_drawn(page_a: Page, served: str, shots: Path) -> None:
+    page_a.goto(f"{served}workflows/arith")
+    page_a.screenshot(path=shots / "ladder.png", full_page=True)
+    chart = page_a.locator(f"section[data-version='{V['v2']}'] svg.sprt")
+    policy = SprtPolicy()
+    assert float(chart.get_attribute("data-upper") or "nan") == pytest.approx(policy.upper)
+    assert float(chart.get_attribute("data-lower") or "nan") == pytest.approx(policy.lower)
+    steps = chart.locator("circle.step")
+    drawn = steps.evaluate_all(
+        "cs => cs.map(c => [Number(c.dataset.comparisons), Number(c.dataset.llr),"
+        " c.getBoundingClientRect().y])"
+    )
+    expected = expected_path(policy)
+    assert [n for n, _, _ in drawn] == [n for n, _ in expected]
+    assert [x for _, x, _ in drawn] == pytest.approx([x for _, x in expected])
+    upper, lower = middle(chart.locator("line.upper")), middle(chart.locator("line.lower"))
+    for (_, ratio), marker in zip(expected, drawn, strict=True):
+        assert (marker[2] + 3 < upper) is (ratio >= policy.upper)  # above the accept line
+        assert marker[2] + 3 < lower  # never below the reject line
+    path = chart.locator("polyline.path").get_attribute("points") or ""
+    assert len(path.split()) == len(expected)
+    assert chart.locator("circle.crossing").get_attribute("data-comparisons") == "12"
+    assert chart.get_attribute("data-decision") == "accept"
+    judge = page_a.locator(f"section[data-version='{V['v2']}'] dd.judge").inner_text()
+    assert judge == "8 wins, 1 losses, 1 draws"
+    verifier = page_a.locator(f"section[data-version='{V['v2']}'] dd.verifier").inner_text()
+    assert verifier == "2 wins, 0 losses"
+    assert "capped" in page_a.locator("#decisions tr.outcome-rolled_back").inner_text()
+
+
+def test_the_forest_plot_is_drawn(page_a: Page, served: str, shots: Path) -> None:
+    page_a.goto(f"{served}workflows")
+    page_a.get_by_role("link", name=TOURNEY).click()
+    page_a.wait_for_url("**/workflows/%3Cscript%3E*")
+    page_a.screenshot(path=shots / "forest.png", full_page=True)
+    assert page_a.locator("#workflow-name").inner_text() == TOURNEY
+    assert page_a.evaluate("window.__pwned") is None
+    rows = page_a.locator("svg.forest g.strength")
+    assert rows.count() == 2
+    for i, s in enumerate((STRENGTH, HELD_OUT_STRENGTH)):
+        row = rows.nth(i)
+        assert float(row.get_attribute("data-mean") or "nan") == pytest.approx(s.mean)
+        assert float(row.get_attribute("data-low") or "nan") == pytest.approx(s.interval[0])
+        assert float(row.get_attribute("data-high") or "nan") == pytest.approx(s.interval[1])
+        line, point = box(row.locator("line")), box(row.locator("circle"))
+        centre = point["x"] + point["width"] / 2
+        assert line["x"] < centre < line["x"] + line["width"]
+    control = box(page_a.locator("svg.forest line.control"))["x"]
+    first, second = box(rows.nth(0).locator("line")), box(rows.nth(1).locator("line"))
+    assert first["x"] > control  # the selection interval lies wholly above control
+    assert second["x"] < control < second["x"] + second["width"]  # held out: a tie
+
+
+def test_another_tenants_workflow_is_not_reachable_by_url(page: Page, served: str) -> None:
+    response = page.goto(f"{served}workflows/{TOURNEY.replace('/', '%2F')}")
+    assert response is not None
+    assert response.status == 404
+    assert page.locator("#problem").inner_text() == "no such workflow"
+    response = page.goto(f"{served}workflows/arith?tenant={TENANT_A}")
+    assert response is not None
+    assert response.status == 404
+
+
+def test_a_live_challengers_ladder_refreshes_itself(page_a: Page, served: str) -> None:
+    page_a.goto(f"{served}workflows/{TOURNEY.replace('/', '%2F')}")
+    # Waits for the poll to land (a locator assertion: the page's CSP forbids eval).
+    expect(page_a.locator("#ladder")).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"))
+    assert page_a.locator("#updated").inner_text().endswith("UTC")
+    assert page_a.locator("svg.forest g.strength").count() == 2
+    assert page_a.evaluate("window.__pwned") is None
+    page_a.goto(f"{served}workflows/arith")  # no live challenger: nothing to refresh
+    assert page_a.locator("#ladder").get_attribute("data-poll") is None

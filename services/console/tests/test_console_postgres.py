@@ -1,10 +1,12 @@
 """The console's reads in distributed mode: its Postgres schema's `console_runs` table
-(kept by the store's triggers) answers the same pages, filters and counts."""
+(kept by the store's triggers) answers the same pages, filters and counts, and its
+workflow streams the same ladders."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,8 @@ from assay.messages import RunResult, RunSpawned, RunStatusChanged
 from assay.record import Event
 from assay.store import CommitBatch
 from assay.store.postgres import PostgresEventLog
+from assay.store.sqlite import SqliteEventLog
+from assay_console.ladder import workflow_stream
 from assay_console.reads import ConsoleReads, PostgresRunsTable, RunFilters
 from assay_console.stage import (
     CONSOLE_EVENTS,
@@ -26,7 +30,9 @@ from assay_console.stage import (
     fold_console,
     run_stream,
 )
+from assay_console.workflows import list_workflows, workflow_detail
 from services.console.tests.console_seed import TENANT_A, TENANT_B, messages, run_ref
+from services.console.tests.ladder_seed import TOURNEY, seed_ladder
 
 pytestmark = pytest.mark.postgres
 
@@ -83,3 +89,34 @@ async def test_another_tenants_run_is_none_from_postgres(reads: ConsoleReads) ->
     detail = await reads.run(TENANT_B, run_ref(TENANT_B, 0).run_id)
     assert detail is not None
     assert [t.state for t in detail.timeline][-1] == "ungraded"
+
+
+async def test_workflows_read_the_same_from_postgres(postgres: Service, tmp_path: Path) -> None:
+    """The ladder seeded into an embedded store, copied record for record into Postgres,
+    reads back the same: lists, DAGs, paths, strengths, and nothing across tenants."""
+    await seed_ladder(tmp_path)
+    store = tmp_path / "console.sqlite"
+    lite = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=(RUNS_TABLE,)).open()
+    schema = f"console_{uuid.uuid4().hex[:8]}"
+    workflows = [(TENANT_A, "arith"), (TENANT_A, TOURNEY), (TENANT_B, "secret")]
+    with scratch_database(postgres, "assay_console") as dsn:
+        pg = await PostgresEventLog(
+            dsn, schema, CONSOLE_EVENTS, fold_console, tables=(RUNS_TABLE,)
+        ).open()
+        try:
+            for tenant, workflow in workflows:
+                stream = workflow_stream(tenant, workflow)
+                for n, record in enumerate(await lite.read(stream)):
+                    inbox = (tenant, MessageId(f"{workflow}-{n}"))
+                    await pg.commit(CommitBatch(records=[(stream, record.event)], inbox=inbox))
+            for tenant in (TENANT_A, TENANT_B):
+                assert await list_workflows(pg, tenant) == await list_workflows(lite, tenant)
+            for tenant, workflow in workflows:
+                found = await workflow_detail(pg, tenant, workflow)
+                assert found is not None
+                assert found == await workflow_detail(lite, tenant, workflow)
+            assert await workflow_detail(pg, TENANT_A, "secret") is None
+            assert await workflow_detail(pg, TENANT_B, TOURNEY) is None
+        finally:
+            await pg.close()
+            await lite.close()

@@ -11,6 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 from importlib.resources import files
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
@@ -23,6 +24,7 @@ from assay.kernel import RunState
 from assay.kernel.ids import TenantId, is_run_id, tenant_id
 from assay.kernel.schema import one_line
 from assay_console.access import Access
+from assay_console.charts import dag_chart, forest_chart, sprt_chart
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
 
 FILTERS = frozenset(RunFilters.model_fields)
@@ -40,6 +42,8 @@ class Problem(Exception):
 
 
 NOT_FOUND = "no such run"
+NO_WORKFLOW = "no such workflow"
+MAX_WORKFLOW_ID = 256
 
 
 def _tenant(request: Request, access: Access) -> TenantId:
@@ -88,6 +92,19 @@ def _run_id(request: Request) -> str:
     return run_id
 
 
+def _workflow_id(request: Request) -> str:
+    workflow_id = str(request.path_params["workflow_id"])
+    if not workflow_id or len(workflow_id) > MAX_WORKFLOW_ID:
+        raise Problem(400, f"workflow id: between 1 and {MAX_WORKFLOW_ID} characters")
+    return workflow_id
+
+
+def _only_tenant(request: Request) -> None:
+    extra = sorted(set(request.query_params) - {"tenant"})
+    if extra:
+        raise Problem(400, f"unknown parameter: {', '.join(extra)}")
+
+
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -100,6 +117,8 @@ def create_app(reads: ConsoleReads, access: Access) -> Starlette:
     env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S UTC") if d else ""
     env.filters["pct"] = lambda x: "-" if x is None else f"{x:.1%}"
     env.filters["short"] = lambda s: (s or "")[:12]
+    env.filters["num"] = lambda x, digits=3: "-" if x is None else f"{x:.{digits}f}"
+    env.filters["path"] = lambda s: quote(s, safe="")
 
     def guarded(fn: Callable[[Request], Awaitable[Response]], html: bool = False) -> Endpoint:
         async def endpoint(request: Request) -> Response:
@@ -128,11 +147,22 @@ def create_app(reads: ConsoleReads, access: Access) -> Starlette:
         return Response(detail.model_dump_json(), media_type="application/json")
 
     async def api_overview(request: Request) -> Response:
-        extra = sorted(set(request.query_params) - {"tenant"})
-        if extra:
-            raise Problem(400, f"unknown parameter: {', '.join(extra)}")
+        _only_tenant(request)
         overview = await reads.overview(_tenant(request, access))
         return Response(overview.model_dump_json(), media_type="application/json")
+
+    async def api_workflows(request: Request) -> Response:
+        _only_tenant(request)
+        listed = await reads.workflows(_tenant(request, access))
+        return Response(listed.model_dump_json(), media_type="application/json")
+
+    async def api_workflow(request: Request) -> Response:
+        _only_tenant(request)
+        workflow_id = _workflow_id(request)
+        detail = await reads.workflow(_tenant(request, access), workflow_id)
+        if detail is None:
+            raise Problem(404, NO_WORKFLOW)
+        return Response(detail.model_dump_json(), media_type="application/json")
 
     async def api_openapi(request: Request) -> Response:
         from assay_console.openapi import document
@@ -178,6 +208,28 @@ def create_app(reads: ConsoleReads, access: Access) -> Starlette:
         pretty = json.dumps(detail.input, indent=2, sort_keys=True) if detail.input else None
         return render("run.html", d=detail, tenant=tenant, input_json=pretty)
 
+    async def page_workflows(request: Request) -> Response:
+        _only_tenant(request)
+        tenant = _tenant(request, access)
+        listed = await reads.workflows(tenant)
+        return render("workflows.html", listed=listed, tenant=tenant)
+
+    async def page_workflow(request: Request) -> Response:
+        _only_tenant(request)
+        workflow_id = _workflow_id(request)
+        tenant = _tenant(request, access)
+        detail = await reads.workflow(tenant, workflow_id)
+        if detail is None:
+            raise Problem(404, NO_WORKFLOW)
+        charts = [
+            (c, sprt_chart(c.sprt), forest_chart(c.strengths) if c.strengths else None)
+            for c in detail.challengers
+        ]
+        dag = dag_chart(detail.versions)
+        polled = request.headers.get("x-console-poll")
+        template = "workflow_body.html" if polled else "workflow.html"
+        return render(template, d=detail, tenant=tenant, charts=charts, dag=dag)
+
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in ("console.js", "console.css"):
@@ -193,10 +245,14 @@ def create_app(reads: ConsoleReads, access: Access) -> Starlette:
         Route("/api/runs", guarded(api_runs)),
         Route("/api/runs/{run_id}", guarded(api_run)),
         Route("/api/overview", guarded(api_overview)),
+        Route("/api/workflows", guarded(api_workflows)),
+        Route("/api/workflows/{workflow_id:path}", guarded(api_workflow)),
         Route("/api/openapi.json", api_openapi),
         Route("/", guarded(page_overview, html=True)),
         Route("/runs", guarded(page_runs, html=True)),
         Route("/runs/{run_id}", guarded(page_run, html=True)),
+        Route("/workflows", guarded(page_workflows, html=True)),
+        Route("/workflows/{workflow_id:path}", guarded(page_workflow, html=True)),
         Route("/static/{name}", guarded(static, html=True)),
         Route("/healthz", healthz),
     ]

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
+from assay_console.workflow_views import WorkflowDetail, WorkflowsList
 
 REF = "#/components/schemas/{model}"
 
@@ -35,7 +36,7 @@ def _errors() -> dict[str, Any]:
         for code, text in [
             (400, "Bad input: the detail names the parameter."),
             (401, "No bearer token, or an unknown one."),
-            (404, "No such run or tenant, or another tenant's (the same answer)."),
+            (404, "No such run, workflow or tenant, or another tenant's (the same answer)."),
         ]
     }
 
@@ -43,7 +44,10 @@ def _errors() -> dict[str, Any]:
 def document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of `/api`."""
     _, defs = models_json_schema(
-        [(m, "serialization") for m in (RunsPage, RunDetail, Overview)],
+        [
+            (m, "serialization")
+            for m in (RunsPage, RunDetail, Overview, WorkflowsList, WorkflowDetail)
+        ],
         ref_template=REF,
     )
     schemas = dict(sorted(defs["$defs"].items()))
@@ -79,6 +83,12 @@ def document() -> dict[str, Any]:
         _param("cursor", "Opaque cursor from the previous page.", {"type": "string"}),
     ]
     run_id = _param("run_id", "The run (ULID).", {"type": "string"}, where="path")
+    workflow_id = _param(
+        "workflow_id",
+        "The workflow (URL-encoded; at most 256 characters).",
+        {"type": "string"},
+        where="path",
+    )
     return {
         "openapi": "3.1.0",
         "info": {"title": "Assay console API", "version": "1"},
@@ -107,6 +117,24 @@ def document() -> dict[str, Any]:
                     "summary": "A tenant at a glance.",
                     "parameters": [tenant],
                     "responses": ok("Overview", "The overview."),
+                }
+            },
+            "/api/workflows": {
+                "get": {
+                    "summary": "A tenant's workflows: current version, challenger and its rung.",
+                    "parameters": [tenant],
+                    "responses": ok("WorkflowsList", "The workflows, by id."),
+                }
+            },
+            "/api/workflows/{workflow_id}": {
+                "get": {
+                    "summary": (
+                        "One workflow's ladder: version DAG, allocations, each challenger's "
+                        "sequential test path, record, pass rates and strengths, decisions "
+                        "and proposals."
+                    ),
+                    "parameters": [workflow_id, tenant],
+                    "responses": ok("WorkflowDetail", "The workflow."),
                 }
             },
         },

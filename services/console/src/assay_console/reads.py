@@ -38,6 +38,8 @@ from assay_console.stage import (
     VerdictSeen,
     run_stream,
 )
+from assay_console.workflow_views import WorkflowDetail, WorkflowsList
+from assay_console.workflows import list_workflows, workflow_detail
 
 MAX_LIMIT = 200
 """The largest page the server returns, whatever `limit` asks."""
@@ -316,6 +318,14 @@ class ConsoleReads:
                     detail.verdict, detail.score, detail.usage = r.verification, r.score, r.usage
                     detail.termination, detail.output = r.termination, r.output
         return detail
+
+    async def workflows(self, tenant: TenantId) -> WorkflowsList:
+        """The tenant's workflows, by id."""
+        return await list_workflows(self._log, tenant)
+
+    async def workflow(self, tenant: TenantId, workflow_id: str) -> WorkflowDetail | None:
+        """One workflow's ladder; None when the tenant has no such workflow."""
+        return await workflow_detail(self._log, tenant, workflow_id)
 
     async def tenants(self) -> list[TenantId]:
         """Tenants with a run (for an administrator's overview)."""

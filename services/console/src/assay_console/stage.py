@@ -7,6 +7,7 @@ fact lands as an event on the run's stream in the console's own log, and folds
 into one `RunRow` per run. The store keeps the `console_runs` table in step with
 those rows in the same transaction (a `DocumentTable`), so the runs list is one
 indexed range scan in run-id order — which is creation order, run ids being ULIDs.
+It also folds each workflow's ladder from the loop's topics (`ladder.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from assay.grading.sprt import SprtPolicy
 from assay.kernel import RunState
 from assay.kernel.scores import Score, Ungraded
 from assay.messages import (
@@ -40,6 +42,7 @@ from assay.record import (
     TableColumn,
 )
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
+from assay_console.ladder import LADDER_EVENTS, LADDER_HANDLERS, fold_ladder
 
 
 class RunSeen(Event):
@@ -103,7 +106,7 @@ class ResultSeen(Event):
 
 
 CONSOLE_EVENTS = EventRegistry(
-    [RunSeen, StatusSeen, IndeterminateSeen, VerdictSeen, GradeSeen, ResultSeen]
+    [RunSeen, StatusSeen, IndeterminateSeen, VerdictSeen, GradeSeen, ResultSeen, *LADDER_EVENTS]
 )
 
 
@@ -187,7 +190,10 @@ def _score_fields(score: Score | None) -> dict[str, Any]:
 
 
 def fold_console(record: LogRecord) -> list[StateDelta]:
-    """One `RunRow` per run, patched by each fact about it."""
+    """One `RunRow` per run, patched by each fact about it; one `WorkflowRow` per
+    workflow (`ladder.py`)."""
+    if isinstance(record.event, LADDER_EVENTS):
+        return fold_ladder(record)
     tenant = record.key.tenant
     event = record.event
     if isinstance(event, ResultSeen):
@@ -212,7 +218,7 @@ def fold_console(record: LogRecord) -> list[StateDelta]:
     return [Patch(RunRow.at(tenant, event.run.run_id), fields)]
 
 
-ConsoleUnitOfWork = UnitOfWork[None]
+ConsoleUnitOfWork = UnitOfWork[SprtPolicy]
 
 
 async def on_run_spawned(msg: RunSpawned, uow: ConsoleUnitOfWork) -> None:
@@ -252,7 +258,8 @@ async def on_run_result(msg: RunResult, uow: ConsoleUnitOfWork) -> None:
 
 
 def create_stage(deps: StageDeps) -> StageSpec:
-    """Wire the console's read model: six handlers, one fold, one table; no deps."""
+    """Wire the console's read model: the runs' handlers and the ladder's, one fold, one
+    table; the sequential test's policy, to draw the test's path."""
     return StageSpec(
         name="console",
         events=CONSOLE_EVENTS,
@@ -264,6 +271,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             on_run_verified,
             on_run_graded,
             on_run_result,
+            *LADDER_HANDLERS,
         ),
+        deps=deps.sprt,
         tables=(RUNS_TABLE,),
     )

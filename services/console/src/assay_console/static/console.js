@@ -1,21 +1,26 @@
-// Live refresh of the runs list's first page, only while the page is visible.
+// Live refresh, only while the page is visible: the runs list's first page, and a
+// workflow's ladder while a challenger is live. The server renders (and escapes) the
+// fragment; the script only swaps it in.
 "use strict";
 (function () {
-  const table = document.getElementById("runs");
-  if (!table || table.dataset.poll !== "1") return;
-  const rows = document.getElementById("rows");
-  const stamp = document.getElementById("updated");
   const every = 3000;
-  async function refresh() {
-    if (document.visibilityState !== "visible") return;
-    try {
-      const res = await fetch(window.location.href, { headers: { "x-console-poll": "1" } });
-      if (!res.ok) return;
-      rows.innerHTML = await res.text(); // server-rendered, autoescaped rows
-      stamp.textContent = new Date().toISOString().replace("T", " ").slice(0, 19) + " UTC";
-      table.dataset.refreshed = String(Number(table.dataset.refreshed || 0) + 1);
-    } catch (e) { /* the next tick tries again */ }
+  function poll(container, target) {
+    const stamp = document.getElementById("updated");
+    async function refresh() {
+      if (document.visibilityState !== "visible") return;
+      try {
+        const res = await fetch(window.location.href, { headers: { "x-console-poll": "1" } });
+        if (!res.ok) return;
+        target.innerHTML = await res.text(); // server-rendered, autoescaped
+        if (stamp) stamp.textContent = new Date().toISOString().replace("T", " ").slice(0, 19) + " UTC";
+        container.dataset.refreshed = String(Number(container.dataset.refreshed || 0) + 1);
+      } catch (e) { /* the next tick tries again */ }
+    }
+    setInterval(refresh, every);
+    document.addEventListener("visibilitychange", refresh);
   }
-  setInterval(refresh, every);
-  document.addEventListener("visibilitychange", refresh);
+  const table = document.getElementById("runs");
+  if (table && table.dataset.poll === "1") poll(table, document.getElementById("rows"));
+  const ladder = document.getElementById("ladder");
+  if (ladder && ladder.dataset.poll === "1") poll(ladder, ladder);
 })();

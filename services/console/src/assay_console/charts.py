@@ -1,0 +1,212 @@
+"""Geometry of the console's charts, computed on the server and drawn as inline SVG by
+the templates: the sequential test's path between its boundaries, a forest plot of
+strengths against control, and a workflow's version DAG. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from assay_console.workflow_views import SprtPath, SprtPoint, Strength, VersionNode
+
+WIDTH, HEIGHT = 640, 260
+LEFT, RIGHT, TOP, BOTTOM = 56, 20, 16, 36
+
+
+@dataclass(frozen=True)
+class Tick:
+    """An axis tick: where, and its label."""
+
+    at: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A drawn point and what it shows."""
+
+    x: float
+    y: float
+    point: SprtPoint
+
+
+@dataclass(frozen=True)
+class SprtChart:
+    """The log-likelihood ratio against comparisons, with both boundaries."""
+
+    width: int
+    height: int
+    left: int
+    right: int
+    top: int
+    bottom: int
+    upper_y: float
+    lower_y: float
+    zero_y: float
+    earlier: str
+    """Polyline of the points under an earlier policy (drawn dashed); may be empty."""
+    path: str
+    """Polyline of the points under the latest policy."""
+    markers: list[Marker]
+    crossing: Marker | None
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+
+
+def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    span = hi - lo or 1.0
+    raw = span / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:g}" if abs(v) >= 1e-9 else "0"
+
+
+def sprt_chart(path: SprtPath) -> SprtChart:
+    """The chart of a test's path: x is comparisons, y the ratio, both boundaries drawn."""
+    xs = [p.comparisons for p in path.points]
+    ys = [p.llr for p in path.points]
+    x_max = max(max(xs), 10)
+    span = path.upper - path.lower
+    y_lo = min(min(ys), path.lower) - 0.1 * span
+    y_hi = max(max(ys), path.upper) + 0.1 * span
+    inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def sx(x: float) -> float:
+        return round(LEFT + inner_w * x / x_max, 2)
+
+    def sy(y: float) -> float:
+        return round(TOP + inner_h * (y_hi - y) / (y_hi - y_lo), 2)
+
+    markers = [Marker(sx(p.comparisons), sy(p.llr), p) for p in path.points]
+    split = next((i for i, p in enumerate(path.points) if not p.policy_changed), len(markers))
+    earlier = " ".join(f"{m.x},{m.y}" for m in markers[: split + 1]) if split else ""
+    latest = " ".join(f"{m.x},{m.y}" for m in markers[split:])
+    crossing = next(
+        (m for m in markers if m.point.llr >= path.upper or m.point.llr <= path.lower), None
+    )
+    return SprtChart(
+        width=WIDTH,
+        height=HEIGHT,
+        left=LEFT,
+        right=RIGHT,
+        top=TOP,
+        bottom=BOTTOM,
+        upper_y=sy(path.upper),
+        lower_y=sy(path.lower),
+        zero_y=sy(0.0),
+        earlier=earlier,
+        path=latest,
+        markers=markers,
+        crossing=crossing,
+        x_ticks=[Tick(sx(t), _fmt(t)) for t in _ticks(0, x_max) if t <= x_max],
+        y_ticks=[Tick(sy(t), _fmt(t)) for t in _ticks(y_lo, y_hi) if y_lo <= t <= y_hi],
+    )
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One strength: its interval as a line, its mean as a point."""
+
+    y: float
+    low_x: float
+    mean_x: float
+    high_x: float
+    strength: Strength
+
+
+@dataclass(frozen=True)
+class ForestChart:
+    """Strengths from control with their intervals; control is the line at zero."""
+
+    width: int
+    height: int
+    left: int
+    right: int
+    top: int
+    bottom: int
+    zero_x: float
+    rows: list[ForestRow]
+    x_ticks: list[Tick]
+
+
+FOREST_ROW = 28
+FOREST_LEFT = 230
+
+
+def forest_chart(strengths: list[Strength]) -> ForestChart:
+    """The forest plot of `strengths` (at least one), control (zero) always in view."""
+    lo = min(0.0, *(s.low for s in strengths))
+    hi = max(0.0, *(s.high for s in strengths))
+    pad = 0.1 * (hi - lo or 1.0)
+    lo, hi = lo - pad, hi + pad
+    height = TOP + BOTTOM + FOREST_ROW * len(strengths)
+    inner_w = WIDTH - FOREST_LEFT - RIGHT
+
+    def sx(x: float) -> float:
+        return round(FOREST_LEFT + inner_w * (x - lo) / (hi - lo), 2)
+
+    rows = [
+        ForestRow(TOP + FOREST_ROW * (i + 0.5), sx(s.low), sx(s.mean), sx(s.high), s)
+        for i, s in enumerate(strengths)
+    ]
+    return ForestChart(
+        width=WIDTH,
+        height=height,
+        left=FOREST_LEFT,
+        right=RIGHT,
+        top=TOP,
+        bottom=BOTTOM,
+        zero_x=sx(0.0),
+        rows=rows,
+        x_ticks=[Tick(sx(t), _fmt(round(t, 6))) for t in _ticks(lo, hi) if lo <= t <= hi],
+    )
+
+
+@dataclass(frozen=True)
+class DagNode:
+    """A version in the drawn DAG."""
+
+    x: float
+    y: float
+    node: VersionNode
+
+
+@dataclass(frozen=True)
+class DagChart:
+    """Versions top to bottom in registration order; each edge a curve from a parent."""
+
+    width: int
+    height: int
+    nodes: list[DagNode]
+    edges: list[str]
+    """SVG path data, one per parent -> child edge."""
+
+
+DAG_ROW = 30
+DAG_X = 40
+
+
+def dag_chart(versions: list[VersionNode]) -> DagChart:
+    """The DAG of `versions`: a git-log-like column, edges bulging left by their length."""
+    place = {v.version: i for i, v in enumerate(versions)}
+    nodes = [DagNode(DAG_X, 16 + DAG_ROW * i, v) for i, v in enumerate(versions)]
+    edges = []
+    for child, v in enumerate(versions):
+        for parent in v.parents:
+            if parent not in place:
+                continue
+            y0, y1 = 16 + DAG_ROW * place[parent], 16 + DAG_ROW * child
+            bulge = DAG_X - 10 - 6 * min(abs(child - place[parent]), 4)
+            if abs(child - place[parent]) == 1:
+                edges.append(f"M{DAG_X},{y0} L{DAG_X},{y1}")
+            else:
+                edges.append(f"M{DAG_X},{y0} C{bulge},{y0} {bulge},{y1} {DAG_X},{y1}")
+    return DagChart(
+        width=WIDTH, height=DAG_ROW * max(len(versions), 1) + 4, nodes=nodes, edges=edges
+    )
