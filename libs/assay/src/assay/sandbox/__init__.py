@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         SandboxProvider,
         SandboxUnavailable,
         SnapshotMissing,
+        SuspendPolicy,
         Workspace,
     )
 else:
@@ -37,6 +38,7 @@ else:
                 "SandboxProvider",
                 "SandboxUnavailable",
                 "SnapshotMissing",
+                "SuspendPolicy",
                 "Workspace",
             ],
         },
@@ -57,5 +59,6 @@ __all__ = [
     "SandboxProvider",
     "SandboxUnavailable",
     "SnapshotMissing",
+    "SuspendPolicy",
     "Workspace",
 ]
