@@ -1,12 +1,13 @@
 """SIGKILL between checkpoint, release and resume of resident sandboxes (DESIGN §16), then
 restart and check that nothing was lost and no step ran in a half-restored sandbox.
 
-The workload is `assay demo` on SQLite over one workflow — write a file in the sandbox,
-call the stub model (0.6 s a call; suspension after 0.1 s idle), read the file back —
-for three tasks. Each test kills the process with `ASSAY_CRASH_AT=<point>:<n>` at one
-boundary of the suspension protocol (the commits of `SandboxStarted`,
-`SandboxCheckpointed`, `SandboxReleased`, and the points between them), restarts it
-without, and checks:
+The workload is one workflow — write a file in the sandbox, call the stub model (0.6 s a
+call; suspension after 0.1 s idle), read the file back — for three tasks: through
+`assay demo` on SQLite, and through `assay serve execute` on Postgres beside the other
+stages (the deployment of `test_crash_points`). Each test kills the process with
+`ASSAY_CRASH_AT=<point>:<n>` at one boundary of the suspension protocol (the commits
+of `SandboxStarted`, `SandboxCheckpointed`, `SandboxReleased`, and the points between
+them), restarts it without, and checks:
 
 - every task got exactly one result; every run finished once, succeeded, and read back
   the file it wrote (the workspace survived the release and the crash);
@@ -19,22 +20,36 @@ without, and checks:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from assay.bus import TASKS, WORKFLOWS
 from assay.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
+from assay.kernel import WorkflowId, tenant_id
+from assay.messages import TaskSubmitted, WorkflowRegistered
+from assay.workflow import load_workflow
 from tests.crash_checks import ExecuteLog, Rec
 from tests.crash_processes import start_assay, stop
 from tests.test_crash_points import (
+    ExecuteStage,
+    _await_disconnected,
     _demo_env,
     _output,
+    _pg_log,
+    _pg_results,
+    _produce,
     _sqlite_log,
     _sqlite_results,
     _traced,
+    _until,
+    execute_stage,
+    workload,
 )
 
 pytestmark = pytest.mark.slow
@@ -86,8 +101,11 @@ POINTS = [
 ]
 
 
+__all__ = ["execute_stage", "workload"]  # the Postgres deployment's fixtures, used here
+
+
 @pytest.fixture(scope="module")
-def workload(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def resident(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("resident-workload")
     v1, v2 = root / "v1.yaml", root / "v2.yaml"
     v1.write_text(WORKFLOW.format(description="Write, think, read back."))
@@ -169,8 +187,9 @@ def check_sandboxes(at_crash: ExecuteLog, final: ExecuteLog) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("crash_at", POINTS)
 def test_sigkill_during_suspension(
-    crash_at: str, workload: tuple[Path, Path, Path], tmp_path: Path
+    crash_at: str, resident: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
+    workload = resident
     point = crash_at.rsplit(":", 1)[0]
     data, trace, output = tmp_path / "data", tmp_path / "trace", tmp_path / "output"
     env = _demo_env(tmp_path / "sink.jsonl", **SUSPENSION)
@@ -192,8 +211,9 @@ def test_sigkill_during_suspension(
 
 
 def test_every_suspension_point_is_reached(
-    workload: tuple[Path, Path, Path], tmp_path: Path
+    resident: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
+    workload = resident
     trace, output = tmp_path / "trace", tmp_path / "output"
     env = _demo_env(tmp_path / "sink.jsonl", **SUSPENSION, **{CRASH_TRACE_ENV: str(trace)})
     assert _demo(workload, tmp_path / "data", env, output) == 0, _output(output)
@@ -204,3 +224,64 @@ def test_every_suspension_point_is_reached(
     final, _ = _sqlite_log(tmp_path / "data" / "execute.sqlite")
     check_sandboxes(ExecuteLog([]), final)
     assert isinstance(final.records[0], Rec)
+
+
+# -- Postgres: `assay serve execute` beside the other stages -------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.kafka
+@pytest.mark.s3
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("crash_at", POINTS)
+async def test_postgres_sigkill_during_suspension(
+    crash_at: str,
+    execute_stage: ExecuteStage,
+    resident: tuple[Path, Path, Path],
+    tmp_path: Path,
+) -> None:
+    execute, point = execute_stage, crash_at.rsplit(":", 1)[0]
+    d = execute.deployment
+    trace, output = tmp_path / "trace", tmp_path / "output"
+    crashing = execute.start(
+        SUSPENSION | {CRASH_AT_ENV: crash_at, CRASH_TRACE_ENV: str(trace)}, output
+    )
+    tenant = str(uuid.uuid4())
+    t = tenant_id(tenant)
+    wf = load_workflow(resident[0])
+    registered = WorkflowRegistered(tenant=t, definition=wf.model_dump(mode="json", by_alias=True))
+    await _produce(d.bootstrap, [(WORKFLOWS, registered, t, wf.version)])
+
+    async def allocated() -> bool:
+        q = "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'"
+        return bool(await d.query(q, t))
+
+    await _until("the workflow's allocation", allocated, 30)
+    tasks = [
+        TaskSubmitted(
+            tenant=t,
+            workflow_id=WorkflowId("resident"),
+            idempotency_key=f"task-{i}",
+            input={"item": item},
+        )
+        for i, item in enumerate(ITEMS)
+    ]
+    await _produce(d.bootstrap, [(TASKS, task, t, task.idempotency_key) for task in tasks])
+    await asyncio.to_thread(crashing.join, 60)
+    assert point in _traced(trace), f"{point} never reached:\n{_output(output)}"
+    assert crashing.exitcode == -9, f"exit {crashing.exitcode} at {crash_at}:\n{_output(output)}"
+    await _await_disconnected(d)
+    at_crash = await _pg_log(d, tenant)
+
+    execute.start(SUSPENSION, output)
+    results = await _pg_results(d.bootstrap, tenant, len(ITEMS))
+    assert set(results) == {task.idempotency_key for task in tasks}, "a task has no result"
+    assert all(len(ids) == 1 for ids in results.values()), "a task got two different results"
+
+    async def all_finished() -> bool:
+        return len((await _pg_log(d, tenant)).finished()) == len(ITEMS)
+
+    await _until("every run to finish", all_finished, 30)
+    final = await _pg_log(d, tenant)
+    check_sandboxes(at_crash, final)
+    assert not _residents_left(set(final.runs())), "a resident sandbox outlived its worker"
