@@ -243,3 +243,22 @@ def test_suspension_needs_a_provider_with_resident_sandboxes(tmp_path: Path) -> 
         Suspension(object(), POLICY)
     with pytest.raises(ValueError, match="idle_after_s"):
         SuspendPolicy(idle_after_s=-1)
+
+
+async def test_a_generation_whose_start_cannot_be_recorded_is_stopped(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    """A lost lease or a broken log at `SandboxStarted`: the process it would have named
+    does not outlive the failure, and no step ran in it."""
+
+    class Refuses(LogJournal):
+        async def record_and_commit(self, key: Any, *evs: Event, emits: Any = ()) -> None:
+            if any(isinstance(e, SandboxStarted) for e in evs):
+                raise RuntimeError("the lease was lost")
+            await super().record_and_commit(key, *evs, emits=emits)
+
+    spec = spec_for([WRITE, READ])
+    with pytest.raises(RuntimeError, match="lease"):
+        await driver(sandbox).drive(spec, Refuses(work_log))
+    assert not residents_of(spec.ref.run_id)
+    assert not any(isinstance(e, AttemptFinished) for e in await events(work_log, spec.key))

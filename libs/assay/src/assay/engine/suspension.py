@@ -182,20 +182,20 @@ class Suspension:
         crash_point("sandbox.after_start")
         try:
             await self._verify(resident, ws, ref)
-        except BaseException:
+            elapsed = self.clock() - t0
+            started = SandboxStarted(
+                generation=generation,
+                identity=identity,
+                restored_from=ref,
+                start_ms=int(elapsed * 1000),
+            )
+            await run.record_and_commit(started)
+        except BaseException:  # unverified or unrecorded: nothing may run in it
             await resident.stop()
             await self.sandbox.discard(ws)
             raise
         finally:
             held.starting = None
-        elapsed = self.clock() - t0
-        started = SandboxStarted(
-            generation=generation,
-            identity=identity,
-            restored_from=ref,
-            start_ms=int(elapsed * 1000),
-        )
-        await run.record_and_commit(started)
         held.generation, held.checkpoint, held.resident = generation, None, resident
         held.up_since, held.rss_at_start = up, resident.memory_bytes()
         run.workspace = ws
