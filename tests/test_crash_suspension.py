@@ -10,7 +10,8 @@ of `SandboxStarted`, `SandboxCheckpointed`, `SandboxReleased`, and the points be
 them), restarts it without, and checks:
 
 - every task got exactly one result; every run finished once, succeeded, and read back
-  the file it wrote (the workspace survived the release and the crash);
+  the file it wrote (the workspace survived the release and the crash) — unless the
+  kill cut a `command` call it had dispatched, which §8.4 makes `Indeterminate`;
 - nothing committed before the crash was lost or changed;
 - generations rise by one per run; every release follows a checkpoint of the same
   generation; after the crash every sandbox attempt ended in a generation started after
@@ -34,7 +35,7 @@ from assay.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
 from assay.kernel import WorkflowId, tenant_id
 from assay.messages import TaskSubmitted, WorkflowRegistered
 from assay.workflow import load_workflow
-from tests.crash_checks import ExecuteLog, Rec
+from tests.crash_checks import Attempt, ExecuteLog, Rec, _open_attempts
 from tests.crash_processes import start_assay, stop
 from tests.test_crash_points import (
     ExecuteStage,
@@ -148,12 +149,19 @@ def _residents_left(runs: set[str]) -> list[int]:
 def check_sandboxes(at_crash: ExecuteLog, final: ExecuteLog) -> None:
     """The suspension protocol's invariants over the log (see the module's description)."""
     before = at_crash.runs()
+    unsafe_in_flight = {
+        at
+        for at, intent in _open_attempts(at_crash).items()
+        if intent is not None and intent["state"] == "dispatched" and intent["effect"] == "unsafe"
+    }
     for run, recs in final.runs().items():
         item = recs[0].doc["input"]["item"]
         kinds = Counter(r.type for r in recs)
         assert kinds["RunFinished"] == 1, (run, kinds)
         (finished,) = (r for r in recs if r.type == "RunFinished")
-        assert finished.doc["succeeded"], f"{run} failed"
+        if not finished.doc["succeeded"]:  # only by §8.4: an Unsafe call cut by the crash
+            _assert_failed_by_the_crash(run, recs, unsafe_in_flight)
+            continue
         assert [r.lsn for r in recs] == list(range(len(recs))), f"{run}: LSN gap"
         crashed_at = len(before.get(run, []))
         assert [(r.type, r.doc) for r in recs[:crashed_at]] == [
@@ -182,6 +190,18 @@ def check_sandboxes(at_crash: ExecuteLog, final: ExecuteLog) -> None:
                         )
         reads = [r for r in recs if r.type == "AttemptFinished" and r.doc["step"] == "read"]
         assert reads[-1].doc["output"] == item, f"{run}: read back {reads[-1].doc['output']!r}"
+
+
+def _assert_failed_by_the_crash(run: str, recs: list[Rec], unsafe: set[Attempt]) -> None:
+    """A run may fail only because the crash cut the `command` (Unsafe) call it had
+    dispatched — `Indeterminate`, never retried (§8.4) — not because of its sandbox."""
+    unknown = [
+        (r.stream, r.doc["step"], int(r.doc["attempt"]))
+        for r in recs
+        if r.type == "AttemptFinished" and r.doc["state"] == "indeterminate"
+    ]
+    assert unknown, f"{run} failed, and not by an Unsafe call the crash cut"
+    assert set(unknown) <= unsafe, f"{run}: {unknown} were not in flight at the crash"
 
 
 @pytest.mark.timeout(240)
