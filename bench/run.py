@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import asyncpg
+from fleet import fleet_figures
 from pipeline import pipeline_figures
 
 from assay.devstack import InfraUnavailable
@@ -338,7 +339,7 @@ def bt_figures() -> dict[str, float]:
     }
 
 
-SECTIONS = ("eventlog", "demo", "postgres", "relay", "pipeline", "grading")
+SECTIONS = ("eventlog", "demo", "postgres", "relay", "pipeline", "grading", "fleet")
 
 
 def measure(sections: set[str]) -> dict[str, float]:
@@ -361,6 +362,8 @@ def measure(sections: set[str]) -> dict[str, float]:
             figures.update(pipeline_figures(tmp / "pipeline"))
         if "grading" in sections:
             figures.update({**sprt_figures(), **bt_figures()})
+        if "fleet" in sections:
+            figures.update(fleet_figures(tmp / "fleet"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return figures
@@ -386,6 +389,9 @@ def main() -> None:
         "sprt.ratio.p0.7": "<= 0.55",
         "bt.fit_s": "<= bt.choix_s",
         "bt.max_abs_diff": "<= 1e-3",
+        "fleet.saving_ratio": "~ 1",
+        "fleet.overhead_ratio": "~ 1",
+        "fleet.wall_s": "<= 90",
     }
     width = max(len(k) for k in figures)
     print(f"{'figure':<{width}}  {'value':>10}  target")

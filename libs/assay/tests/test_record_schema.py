@@ -22,6 +22,9 @@ from assay.engine.events import (
     Reduced,
     Routed,
     RunCancelled,
+    SandboxCheckpointed,
+    SandboxReleased,
+    SandboxStarted,
     Signalled,
     SnapshotDocument,
     Suspended,
@@ -806,6 +809,11 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                     SnapshotDocument(kind="cancel", key=REF.run_id, value={"reason": "late"}),
                 ],
             ),
+            SandboxStarted(
+                generation=2, identity="t/r/0/g2/abc", restored_from="blob:abc", start_ms=140
+            ),
+            SandboxCheckpointed(generation=1, workspace="blob:abc"),
+            SandboxReleased(generation=1, wait="model"),
         ],
     ),
     "ingest": (

@@ -21,6 +21,7 @@ from assay.crash import crash_point
 from assay.engine import WORK_EVENTS, Driver, RunFinished, RunSpec, fold_work, prices_of
 from assay.engine.events import CancelRequested, RunCancelled, Signalled, commands_stream
 from assay.engine.run_state import GradingStatus, Waiting
+from assay.engine.suspension import Suspension
 from assay.kernel import BranchId, Refused, RunId, RunState, TenantId
 from assay.messages import (
     CancelRun,
@@ -35,6 +36,7 @@ from assay.record import BranchKey
 from assay.runtime import StageDeps, StageSpec, routes
 from assay.runtime.leases import acquire
 from assay.runtime.timers import Fired, timer
+from assay.sandbox.port import ResidentSandboxes
 from assay.store import Lease
 from assay_execute.branching import on_branch
 from assay_execute.driving import (
@@ -207,8 +209,16 @@ def wait_due(tenant: TenantId, run: str, doc: dict[str, Any], now_ms: float) -> 
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the execute stage: its handlers, what they share, and the await timer."""
     checkpoint_every = deps.checkpoint_every or None
+    suspension = suspension_of(deps)
+    driver = Driver(
+        deps.model,
+        deps.tools,
+        deps.sandbox,
+        checkpoint_every=checkpoint_every,
+        suspension=suspension,
+    )
     executing = Executing(
-        driver=Driver(deps.model, deps.tools, deps.sandbox, checkpoint_every=checkpoint_every),
+        driver=driver,
         worker=deps.worker,
         ttl_s=deps.lease_ttl_s,
         known_tools=frozenset(deps.tools),
@@ -232,4 +242,21 @@ def create_stage(deps: StageDeps) -> StageSpec:
         deps=executing,
         background=(timer(Waiting.kind, wait_due, executing.driver.clock),),
         gauges=backlog_gauges,
+        metrics=() if suspension is None else (suspension.metrics.registry,),
     )
+
+
+def suspension_of(deps: StageDeps) -> Suspension | None:
+    """The suspension controller `deps.suspend` asks for; None when it is off.
+
+    Raises:
+        Refused: suspension is on but the sandbox keeps no resident sandboxes.
+    """
+    if deps.suspend is None:
+        return None
+    if not isinstance(deps.sandbox, ResidentSandboxes):
+        raise Refused(
+            "ASSAY_SANDBOX_SUSPEND_IDLE_AFTER_S is set, but no sandbox here can keep "
+            "a resident sandbox (is the sandbox available?)"
+        )
+    return Suspension(deps.sandbox, deps.suspend)

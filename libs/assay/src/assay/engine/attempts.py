@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -59,6 +59,8 @@ class AttemptRunner:
         self.model = model
         self.tools = tools
         self.sandbox = sandbox
+        self.resident: Callable[[RunContext], Awaitable[None]] | None = None
+        """Opens a run's workspace with a verified resident sandbox (`suspension`)."""
 
     async def run_step(self, run: RunContext, step: ModelStep | ToolStep, iteration: int) -> bool:
         """Attempt `step` (its `iteration`-th execution); True when an attempt succeeded."""
@@ -503,6 +505,9 @@ class AttemptRunner:
     async def ensure_workspace(self, run: RunContext) -> None:
         """Open the run's workspace (restored from its last snapshot) if none is open."""
         if self.sandbox is None or run.workspace is not None:
+            return
+        if self.resident is not None and run.depth == 0:
+            await self.resident(run)
             return
         ref = run.spec.ref
         if run.workspace_ref is not None:  # resume from the last recorded snapshot

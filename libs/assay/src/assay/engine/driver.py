@@ -28,6 +28,7 @@ from assay.engine.context import (
 )
 from assay.engine.events import Routed, RunStarted, Signalled, Suspended
 from assay.engine.models import Model
+from assay.engine.suspension import Suspension
 from assay.engine.tools import Tool
 from assay.kernel.canonical import canonical_bytes
 from assay.kernel.errors import AssayError
@@ -102,6 +103,7 @@ class Driver:
         sandbox: SandboxProvider | None = None,
         clock: Callable[[], float] = time.time,
         checkpoint_every: int | None = None,
+        suspension: Suspension | None = None,
     ) -> None:
         self.checkpoint_every = checkpoint_every
         """Store the drive's state every this many records (at a step boundary); None:
@@ -112,6 +114,10 @@ class Driver:
         self.tools = tools
         self.sandbox = sandbox
         self._attempts = AttemptRunner(model, tools, sandbox)
+        self.suspension = suspension
+        if suspension is not None:
+            self._attempts.resident = suspension.ready
+        """Resident sandboxes, released while a run waits (DESIGN §16); None: none kept."""
 
     async def drive(
         self,
@@ -127,7 +133,17 @@ class Driver:
         (under the run's lease, so nobody wrote to it since): the drive starts from
         nothing without reading a checkpoint or the branch again.
         """
-        episode, run = await self._drive(spec, journal, cancel, parent=None, fresh=fresh)
+        if self.suspension is None:
+            episode, run = await self._drive(spec, journal, cancel, parent=None, fresh=fresh)
+        else:
+            drives: list[RunContext] = []
+            try:
+                episode, run = await self._drive(
+                    spec, journal, cancel, parent=None, fresh=fresh, drives=drives
+                )
+            finally:  # ended, suspended at an await, or stopped: its resident sandbox too
+                for driven in drives:
+                    await self.suspension.close(driven)
         if run.workspace is not None and self.sandbox is not None:
             await self.sandbox.discard(run.workspace)  # its last snapshot stays
         return episode
@@ -141,6 +157,7 @@ class Driver:
         depth: int = 0,
         *,
         fresh: bool = False,
+        drives: list[RunContext] | None = None,
     ) -> tuple[Episode, RunContext]:
         """Drive one stream: a run, or (with `parent`) a sub-workflow inside it."""
         wf = spec.definition
@@ -168,6 +185,8 @@ class Driver:
                         subworkflows=children,
                     )
                 )
+        if drives is not None:
+            drives.append(run)
         if parent is not None:  # a sub-workflow works in its run's workspace
             run.workspace, run.workspace_ref = parent.workspace, parent.workspace_ref
         run.depth = depth
@@ -272,6 +291,12 @@ class Driver:
 
     async def _run(self, run: RunContext, step: AnyStep, iteration: int) -> bool | StepId:
         """Run one step: False if it failed, a step id if it chose where to go, else True."""
+        if self.suspension is not None and run.depth == 0:  # the run's wait boundaries
+            if isinstance(step, SubworkflowStep) and self._uses_sandbox(run, step):
+                await self.suspension.ready(run)  # the child works in the run's workspace
+            if isinstance(step, ModelStep):
+                work = self._attempts.run_step(run, step, iteration)
+                return await self.suspension.waiting(run, "model", work)
         if isinstance(step, ModelStep | ToolStep):
             return await self._attempts.run_step(run, step, iteration)
         if isinstance(step, ConditionalStep):
@@ -285,6 +310,11 @@ class Driver:
         raise StepNotExecutable(
             f"step {step.id!r}: {step.kind} steps cannot be executed by this version of Assay"
         )
+
+    def _uses_sandbox(self, run: RunContext, step: SubworkflowStep) -> bool:
+        """Whether a step of the sub-workflow `step` calls needs the run's sandbox."""
+        child = run.spec.children.get(child_key(step))
+        return child is not None and any(self._attempts.needs_sandbox(s) for s in child.steps)
 
     async def _subworkflow(self, run: RunContext, step: SubworkflowStep, iteration: int) -> bool:
         """Drive the child workflow, pinned when the run was spawned, on a stream of its
@@ -325,6 +355,8 @@ class Driver:
             if run.cancel.cancelled:
                 return False  # stopped while it waited
             if suspended is None:
+                if self.suspension is not None and run.depth == 0:  # released before it waits
+                    await self.suspension.release(run, "human")
                 deadline = int((self.clock() + step.timeout_s) * 1000)
                 suspended = Suspended(
                     step=step.id, iteration=iteration, signal=step.signal, deadline_ms=deadline

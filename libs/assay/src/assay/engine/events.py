@@ -214,6 +214,39 @@ class BranchTreeRecorded(Event):
     tree: BranchTree = Field(description="The tree itself.")
 
 
+class SandboxStarted(Event):
+    """A generation of the run's resident sandbox is up, its workspace restored and both
+    verified; only after this record does a step that needs the sandbox run (§16)."""
+
+    type: ClassVar[str] = "SandboxStarted"
+    version: ClassVar[int] = 1
+    generation: int = Field(ge=1, description="The generation (1, 2, …; a new one each start).")
+    identity: str = Field(description="What the resident process answered it is.")
+    restored_from: str | None = Field(
+        None, description="BlobRef of the workspace snapshot restored; None: an empty one."
+    )
+    start_ms: int = Field(ge=0, description="Restore, start and verification, in milliseconds.")
+
+
+class SandboxCheckpointed(Event):
+    """The resident sandbox's workspace, archived before anything of it is released."""
+
+    type: ClassVar[str] = "SandboxCheckpointed"
+    version: ClassVar[int] = 1
+    generation: int = Field(ge=1, description="The generation checkpointed.")
+    workspace: str = Field(description="BlobRef of the workspace snapshot.")
+
+
+class SandboxReleased(Event):
+    """The resident sandbox's processes are confirmed gone and its workspace removed:
+    the run's wait is idle from here on, holding nothing."""
+
+    type: ClassVar[str] = "SandboxReleased"
+    version: ClassVar[int] = 1
+    generation: int = Field(ge=1, description="The generation released.")
+    wait: str = Field(description="The kind of wait it was released for (`model`, `human`).")
+
+
 def commands_stream(run: str) -> str:
     """The stream that holds a run's operator commands."""
     return f"{run}/commands"
@@ -315,6 +348,9 @@ WORK_EVENTS = EventRegistry(
         GradingEnded,
         Reduced,
         Tiered,
+        SandboxStarted,
+        SandboxCheckpointed,
+        SandboxReleased,
     ]
 )
 

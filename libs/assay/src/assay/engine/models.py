@@ -7,6 +7,7 @@ workflow versions exercise. Same (run, step, attempt, prompt) → same answer.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import re
@@ -167,14 +168,22 @@ class StubModel:
     prices = FREE
     """The stub costs nothing."""
 
-    def __init__(self, base_error: float = 0.35, careful_error: float = 0.08) -> None:
+    def __init__(
+        self, base_error: float = 0.35, careful_error: float = 0.08, delay_s: float = 0.0
+    ) -> None:
+        if not delay_s >= 0:
+            raise ValueError(f"the stub model's delay must be >= 0 seconds, not {delay_s}")
         self.base_error = base_error
         self.careful_error = careful_error
+        self.delay_s = delay_s
+        """How long each call takes, as a remote model's would (the answer is the same)."""
 
     async def aclose(self) -> None:
         """Nothing to release; present so a runtime can close any model it built."""
 
     async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         rng = random.Random(digest(f"{seed}\x1f{digest(prompt.encode())}".encode()))
         lowered = prompt.lower()
         value = solve(prompt)

@@ -149,5 +149,6 @@ def stage_deps(
         proposer=proposer,
         proposals=settings.proposer,
         admission=Admission(plan, settings.capacity.default_context_tokens),
+        suspend=settings.sandbox.suspend,
     )
     return StageWiring(deps, owned)

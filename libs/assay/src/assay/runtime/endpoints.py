@@ -112,6 +112,17 @@ class ModelSettings(EndpointSettings):
     variables are only checked, not used.
     """
 
+    stub_delay_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description=(
+            "Without a URL: how long each call to the stub model takes, as a remote "
+            "model's would (a long model wait, for suspension and its benchmark)."
+        ),
+    )
+
     def build(self, limiter: PriorityLimiter | None = None) -> StubModel | ChatCompletionsModel:
         """The model these settings describe: the stub without a URL; its calls go
         through `limiter` first of all (agent work).
@@ -122,7 +133,7 @@ class ModelSettings(EndpointSettings):
             SettingsInvalid: a URL without a model name.
         """
         if self.url is None:
-            return StubModel()
+            return StubModel(delay_s=self.stub_delay_s)
         if not self.name:
             raise SettingsInvalid(
                 "missing settings: ASSAY_MODEL_NAME (required when ASSAY_MODEL_URL is set)"

@@ -131,6 +131,9 @@ def process_registry(collector: StagesCollector) -> CollectorRegistry:
     registry.register(collector)
     for signals in {id(r.signals): r.signals for r in collector.runners}.values():
         registry.register(_Signals(signals.registry))
+    for runner in collector.runners:
+        for own in runner.spec.metrics:
+            registry.register(_Signals(own))
     return registry
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from assay.kernel.errors import AssayError
 from assay.sandbox.local import Limits, LocalSandbox
-from assay.sandbox.port import NetworkPolicy
+from assay.sandbox.port import NetworkPolicy, SuspendPolicy
 from assay.store.ports import BlobStore
 
 PIPELINE_STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide")
@@ -145,6 +145,29 @@ class SandboxSettings(_Section):
     gid: int | None = Field(
         None, ge=1, description="gid commands run as when Assay runs as root (default 65534)."
     )
+    suspend_idle_after_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "Unset: off. Set: each run that uses the sandbox keeps a resident sandbox "
+            "process, checkpointed and released once a model call has lasted this many "
+            "seconds (and at once at an await step), and restored as a verified new "
+            "generation before the next step that needs it."
+        ),
+    )
+    resident_memory_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="Memory a resident sandbox process holds (as an agent's interpreter).",
+    )
+
+    @property
+    def suspend(self) -> SuspendPolicy | None:
+        """The suspension policy these settings describe; None when it is off."""
+        if self.suspend_idle_after_s is None:
+            return None
+        return SuspendPolicy(self.suspend_idle_after_s, self.resident_memory_bytes)
 
     @property
     def limits(self) -> Limits:

@@ -40,12 +40,14 @@ from assay.record.state import DocumentTable, Fold, ReadModel
 from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.runtime.tracing import current_traceparent
-from assay.sandbox.port import SandboxProvider
+from assay.sandbox.port import SandboxProvider, SuspendPolicy
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
 from assay.verification.verifiers import Verifier
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from assay.runtime.signals import Signals
 
 Handler = Callable[[Any, "UnitOfWork[Any]"], Awaitable[None]]
@@ -88,6 +90,8 @@ class StageSpec:
     tables: tuple[DocumentTable, ...] = ()
     """Tables its store keeps in step with some kinds of its documents, for the stage's
     own filtered, paged queries."""
+    metrics: tuple[CollectorRegistry, ...] = ()
+    """Metrics the stage keeps itself (beside the §15 signals), exported on `/metrics`."""
 
     @property
     def topics(self) -> list[str]:
@@ -133,6 +137,8 @@ class StageDeps:
     """Which tenants' proposals skip the operator's approval."""
     admission: Admission = field(default_factory=lambda: Admission(None))
     """Capacity checks at registration and admission (§14.2); none without a declaration."""
+    suspend: SuspendPolicy | None = None
+    """Resident sandboxes, released while runs wait (DESIGN §16); None: off."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from assay.kernel.ids import BranchId, RunId, TenantId
 from assay.sandbox.archive import pack, unpack
@@ -42,6 +42,9 @@ from assay.sandbox.port import (
     Workspace,
 )
 from assay.store.ports import BlobStore
+
+if TYPE_CHECKING:
+    from assay.sandbox.resident import LocalResident
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +347,32 @@ class LocalSandbox:
         if not isinstance(workspace, LocalWorkspace) or workspace.sandbox is not self:
             raise SandboxError("the workspace does not belong to this sandbox")
         return workspace
+
+    # -- the resident sandbox (`resident`) ------------------------------------------------
+
+    @property
+    def python(self) -> str:
+        """The interpreter that runs the launcher (and the resident sandbox)."""
+        return self._python
+
+    def launch_spec(self, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """The launcher's spec for `argv` under this sandbox's limits and namespaces."""
+        return self._spec(argv, env, self._mode)
+
+    def launcher_argv(self, spec_fd: int) -> list[str]:
+        """How the launcher is started with its spec on `spec_fd`."""
+        return [self._python, "-I", "-S", str(LAUNCHER), str(spec_fd)]
+
+    async def start_resident(
+        self, workspace: Workspace, *, generation: int, identity: str, memory_bytes: int
+    ) -> LocalResident:
+        """Start a resident sandbox generation in `workspace` (see `ResidentSandboxes`)."""
+        from assay.sandbox.resident import start_resident
+
+        ws = self._own(workspace)
+        return await start_resident(
+            self, ws, generation=generation, identity=identity, memory_bytes=memory_bytes
+        )
 
     # -- commands -------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import BranchId, RunId, TenantId
@@ -215,4 +215,70 @@ class SandboxProvider(Protocol):
 
     async def discard(self, workspace: Workspace) -> None:
         """Remove the workspace and everything in it. Discarding twice is harmless."""
+        ...
+
+
+@dataclass(frozen=True)
+class SuspendPolicy:
+    """When a resident sandbox is released, and what it holds.
+
+    Attributes:
+        idle_after_s: a model call that lasts this long releases the sandbox; an
+            `await` step releases it at once.
+        resident_memory_bytes: memory the resident process holds (an agent's
+            interpreter or shell, in the local provider).
+    """
+
+    idle_after_s: float
+    resident_memory_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if not self.idle_after_s >= 0 or self.resident_memory_bytes < 0:
+            raise ValueError("idle_after_s and resident_memory_bytes must be >= 0")
+
+
+class ResidentSandbox(Protocol):
+    """One generation of a run's resident sandbox: a long-lived process in the run's
+    workspace that holds memory between steps, as an agent keeps a shell or an
+    interpreter. A new generation is a new process; nothing of an old one survives."""
+
+    @property
+    def generation(self) -> int:
+        """Which generation of the run's resident sandbox this is (1, 2, …)."""
+        ...
+
+    @property
+    def identity(self) -> str:
+        """Names this generation and nothing else: (tenant, run, branch, generation, nonce)."""
+        ...
+
+    async def ping(self) -> str:
+        """Ask the process who it is; its answer, one line.
+
+        Raises:
+            SandboxError: it did not answer in time, or it is gone.
+        """
+        ...
+
+    def memory_bytes(self) -> int:
+        """Resident memory of its process tree now (RSS, from `/proc`); 0 once stopped."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it and return only once every process of it is gone. Twice is harmless."""
+        ...
+
+
+@runtime_checkable
+class ResidentSandboxes(SandboxProvider, Protocol):
+    """A provider that can keep a resident sandbox beside a run's workspace."""
+
+    async def start_resident(
+        self, workspace: Workspace, *, generation: int, identity: str, memory_bytes: int
+    ) -> ResidentSandbox:
+        """Start a generation in `workspace` holding `memory_bytes`, once it says it is ready.
+
+        Raises:
+            SandboxError: it could not start, or did not announce itself in time.
+        """
         ...
