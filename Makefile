@@ -80,7 +80,10 @@ lint: sync  ## ruff, mypy --strict, import-linter layer contracts, the docs site
 docs: sync  ## the documentation site from docs/ (mkdocs.yml) -> site/
 	$(MKDOCS_BUILD)
 
+# The engine section's peers (DBOS Transact, LangGraph) are the `bench` dependency group:
+# installed here only, never in the library's or the stages' environments.
 bench: sync  ## figures beside their baselines -> bench/results/latest.json
+	$(UV) sync --locked --all-packages --group bench --quiet --compile-bytecode
 	$(VENV)/bin/python bench/run.py
 
 up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages

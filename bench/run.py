@@ -6,6 +6,7 @@ names are stable across commits).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import resource
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import asyncpg
+from engine import engine_figures
 from fleet import fleet_figures
 from pipeline import pipeline_figures
 
@@ -339,7 +341,32 @@ def bt_figures() -> dict[str, float]:
     }
 
 
-SECTIONS = ("eventlog", "demo", "postgres", "relay", "pipeline", "grading", "fleet")
+def engine_section(workdir: Path) -> dict[str, float]:
+    """The engine beside DBOS Transact and LangGraph, on SQLite and (with a server) on
+    Postgres; commits per step by effect class."""
+    try:
+        server = resolve_postgres(workdir)
+    except InfraUnavailable as exc:
+        print(f"no Postgres engine figures: {exc}")
+        return engine_figures(workdir, None)
+    try:
+        return engine_figures(workdir, server.address)
+    finally:
+        server.stop()
+
+
+SECTIONS = ("eventlog", "demo", "postgres", "relay", "engine", "pipeline", "grading", "fleet")
+FIGURES_OF = {
+    "eventlog": ("eventlog.sqlite.",),
+    "demo": ("demo.",),
+    "postgres": ("eventlog.postgres.",),
+    "relay": ("relay.",),
+    "engine": ("engine.",),
+    "pipeline": ("pipeline.",),
+    "grading": ("sprt.", "bt."),
+    "fleet": ("fleet.",),
+}
+"""The names each section's figures start with: `--write` replaces exactly those."""
 
 
 def measure(sections: set[str]) -> dict[str, float]:
@@ -358,6 +385,8 @@ def measure(sections: set[str]) -> dict[str, float]:
             figures.update(postgres_figures(tmp / "postgres"))
         if "relay" in sections:
             figures.update(relay_figures(tmp / "kafka"))
+        if "engine" in sections:
+            figures.update(engine_section(tmp / "engine"))
         if "pipeline" in sections:
             figures.update(pipeline_figures(tmp / "pipeline"))
         if "grading" in sections:
@@ -371,8 +400,18 @@ def measure(sections: set[str]) -> dict[str, float]:
 
 def main() -> None:
     """`run.py` measures every section and writes `latest.json`; `run.py pipeline relay`
-    measures only those sections and only prints them."""
-    chosen = set(sys.argv[1:]) or set(SECTIONS)
+    measures only those sections and only prints them; `run.py engine --write` measures
+    only the engine section and writes its figures into `latest.json`, every other
+    section's figures left as the file has them."""
+    parser = argparse.ArgumentParser(description="Assay's figures beside their baselines.")
+    parser.add_argument("sections", nargs="*", metavar="section", help=", ".join(SECTIONS))
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="write the named sections' figures into latest.json (the rest stay as they are)",
+    )
+    args = parser.parse_args()
+    chosen = set(args.sections) or set(SECTIONS)
     if unknown := chosen - set(SECTIONS):
         sys.exit(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     figures = measure(chosen)
@@ -381,6 +420,10 @@ def main() -> None:
         "demo.peak_rss_mb": "<= 300",
         "eventlog.postgres.ratio": ">= 0.7",
         "relay.ratio": ">= 0.5",
+        "engine.commits_per_step.pure": "== 1",
+        "engine.commits_per_step.unsafe": "== 4 (2 + the intent's 2)",
+        "engine.peer_ratio.sqlite": ">= 2.0",
+        "engine.peer_ratio.postgres": ">= 2.0",
         "pipeline.runs_per_s": ">= 200",
         "pipeline.latency_p50_ms": "<= 50",
         "pipeline.latency_p99_ms": "<= 250",
@@ -397,10 +440,16 @@ def main() -> None:
     print(f"{'figure':<{width}}  {'value':>10}  target")
     for k, v in figures.items():
         print(f"{k:<{width}}  {v:>10}  {targets.get(k, '')}")
-    if chosen != set(SECTIONS):
-        return
     out = ROOT / "bench" / "results" / "latest.json"
-    out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    if chosen == set(SECTIONS):
+        written = figures
+    elif args.write:
+        kept = json.loads(out.read_text()) if out.exists() else {}
+        measured = tuple(prefix for name in chosen for prefix in FIGURES_OF[name])
+        written = {**{k: v for k, v in kept.items() if not k.startswith(measured)}, **figures}
+    else:
+        return
+    out.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -47,6 +47,15 @@ PENDING_WINDOW = frozenset(
 )
 """Window A: `Pending` is the last committed state; the call was never issued."""
 
+PURE_WINDOW = frozenset(
+    {
+        "execute.tool.sink_price.during",
+        "execute.before_commit.AttemptStarted+AttemptFinished.succeeded",
+    }
+)
+"""Inside a Pure step, before its only commit (start and end together): nothing of the
+attempt is on record, and recovery runs it again as the same attempt."""
+
 IN_HANDLER = frozenset(
     {
         "execute.after_claim",
@@ -54,13 +63,13 @@ IN_HANDLER = frozenset(
         "execute.after_commit.RunStarted",
         "execute.before_commit.AttemptStarted",
         "execute.after_commit.AttemptStarted",
-        "execute.before_commit.AttemptFinished.succeeded",
-        "execute.after_commit.AttemptFinished.succeeded",
+        "execute.after_commit.AttemptStarted+AttemptFinished.succeeded",
         "execute.before_commit.Intent.pending.idempotent",
         "execute.before_commit.Intent.pending.unsafe",
         "execute.after_commit.Intent.committed.idempotent+AttemptFinished.succeeded",
         "execute.after_commit.Intent.committed.unsafe+AttemptFinished.succeeded",
         "execute.before_final_commit",
+        *PURE_WINDOW,
         *UNSAFE_WINDOW,
         *IDEMPOTENT_WINDOW,
         *PENDING_WINDOW,
@@ -154,6 +163,8 @@ def check_recovery(
 
     - nothing committed before the crash was lost or rewritten, and every run
       finished exactly once; no attempt was started or finished twice;
+    - a crash inside a Pure step left nothing of its attempt on record, and the restart
+      ran it again as that same attempt (not closed as interrupted, not attempt 2);
     - every attempt open at the crash was resolved by its last committed intent:
       none or `Pending` -> closed as interrupted and retried; `Dispatched` of an
       Idempotent call -> retried under the same key and committed; `Dispatched`
@@ -228,8 +239,26 @@ def check_recovery(
     if point in PENDING_WINDOW:
         assert window["pending"] >= 1, f"{point}: no call was in window A"
 
+    if point in PURE_WINDOW:
+        _check_pure_rerun(point, at_crash, final)
     _check_effects(point, final, sink, tenant, indeterminate)
     _check_resumed(point, at_crash, final, restarted_ms, ttl_s)
+
+
+def _check_pure_rerun(point: str, at_crash: ExecuteLog, final: ExecuteLog) -> None:
+    """Some run died inside its Pure `price` step: none of that attempt was committed, and
+    the restart ran attempt 1 again to success (nothing to close, nothing interrupted)."""
+    recorded = {_attempt(r)[:2] for r in at_crash.records if r.type == "AttemptStarted"}
+    unrecorded = [
+        run
+        for run in at_crash.runs()
+        if (run, "price") not in recorded and run not in at_crash.finished()
+    ]
+    assert unrecorded, f"{point}: no run was inside its Pure step"
+    for run in unrecorded:
+        ends = [r.doc for r in final.runs()[run] if r.type == "AttemptFinished"]
+        price = [(d["attempt"], d["state"], d["interrupted"]) for d in ends if d["step"] == "price"]
+        assert price == [(1, "succeeded", False)], f"{run}: price attempts {price}"
 
 
 def _check_effects(

@@ -12,9 +12,10 @@ the outside world's record of what happened, independent of Assay's own logs.
   `applied` says whether it was the first with that key (the effect).
 - `sink_charge` is `Unsafe`: a charge with no way to deduplicate or ask.
 
-Both effectful tools pass crash points `execute.tool.<tool>.before_effect`
-(dispatched, nothing done yet) and `execute.tool.<tool>.after_effect` (the
-effect landed, its outcome not yet committed).
+`sink_price` passes `execute.tool.sink_price.during` (a Pure call under way, its
+attempt not yet on record); both effectful tools pass crash points
+`execute.tool.<tool>.before_effect` (dispatched, nothing done yet) and
+`execute.tool.<tool>.after_effect` (the effect landed, its outcome not yet committed).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def _identity(call: ToolCall) -> dict[str, Any]:
 
 
 async def _price(call: ToolCall) -> str:
+    crash_point("execute.tool.sink_price.during")  # mid-call of a Pure step: nothing recorded
     return str(len(call.args["item"]) * 10)
 
 

@@ -340,6 +340,36 @@ async def test_a_commit_is_one_round_trip_and_concurrent_commits_share_one(
     assert (await pg_log.rebuild(keep=False)).identical
 
 
+async def test_a_batch_that_puts_then_patches_a_new_document_reads_nothing_first(
+    pg_log: PostgresEventLog,
+) -> None:
+    """A Pure step's one commit puts its attempt's document and patches it: the patch
+    rests on the put, so the commit is its one round trip, no read of the store first."""
+    tenant = new_tenant()
+    key = main(tenant, "s")
+    await pg_log.commit(on(key, put("warm")))  # learns the branch's next LSN
+    await pg_log.commit(on(key, put("x0"), ItemChanged(item="x0", fields={"b": 2})))  # prepares
+    conn = pg_log.writer.connection
+    assert conn is not None
+    queries: list[str] = []
+
+    def logged(query: LoggedQuery) -> None:
+        queries.append(query.query)
+
+    conn.add_query_logger(logged)
+    try:
+        for i in range(1, 6):
+            await pg_log.commit(
+                on(key, put(f"x{i}", a=1), ItemChanged(item=f"x{i}", fields={"b": 2}))
+            )
+        await asyncio.sleep(0)  # query loggers are called soon after the query
+        assert len(queries) == 5, queries
+    finally:
+        conn.remove_query_logger(logged)
+    assert await pg_log.get(StateKey(tenant, "item", "x5")) == {"a": 1, "b": 2}
+    assert (await pg_log.rebuild(keep=False)).identical
+
+
 async def test_fenced_commits_of_many_runs_share_a_round_trip_and_a_stale_fence_fails_alone(
     pg_log: PostgresEventLog,
 ) -> None:

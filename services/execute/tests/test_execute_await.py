@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from assay.bus import RUN_COMMANDS, RUNS
-from assay.engine import BUILTIN_TOOLS, RunFinished, StubModel
+from assay.engine import BUILTIN_TOOLS, Pure, RunFinished, StubModel, Tool, ToolCall
 from assay.grading import StubJudge
 from assay.kernel import BranchId, RunState, TaskId, TenantId, content_hash, new_run_id
 from assay.messages import (
@@ -55,8 +55,11 @@ def deps(tmp_path: Path) -> StageDeps:
     )
 
 
-def spawned(timeout_s: float = 3600, on_timeout: str = "fail") -> RunSpawned:
-    doc = {
+def spawned(
+    timeout_s: float = 3600, on_timeout: str = "fail", *, then_pure: bool = False
+) -> RunSpawned:
+    """`then_pure`: the wait is followed straight by a Pure tool step, no conditional."""
+    doc: dict[str, Any] = {
         "id": "approve",
         "steps": [
             {
@@ -82,6 +85,8 @@ def spawned(timeout_s: float = 3600, on_timeout: str = "fail") -> RunSpawned:
         ],
         "transitions": [{"from": "ask", "to": "route"}],
     }
+    if then_pure:
+        doc = {"id": "approve", "steps": [doc["steps"][0], doc["steps"][2]]}
     wf = validate(WorkflowDef.model_validate(doc), frozenset(BUILTIN_TOOLS))
     task = {"n": "1"}
     ref = RunRef(
@@ -132,6 +137,37 @@ async def test_a_run_suspends_without_a_lease_and_an_approval_resumes_it(
         assert doc is not None
         assert doc["status"] == "verifying"
         assert await stage.dead_letters() == []
+
+
+async def test_running_commits_with_the_signal_before_the_next_step_runs(
+    store: EventLog, tmp_path: Path
+) -> None:
+    """The step after the wait is Pure: its first commit comes only after its call. A
+    worker that dies in that call must not take `Running` with it — a redelivered signal
+    only drives the resumed run on, and the run would go from Suspended to Verifying."""
+    called, release = asyncio.Event(), asyncio.Event()
+
+    async def held(call: ToolCall) -> str:
+        called.set()
+        await release.wait()
+        return call.args["text"].strip()
+
+    d = deps(tmp_path)
+    d.tools["strip"] = Tool("strip", held, Pure(), "strip, once released")
+    msg = spawned(then_pure=True)
+    async with StageHarness(create_stage(d), d.blobs, tmp_path / "w", log=store) as stage:
+        await stage.deliver(RUNS, msg, TENANT)
+        approval = SignalRun(tenant=TENANT, run_id=msg.run.run_id, signal="approval", payload="y")
+        resuming = asyncio.create_task(stage.deliver(RUN_COMMANDS, approval, TENANT))
+        await called.wait()  # the Pure step's call is under way: nothing of it is committed
+        assert statuses(await stage.emitted()) == [
+            RunState.RUNNING,
+            RunState.SUSPENDED,
+            RunState.RUNNING,
+        ]
+        release.set()
+        await resuming
+        assert statuses(await stage.emitted())[-1] is RunState.VERIFYING
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,10 @@ async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
         return
     spec, lease = found
     uow = uow.fenced(lease)
+    graded = spec.branch == 0
+    # `Running` commits with the `Signalled` that resumes the run: a redelivery after a
+    # crash finds the run resumed and only drives it on (the next step may be Pure, whose
+    # first commit comes only after its call).
     async with uow.step():
         signalled = Signalled(
             step=waiting.step,
@@ -92,11 +96,12 @@ async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
             timed_out=msg.timed_out,
         )
         uow.record(spec.key, signalled)
-    graded = spec.branch == 0
-    if graded:
-        why = "its wait timed out" if msg.timed_out else f"signal {msg.signal!r}"
-        resumed_ = RunStatusChanged(run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}")
-        uow.emit(RUN_STATUS, resumed_)
+        if graded:
+            why = "its wait timed out" if msg.timed_out else f"signal {msg.signal!r}"
+            resumed_ = RunStatusChanged(
+                run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}"
+            )
+            uow.emit(RUN_STATUS, resumed_)
     await conclude(spec, uow, lease, graded=graded)
 
 

@@ -1,6 +1,8 @@
 """Attempts of model and tool steps (§5.1, §8.4): run live, or recover from the log.
 
-Every attempt start and end is its own commit. A tool call with an effect is
+An attempt's start is committed before the call (write-ahead), except for a
+`Pure` tool's: a Pure call can simply run again after a crash, so its start
+commits with its end, in one commit (§8.4). A tool call with an effect is
 wrapped in a write-ahead intent — Pending, Dispatched, Committed, each durable
 before the next — and recovered after a crash by the last committed state and
 the tool's effect class. A cancelled attempt is `Cancelled` unless an intent
@@ -10,8 +12,11 @@ was dispatched and never resolved: then it is `Indeterminate`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -42,6 +47,22 @@ from assay.workflow.ir import ModelStep, ToolStep
 from assay.workflow.templates import TemplateError, render
 
 _tracer = trace.get_tracer("assay.engine")
+
+
+def _span(
+    name: str,
+    attributes: Callable[[], dict[str, str | int]] | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> AbstractContextManager[object]:
+    """A span around `name` with `attributes()`, when a tracer provider is installed.
+    Without one a span is a no-op that only carries its parent's context on, so none is
+    made: the current span, and every traceparent taken from it, stays the same."""
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return contextlib.nullcontext()
+    return _tracer.start_as_current_span(
+        name, kind=kind, attributes=attributes() if attributes is not None else None
+    )
+
 
 MAX_INTERRUPTED = 3
 """A step whose attempts kept dying with the worker stops being retried after this many."""
@@ -75,8 +96,8 @@ class AttemptRunner:
             elif run.cancel.cancelled:
                 return False  # Pending -> Cancelled: the attempt never started
             else:
-                with _tracer.start_as_current_span(
-                    f"attempt {step.id}", attributes=_span_attributes(run, step.id, n)
+                with _span(
+                    f"attempt {step.id}", functools.partial(_span_attributes, run, step.id, n)
                 ):
                     started, finished = await self._attempt(run, step, n, iteration)
             if finished.workspace is not None:
@@ -152,7 +173,9 @@ class AttemptRunner:
                 else f"{last.effect} tool {step.tool!r} was dispatched and never resolved"
             )
             return await self._indeterminate(run, step.id, n, last, why, t0)
-        call = await self._call(run, tool, step.id, n, started.args, last)
+        call = await self._call(
+            run, tool, step.id, n, started.args, last.request_id, last.idempotency_key
+        )
         if isinstance(tool.effects, Queryable):
             try:
                 landed = await asyncio.wait_for(tool.effects.lookup(call), step.timeout_s)
@@ -187,7 +210,10 @@ class AttemptRunner:
         started = AttemptStarted(
             step=step.id, attempt=n, iteration=iteration, prompt=prompt, args=args
         )
-        await run.record_and_commit(started)
+        if self._pure(step):  # nothing to recover but a re-run: the start commits with the end
+            run.unwritten[step.id] = started
+        else:
+            await run.record_and_commit(started)
         t0 = time.monotonic()
         if error is not None:
             return started, await self._finish(
@@ -235,17 +261,9 @@ class AttemptRunner:
             key = idempotency_key(tool, ref.tenant, ref.run_id, step.id, iteration, args)
         except ToolRefused as exc:
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=str(exc))
-        intent = Intent(
-            step=step.id,
-            attempt=n,
-            state=intent_transition(None, IntentState.PENDING),
-            tool=tool.name,
-            effect=effect_name(tool.effects),
-            request_id=_request_id(run, step.id, n),
-            idempotency_key=key,
-        )
-        call = await self._call(run, tool, step.id, n, args, intent)
-        if not tool.has_effect:
+        request_id = _request_id(run, step.id, n)
+        if not tool.has_effect:  # no intent to write
+            call = await self._call(run, tool, step.id, n, args, request_id, key)
             try:
                 _, state, output, error = await run.cancel.race(_invoke(tool, call, step.timeout_s))
             except Cancelled:
@@ -253,6 +271,16 @@ class AttemptRunner:
             return await self._finish(
                 run, step.id, n, state, t0, output=output, error=error, tool=tool
             )
+        intent = Intent(
+            step=step.id,
+            attempt=n,
+            state=intent_transition(None, IntentState.PENDING),
+            tool=tool.name,
+            effect=effect_name(tool.effects),
+            request_id=request_id,
+            idempotency_key=key,
+        )
+        call = await self._call(run, tool, step.id, n, args, request_id, key)
         await run.record_and_commit(intent)
         if run.cancel.cancelled:  # between Pending and Dispatched: nothing was issued
             return await self._finish(run, step.id, n, AttemptState.CANCELLED, t0, error=_why(run))
@@ -386,10 +414,10 @@ class AttemptRunner:
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=refusal)
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
         try:
-            with _tracer.start_as_current_span(
+            with _span(
                 f"model {step.id}",
-                kind=SpanKind.CLIENT,
-                attributes={**_span_attributes(run, step.id, n), "gen_ai.operation.name": "chat"},
+                lambda: {**_span_attributes(run, step.id, n), "gen_ai.operation.name": "chat"},
+                SpanKind.CLIENT,
             ):
                 done = await run.cancel.race(
                     asyncio.wait_for(
@@ -474,7 +502,7 @@ class AttemptRunner:
         workspace: str | None = None,
         before: Sequence[Intent] = (),
     ) -> AttemptFinished:
-        """Close attempt N (after `before`, in the same commit)."""
+        """Close attempt N (after its unwritten start and `before`, in the same commit)."""
         attempt_transition(
             AttemptState.RUNNING, state, intent_dispatched=state is AttemptState.INDETERMINATE
         )
@@ -492,8 +520,19 @@ class AttemptRunner:
             interrupted=interrupted,
             workspace=workspace,
         )
-        await run.record_and_commit(*before, finished, emits=emits)
+        start = run.unwritten.pop(step, None)
+        await run.record_and_commit(
+            *(() if start is None else (start,)), *before, finished, emits=emits
+        )
         return finished
+
+    def _pure(self, step: ModelStep | ToolStep) -> bool:
+        """Whether `step` calls a registered `Pure` tool (a model call is not one: it is
+        metered and bounded by the run's budget, so its start is written ahead)."""
+        if not isinstance(step, ToolStep):
+            return False
+        tool = self.tools.get(step.tool)
+        return tool is not None and not tool.has_effect
 
     def needs_sandbox(self, step: object) -> bool:
         """Whether `step` calls a tool that runs in the sandbox."""
@@ -524,7 +563,8 @@ class AttemptRunner:
         step: StepId,
         n: AttemptNo,
         args: Mapping[str, str],
-        intent: Intent,
+        request_id: str,
+        key: str | None,
     ) -> ToolCall:
         workspace = None
         if tool.needs_sandbox:
@@ -537,8 +577,8 @@ class AttemptRunner:
             step=step,
             attempt=n,
             args=args,
-            request_id=intent.request_id,
-            idempotency_key=intent.idempotency_key,
+            request_id=request_id,
+            idempotency_key=key,
             workspace=workspace,
         )
 
@@ -567,13 +607,14 @@ def _request_id(run: RunContext, step: StepId, n: AttemptNo) -> str:
 async def _invoke(tool: Tool, call: ToolCall, timeout_s: float) -> _Outcome:
     """Call the tool; `known` is False when it gave no answer (a timeout, or it broke):
     whether it acted is then unknown."""
-    with _tracer.start_as_current_span(f"tool {tool.name}", kind=SpanKind.CLIENT):
+    with _span(f"tool {tool.name}", kind=SpanKind.CLIENT):
         return await _call_tool(tool, call, timeout_s)
 
 
 async def _call_tool(tool: Tool, call: ToolCall, timeout_s: float) -> _Outcome:
     try:
-        output = await asyncio.wait_for(tool.fn(call), timeout_s)
+        async with asyncio.timeout(timeout_s):  # no task of its own, unlike wait_for
+            output = await tool.fn(call)
     except TimeoutError:
         return False, AttemptState.TIMED_OUT, None, f"timed out after {timeout_s}s"
     except ToolError as exc:  # the tool answered: it failed (ToolRefused: before any effect)

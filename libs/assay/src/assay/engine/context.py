@@ -125,6 +125,7 @@ class CancelScope:
         self._event = asyncio.Event()
         self.reason = ""
         self._children: list[CancelScope] = []
+        self._racing: set[asyncio.Future[Any]] = set()
         if parent is not None:
             parent._children.append(self)
             if parent.cancelled:
@@ -141,6 +142,8 @@ class CancelScope:
             return
         self.reason = reason
         self._event.set()
+        for work in self._racing:
+            work.cancel()
         for child in self._children:
             child.cancel(reason)
 
@@ -149,21 +152,24 @@ class CancelScope:
         return CancelScope(self)
 
     async def race(self, work: Awaitable[T]) -> T:
-        """Await `work`, or cancel it and raise `Cancelled` if the scope is cancelled first."""
+        """Await `work`, or cancel it and raise `Cancelled` if the scope is cancelled first.
+
+        The work runs as one task that `cancel` stops; whoever awaits the race being
+        cancelled stops the work with it (awaiting a task passes the cancellation on).
+        """
         task = asyncio.ensure_future(work)
-        stop = asyncio.ensure_future(self._event.wait())
+        if self.cancelled:
+            task.cancel()
+        self._racing.add(task)
         try:
-            await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            task.cancel()  # whoever awaited the race was cancelled: the work stops with it
-            raise
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.cancelled and task.cancelled() and not (current and current.cancelling()):
+                raise Cancelled(self.reason) from None
+            raise  # whoever awaited the race was cancelled, not the scope
         finally:
-            stop.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise Cancelled(self.reason)
+            self._racing.discard(task)
 
 
 class Replay:
@@ -234,6 +240,9 @@ class RunContext:
     workspace_ref: str | None = None
     """The latest recorded snapshot of the run's workspace."""
     appended: Tally = field(default_factory=Tally)
+    unwritten: dict[StepId, Event] = field(default_factory=dict)
+    """Starts of Pure attempts in flight, by step: each rides with its attempt's end
+    (shared by the run's parallel branches, which run different steps)."""
     depth: int = 0
     """How deep in sub-workflows this stream is (the run itself: 0)."""
 

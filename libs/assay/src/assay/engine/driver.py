@@ -44,6 +44,7 @@ from assay.workflow.ir import (
     ParallelStep,
     SubworkflowStep,
     ToolStep,
+    Transition,
     WorkflowDef,
 )
 from assay.workflow.subworkflows import MAX_SUBWORKFLOW_DEPTH
@@ -195,6 +196,7 @@ class Driver:
         failed_step: StepId | None = None
         step_id: StepId | None = loop.step_id
         executions = loop.executions
+        edges = wf.edges()  # once per drive, not per step
         try:
             while step_id is not None:  # a cancelled run still replays what it recorded
                 written = base + run.appended.n
@@ -215,7 +217,7 @@ class Driver:
                 if routed is False:
                     failed_step = step_id
                     break
-                step_id = routed if isinstance(routed, str) else _route(wf, step_id, edges_taken)
+                step_id = routed if isinstance(routed, str) else _route(edges, step_id, edges_taken)
         finally:
             if parent is not None:
                 parent.workspace, parent.workspace_ref = run.workspace, run.workspace_ref
@@ -454,10 +456,12 @@ def _choose(step: ConditionalStep, iteration: int, context: dict[str, object]) -
     return Routed(step=step.id, iteration=iteration, to=step.otherwise)
 
 
-def _route(wf: WorkflowDef, at: StepId, taken: dict[tuple[StepId, StepId], int]) -> StepId | None:
+def _route(
+    edges: list[Transition], at: StepId, taken: dict[tuple[StepId, StepId], int]
+) -> StepId | None:
     """The next step after `at` succeeded: a bounded loop edge while under its bound, else
     the forward edge, else the end."""
-    out = [e for e in wf.edges() if e.source == at]
+    out = [e for e in edges if e.source == at]
     for e in out:
         if e.max_iterations is not None and taken.get((e.source, e.target), 0) < e.max_iterations:
             taken[(e.source, e.target)] = taken.get((e.source, e.target), 0) + 1

@@ -88,18 +88,21 @@ def trace_of_run(
     origin = records[0].at_ms
     kinds = _step_kinds(started.definition or {}, sandboxed_tools)
     spans: list[_Span] = []
-    open_attempts: dict[tuple[str, int], tuple[int, Label]] = {}
+    open_attempts: dict[tuple[str, int], tuple[int, Label, int]] = {}
     suspended_at: int | None = None
     now = 0
     finished: RunFinishedEvent | None = None
     for record in records[1:]:
-        now = max(now, record.at_ms - origin)
+        before, now = now, max(now, record.at_ms - origin)
         match record.event:
             case AttemptStarted(step=step, attempt=n):
-                open_attempts[(step, n)] = (now, kinds.get(step, "busy"))
-            case AttemptFinished(step=step, attempt=n):
+                open_attempts[(step, n)] = (now, kinds.get(step, "busy"), before)
+            case AttemptFinished(step=step, attempt=n, duration_ms=took):
                 if (opened := open_attempts.pop((step, n), None)) is not None:
-                    spans.append(_Span(opened[0], now, opened[1]))
+                    start, label, earlier = opened
+                    if start == now:  # a Pure attempt: its start committed with its end
+                        start = max(earlier, now - took)
+                    spans.append(_Span(start, now, label))
             case Suspended():
                 suspended_at = now
             case Signalled():

@@ -186,14 +186,20 @@ class WriterView:
                 )
 
     def unknown_docs(self, folded: list[Folded]) -> dict[Doc, StateKey]:
-        """The documents these batches patch that this writer does not know."""
+        """The documents these batches patch that this writer does not know. A patch of a
+        document its own batch put or deleted first rests on that, not on the store (a
+        Pure step's start puts its attempt's document, its end patches it)."""
         docs = self.docs
         if len(docs) > _CACHE_LIMIT:
             docs.clear()
         unknown: dict[Doc, StateKey] = {}
         for f in folded:
+            written: set[Doc] = set()
             for d in f.deltas:
-                if isinstance(d, Patch) and (k := doc_key(d.at)) not in docs:
+                k = doc_key(d.at)
+                if not isinstance(d, Patch):
+                    written.add(k)
+                elif k not in docs and k not in written:
                     unknown[k] = d.at
         return unknown
 

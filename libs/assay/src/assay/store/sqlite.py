@@ -140,6 +140,9 @@ class SqliteEventLog:
         # file's only writer (the data directory is locked); the UNIQUE index
         # on (tenant, stream, branch, lsn) would refuse a stale guess anyway.
         self._next_lsn: dict[_Row, int] = {}
+        self.transactions = 0
+        """Transactions `commit` has committed since the log was made (a group commit of
+        several batches is one): what each durable step costs, counted."""
 
     async def open(self) -> SqliteEventLog:
         """Create the file and tables if missing."""
@@ -208,6 +211,7 @@ class SqliteEventLog:
         try:
             lsns = self._write_batch(db, batch, learnt)
             db.execute("COMMIT")
+            self.transactions += 1
         except BaseException:
             if self._db.in_transaction:
                 db.execute("ROLLBACK")
@@ -244,6 +248,7 @@ class SqliteEventLog:
                     db.execute("RELEASE b")
                     outcomes.append(exc)
             db.execute("COMMIT")
+            self.transactions += 1
         except Exception as exc:
             if self._db.in_transaction:
                 db.execute("ROLLBACK")
@@ -291,6 +296,7 @@ class SqliteEventLog:
                 next_lsn[expected] = end
         lsns: list[Lsn] = []
         now = int(time.time() * 1000)
+        docs: dict[_Doc, dict[str, Any] | None] = {}  # the batch's documents, written once
         for key, event in batch.records:
             row: _Row = (_t(key.tenant), key.stream, key.branch)
             lsn = next_lsn.get(row)
@@ -309,8 +315,9 @@ class SqliteEventLog:
             )
             record = LogRecord(key, Lsn(lsn), event.version, now, event)
             for delta in self._fold(record):
-                _apply(db, delta)
+                _merge(db, docs, delta)
             lsns.append(Lsn(lsn))
+        _write_docs(db, docs)
         if batch.position is not None:
             p = batch.position
             db.execute(
@@ -527,6 +534,43 @@ def _differences(before: list[Any], after: list[Any]) -> list[str]:
             )
             out.append(f"{'/'.join(str(p) for p in k)}: {what}")
     return out
+
+
+_Doc = tuple[str, str, str]
+"""A document as stored: (tenant, kind, key)."""
+
+
+def _merge(db: sqlite3.Cursor, docs: dict[_Doc, dict[str, Any] | None], delta: StateDelta) -> None:
+    """Apply `delta` to the batch's view of its documents (None: deleted). A document the
+    batch patches is read once; each is written once, at the end (`_write_docs`): two
+    records of one commit patching the same run document cost one read and one write,
+    and the stored bytes are what applying the deltas one by one would leave."""
+    at = delta.at
+    ident = (_t(at.tenant), at.kind, at.key)
+    match delta:
+        case Put(value=value):
+            docs[ident] = value
+        case Patch(fields=fields):
+            if ident in docs:
+                base = docs[ident]
+            else:
+                row = db.execute(
+                    "SELECT value FROM state WHERE tenant=? AND kind=? AND key=?", ident
+                ).fetchone()
+                base = json.loads(row[0]) if row else None
+            docs[ident] = {**(base or {}), **fields}
+        case Delete():
+            docs[ident] = None
+
+
+def _write_docs(db: sqlite3.Cursor, docs: dict[_Doc, dict[str, Any] | None]) -> None:
+    for ident, value in docs.items():
+        if value is None:
+            db.execute("DELETE FROM state WHERE tenant=? AND kind=? AND key=?", ident)
+        else:
+            db.execute(
+                "INSERT OR REPLACE INTO state VALUES (?, ?, ?, ?)", (*ident, document_bytes(value))
+            )
 
 
 def _apply(db: sqlite3.Cursor, delta: StateDelta) -> None:
