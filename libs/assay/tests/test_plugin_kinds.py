@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 
 from assay.grading import StubJudge
-from assay.grading.strategies import StrategyUnknown, builtin_strategies, profile
+from assay.grading.ladder import ladder_for
+from assay.grading.strategies import (
+    StrategyRefused,
+    StrategyUnknown,
+    builtin_strategies,
+    profile,
+)
+from assay.messages.rungs import Ladder
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.plugins import PluginInvalid
 from assay.runtime.registry import load_plugins
@@ -53,7 +60,7 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Install:
 KINDS = """
 from assay.engine import StubModel
 from assay.grading.strategies import ResourceProfile
-from assay.kernel.scores import Capped, Relative
+from assay.kernel.scores import Capped, Ranked, Relative
 from assay.runtime.registry import JudgePlugin, ModelPlugin
 
 twin = ModelPlugin("twin", lambda settings, limiter: StubModel())
@@ -84,6 +91,21 @@ class Sync:
     judged = False
     def profile(self, spec, judge, rubric, order_check): ...
     def compare(self, pair): ...
+
+class Unmeasured:
+    name = "unmeasured"
+    produces = Relative
+    grouped = False
+    judged = False
+    def profile(self, spec, judge, rubric, order_check): ...
+    async def compare(self, pair): ...
+
+class Grouped:
+    name = "grouped"
+    produces = Ranked
+    grouped = True
+    judged = True
+    def profile(self, spec, judge, rubric, order_check): ...
 
 class Fine:
     name = "fine"
@@ -211,3 +233,26 @@ def test_an_unregistered_strategy_is_refused_with_the_registered_ones_named() ->
 def test_a_strategy_name_must_be_one_a_package_could_register() -> None:
     with pytest.raises(ValueError, match="strategy\n  String should match pattern"):
         GradingSpec(strategy="Not A Name")
+
+
+def test_a_strategy_whose_profile_is_not_a_resource_profile_is_refused(
+    install: Install,
+) -> None:
+    install(KINDS, {"assay.grading_strategies": ["unmeasured = {module}:Unmeasured"]})
+    strategies = load_plugins().strategies
+    with pytest.raises(StrategyRefused, match="'unmeasured' declared a NoneType as its profile"):
+        profile(GradingSpec(strategy="unmeasured"), StubJudge(), strategies=strategies)
+
+
+def test_decide_gives_a_challenger_the_ladder_its_registered_strategy_declares(
+    install: Install,
+) -> None:
+    install(KINDS, {"assay.grading_strategies": ["x = {module}:Grouped", "y = {module}:Fine"]})
+    strategies = load_plugins().strategies
+    for name, ladder in (
+        ("grouped", Ladder.RESOURCED),
+        ("fine", Ladder.DEFAULT),
+        ("tournament", Ladder.RESOURCED),
+        ("pairwise_sequential", Ladder.DEFAULT),
+    ):
+        assert ladder_for({"grading": {"strategy": name}}, strategies) is ladder, name

@@ -265,9 +265,16 @@ def profile(
 
     Raises:
         StrategyUnknown: `spec` names a strategy that is not registered.
+        StrategyRefused: the strategy's `profile` gave no `ResourceProfile`.
     """
     registered = builtin_strategies() if strategies is None else strategies
-    return strategy_named(spec.strategy, registered).profile(spec, judge, rubric, order_check)
+    needs = strategy_named(spec.strategy, registered).profile(spec, judge, rubric, order_check)
+    if not isinstance(needs, ResourceProfile):
+        raise StrategyRefused(
+            f"grading strategy {spec.strategy!r} declared a {type(needs).__name__} as its "
+            "profile, not a ResourceProfile: what it needs cannot be checked"
+        )
+    return needs
 
 
 def check_fits(profile: ResourceProfile, capacity: GradingCapacity) -> None:
