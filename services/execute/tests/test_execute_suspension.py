@@ -38,7 +38,9 @@ def test_suspension_is_off_by_default_and_the_setting_turns_it_on() -> None:
         }
     )
     assert on.sandbox.suspend == SuspendPolicy(idle_after_s=2.5, resident_memory_bytes=1 << 20)
-    assert AssaySettings.from_env({"ASSAY_MODEL_STUB_DELAY_S": "0.5"}).model.build().delay_s == 0.5
+    stub = AssaySettings.from_env({"ASSAY_MODEL_STUB_DELAY_S": "0.5"}).model.build()
+    assert isinstance(stub, StubModel)
+    assert stub.delay_s == 0.5
 
 
 def test_a_negative_idle_after_is_refused_by_name() -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from assay.engine import Tool
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.proposers import ProposalPolicy, Proposer
 from assay.grading.sprt import SprtPolicy
-from assay.grading.strategies import GradingPolicy
+from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.runtime import StageDeps, UnitOfWork
 
 
@@ -28,6 +28,8 @@ class Deciding:
     sprt: SprtPolicy
     proposer: Proposer
     proposals: ProposalPolicy
+    strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
+    """The registered grading strategies: a challenger's ladder follows its strategy's."""
 
     @classmethod
     def of(cls, deps: StageDeps) -> Deciding:
@@ -41,6 +43,7 @@ class Deciding:
             ladder=deps.ladder,
             sprt=deps.sprt,
             proposer=deps.proposer,
+            strategies=deps.strategies,
             proposals=deps.proposals,
         )
 

@@ -46,7 +46,13 @@ def shadow_refusal(wf: WorkflowDef, deps: Deciding) -> str | None:
         )
     try:
         check_fits(
-            profile(wf.grading, deps.judge, list(wf.rubric), order_check=deps.grading.order_check),
+            profile(
+                wf.grading,
+                deps.judge,
+                list(wf.rubric),
+                order_check=deps.grading.order_check,
+                strategies=deps.strategies,
+            ),
             deps.grading,
         )
     except StrategyRefused as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from assay.bus.topics import DECISIONS
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.ladder import Move, MoveKind, Standing, ladder_for, step
+from assay.grading.strategies import StrategyUnknown, strategy_named
 from assay.kernel import Refused
 from assay.kernel.scores import WinRecord
 from assay.messages import (
@@ -91,7 +92,7 @@ async def on_workflow_registered(msg: WorkflowRegistered, uow: DecideUnitOfWork)
     w.allocate(
         alloc,
         "challenger registered (shadow)",
-        Standing(ladder=ladder_for(definition), rung=Rung.SHADOW, share=0.0),
+        Standing(ladder=ladder_for(definition, deps.strategies), rung=Rung.SHADOW, share=0.0),
         current=alloc.current,
         challenger=wf.version,
         shadow_rate=deps.shadow_rate,
@@ -161,11 +162,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
 
 def _valid(msg: WorkflowRegistered, deps: Deciding) -> WorkflowDef | None:
-    """The registered definition, validated as ingest validates it (None: invalid)."""
+    """The registered definition, validated as ingest validates it (None: invalid, or its
+    grading strategy is not registered here — ingest refuses both, so nothing of it may
+    be allocated)."""
     try:
         wf = validate(from_document(msg.definition), frozenset(deps.tools), deps.verifier_kinds)
         check_executable(wf)
-    except (WorkflowInvalid, StepNotExecutable):
+        strategy_named(wf.grading.strategy, deps.strategies)
+    except (WorkflowInvalid, StepNotExecutable, StrategyUnknown):
         return None
     return wf
 
@@ -181,7 +185,7 @@ def _turn_away(w: Workflow, wf: WorkflowDef, refusal: str) -> None:
             llr=0.0,
             reason=refusal,
             outcome="rejected",
-            ladder=ladder_for(wf.model_dump(mode="json", by_alias=True)),
+            ladder=ladder_for(wf.model_dump(mode="json", by_alias=True), w.uow.deps.strategies),
             rung=None,
             trigger=None,
         )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.replay import ReplayPolicy
-from assay.grading.strategies import GradingPolicy
+from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.kernel import TenantId
 from assay.runtime import UnitOfWork
 from assay.runtime.admission import Admission
@@ -31,6 +32,8 @@ class Ingesting:
     """Per-tenant ceilings on what shadow runs reserve (§12.4)."""
     admission: Admission
     """Capacity checks at registration and admission (§14.2); none without a declaration."""
+    strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
+    """The registered grading strategies: a workflow naming another one is refused."""
     replay_locks: defaultdict[TenantId, asyncio.Lock] = field(
         default_factory=lambda: defaultdict(asyncio.Lock)
     )

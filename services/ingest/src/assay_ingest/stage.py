@@ -255,7 +255,13 @@ def _loadable(msg: WorkflowRegistered, deps: Ingesting) -> WorkflowDef:
         raise Refused(f"invalid workflow: {exc}") from exc
     grading = deps.grading
     try:
-        needs = profile(wf.grading, deps.judge, list(wf.rubric), order_check=grading.order_check)
+        needs = profile(
+            wf.grading,
+            deps.judge,
+            list(wf.rubric),
+            order_check=grading.order_check,
+            strategies=deps.strategies,
+        )
         check_fits(needs, grading)
         deps.admission.check_workflow(wf, needs)  # §14.2: resident together, never swapped
     except (StrategyRefused, CapacityRefused) as exc:
@@ -285,6 +291,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         ladder=deps.ladder,
         replay=deps.replay,
         admission=deps.admission,
+        strategies=deps.strategies,
     )
     return StageSpec(
         name="ingest",

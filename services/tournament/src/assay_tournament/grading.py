@@ -18,6 +18,7 @@ and tokens) is recorded once, as `ReplaySpent`, when its grading ends (§12.4).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 from assay.bus.topics import GRADED, RESULTS, RUN_STATUS, USAGE
 from assay.grading.attempts import AttemptGrades, grade_attempts
 from assay.grading.judges import Judge, JudgeUsage, UsageCallback
-from assay.grading.strategies import GradingPolicy
+from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.kernel import RunId, RunState
 from assay.kernel.scores import Score, Ungraded
 from assay.messages import (
@@ -55,6 +56,8 @@ class Judging:
 
     judge: Judge
     policy: GradingPolicy
+    strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
+    """The registered grading strategies an episode's workflow may name."""
 
 
 TournamentUnitOfWork = UnitOfWork[Judging]

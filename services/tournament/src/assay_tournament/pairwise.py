@@ -5,19 +5,19 @@ The first episode of each version on a task is that version's reference there. A
 challenger is compared with the current version's reference — pass-vs-fail by the
 verifier, otherwise by the judge with the challenger's position alternating (and,
 on a sampled fraction, asked again with the positions swapped to measure order
-consistency) or, for `deterministic`, by a number the episodes hold. A challenger
+consistency) or, for `deterministic`, by a number the episodes hold — whatever the
+workflow's registered pairwise strategy's `compare` says. A challenger
 whose paired reference run is still on its way is parked until it arrives.
 """
 
 from __future__ import annotations
 
-from assay.grading import compare_with_reference
-from assay.grading.deterministic import deterministic_rank, metric_value
 from assay.grading.judges import JudgeFailed
+from assay.grading.strategies import Pair, strategy_named
 from assay.kernel import RunId, WorkflowVersion
 from assay.kernel.canonical import digest
-from assay.kernel.scores import Score, Ungraded, UngradedReason
-from assay.messages import Episode, JudgePurpose, Role, RunVerified
+from assay.kernel.scores import Relative, Score, Ungraded, UngradedReason
+from assay.messages import JudgePurpose, Role, RunVerified
 from assay.record import BranchKey
 from assay.workflow import WorkflowDef
 from assay_tournament.events import ChallengerParked, ReferenceSet
@@ -91,57 +91,38 @@ async def compare(s: Scoring, c: Candidate, reference: Reference, index: int) ->
 async def _against(
     s: Scoring, c: Candidate, reference: Reference, index: int
 ) -> tuple[Score, bool]:
-    """The challenger's score against the reference, and whether the judge compared them
-    (only a judged comparison takes an index)."""
+    """The challenger's score against the reference by its workflow's registered strategy,
+    and whether the judge compared them (only a judged comparison takes an index)."""
     assert c.episode is not None
     workflow = WorkflowDef.model_validate(c.episode.definition)
-    spec = workflow.grading
+    strategy = strategy_named(workflow.grading.strategy, s.uow.deps.strategies)
     theirs = await load_episode(s.uow, reference.episode)
     if theirs is None:
         return Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE), False
-    if spec.strategy == "deterministic":
-        assert spec.metric is not None
-        mine, ref = metric_value(c.episode, spec.metric), metric_value(theirs, spec.metric)
-        if mine is None or ref is None:
-            return Ungraded(reason=UngradedReason.NO_METRIC), False
-        return deterministic_rank(
-            mine, ref, higher_is_better=spec.higher_is_better is not False
-        ), False
-    return await _judged(s, c, c.episode, theirs, reference, index, workflow)
-
-
-async def _judged(
-    s: Scoring,
-    c: Candidate,
-    mine: Episode,
-    theirs: Episode,
-    reference: Reference,
-    index: int,
-    workflow: WorkflowDef,
-) -> tuple[Score, bool]:
-    """The judge's comparison (or the verifier's, pass against fail)."""
     meter, run = s.meter, c.run.run_id
-    if meter.exhausted(c.run.tenant):
+    if strategy.judged and meter.exhausted(c.run.tenant):
         return Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED), False
+    pair = Pair(
+        spec=workflow.grading,
+        rubric=list(workflow.rubric),
+        challenger=c.episode,
+        challenger_passed=c.verified.passed,
+        reference=theirs,
+        reference_passed=reference.passed,
+        reference_run=reference.run_id,
+        order_index=index,
+        order_check=strategy.judged and _sampled(run, meter.policy.order_check),
+        judge=s.judge,
+        on_usage=meter.sink(run, JudgePurpose.COMPARE),
+    )
     try:
-        relative, _ = await compare_with_reference(
-            challenger=mine,
-            challenger_passed=c.verified.passed,
-            reference=theirs,
-            reference_passed=reference.passed,
-            reference_run=reference.run_id,
-            order_index=index,
-            judge=s.judge,
-            rubric=list(workflow.rubric),
-            on_usage=meter.sink(run, JudgePurpose.COMPARE),
-            order_check=_sampled(run, meter.policy.order_check),
-        )
+        score = await strategy.compare(pair)
     except JudgeFailed as exc:
         meter.failed(run, JudgePurpose.COMPARE, str(exc))
         return Ungraded(reason=UngradedReason.JUDGE_FAILED), False
-    if relative.order_consistent is not None:
-        meter.order_checked(consistent=relative.order_consistent)
-    return relative, True
+    if isinstance(score, Relative) and score.order_consistent is not None:
+        meter.order_checked(consistent=score.order_consistent)
+    return score, strategy.judged and not isinstance(score, Ungraded)
 
 
 async def _next_index(s: Scoring, version: WorkflowVersion) -> int:

@@ -2,9 +2,11 @@
 
 Keyed by `(tenant, task)`, so every episode of a task lands here on one
 partition. Each episode is graded by the strategy its pinned workflow declares:
-`pairwise_sequential` (default, §11.3) and `deterministic` against the current
-version's reference (`pairwise.py`), `tournament` in groups (§11.4-§11.6,
-`groups.py`). A rollout group's siblings wait for its selection (`rollouts.py`).
+a pairwise one — `pairwise_sequential` (default, §11.3), `deterministic` or an
+installed one — against the current version's reference (`pairwise.py`), a grouped
+one (`tournament`) in groups (§11.4-§11.6, `groups.py`); the stage asks the
+registered strategy, never its name. A rollout group's siblings wait for its
+selection (`rollouts.py`).
 
 Every episode is screened for `Core` violations first (a capped episode leaves
 the bracket), and attempt tournaments run on its retries (§11.5). Judge calls
@@ -17,7 +19,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from assay.grading.judges import JudgeFailed
-from assay.grading.strategies import StrategyRefused, check_fits, profile
+from assay.grading.strategies import StrategyRefused, check_fits, profile, strategy_named
 from assay.kernel.errors import Refused
 from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
 from assay.messages import Episode, JudgePurpose, Role, RunVerified
@@ -87,7 +89,7 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
     spec = workflow.grading
     attempts = await s.rank_attempts(episode, spec, list(workflow.rubric))
     s.flush()  # attempt calls are the run's, whenever it is scored
-    if spec.strategy == "tournament":
+    if strategy_named(spec.strategy, uow.deps.strategies).grouped:
         await join_group(s, Candidate(msg, episode, attempts), spec)
     else:
         await grade_pairwise(s, Candidate(msg, episode, attempts))
@@ -100,9 +102,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
     Raises:
         StrategyRefused: the default strategy does not fit the declared capacity.
     """
-    judging = Judging(judge=deps.judge, policy=deps.grading)
+    judging = Judging(judge=deps.judge, policy=deps.grading, strategies=deps.strategies)
     check_fits(
-        profile(GradingSpec(), judging.judge, order_check=judging.policy.order_check),
+        profile(
+            GradingSpec(),
+            judging.judge,
+            order_check=judging.policy.order_check,
+            strategies=judging.strategies,
+        ),
         judging.policy,
     )
     return StageSpec(
@@ -125,9 +132,14 @@ def _workflow(episode: Episode, judging: Judging) -> WorkflowDef:
     rubric = list(workflow.rubric)
     policy = judging.policy
     try:
-        check_fits(
-            profile(workflow.grading, judging.judge, rubric, order_check=policy.order_check), policy
+        needs = profile(
+            workflow.grading,
+            judging.judge,
+            rubric,
+            order_check=policy.order_check,
+            strategies=judging.strategies,
         )
+        check_fits(needs, policy)
     except StrategyRefused as exc:
         raise Refused(str(exc)) from exc
     return workflow
@@ -139,10 +151,9 @@ async def _screened_out(
     """The score of an episode the `Core` screen keeps out of grading (§11.7: capped, out
     of the bracket, not the reference), or of one that could not be screened; None when
     it goes on to be graded."""
-    r, rubric, strategy = msg.run, list(workflow.rubric), workflow.grading.strategy
-    screened = strategy != "deterministic" and (
-        r.role is Role.CHALLENGER or strategy == "tournament"
-    )
+    r, rubric = msg.run, list(workflow.rubric)
+    strategy = strategy_named(workflow.grading.strategy, s.uow.deps.strategies)
+    screened = strategy.judged and (r.role is Role.CHALLENGER or strategy.grouped)
     if not screened or not any(item.layer == "core" for item in rubric):
         return None
     if s.meter.exhausted(r.tenant):

@@ -26,7 +26,7 @@ from assay.kernel import (
 )
 from assay.kernel.errors import AssayError
 from assay.messages import Purpose, Role, RunRef
-from assay.runtime.bootstrap import sandbox_for
+from assay.runtime.bootstrap import model_for, sandbox_for
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import AssaySettings
 from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
@@ -62,7 +62,7 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         role=Role.CURRENT,
         purpose=Purpose.WORK,
     )
-    model = settings.model.build()
+    model = model_for(settings)
     log = await SqliteEventLog(data_dir / "local-runs.sqlite", WORK_EVENTS, fold_work).open()
     blobs = FsBlobStore(data_dir / "blobs")
     sandbox = sandbox_for(settings, blobs, data_dir)
@@ -96,7 +96,9 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
         results = await verify_episode(episode, list(wf.verifiers), registry=registry)
     finally:
         await log.close()
-        await model.aclose()
+        aclose = getattr(model, "aclose", None)
+        if callable(aclose):
+            await aclose()
     passed = episode.succeeded and all(r.passed for r in results)
     print(
         json.dumps(

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assay.grading.sprt import SprtDecision, SprtPolicy, evaluate
+from assay.grading.strategies import GradingStrategy, builtin_strategies
 from assay.messages.rungs import Ladder, Rung
 
 if TYPE_CHECKING:
@@ -167,10 +168,18 @@ class Move:
     held: str | None = None
 
 
-def ladder_for(definition: Mapping[str, Any]) -> Ladder:
-    """The ladder a challenger climbs: resourced when its workflow grades by tournament."""
+def ladder_for(
+    definition: Mapping[str, Any], strategies: Mapping[str, GradingStrategy] | None = None
+) -> Ladder:
+    """The ladder a challenger climbs: resourced when its workflow's registered strategy
+    ranks episodes in groups (the built-in `tournament`), else the default one (also for
+    a strategy not registered here, which registration refuses before any ladder).
+
+    `strategies` are the registered ones (default: the built-in ones)."""
     grading = definition.get("grading") or {}
-    return Ladder.RESOURCED if grading.get("strategy") == "tournament" else Ladder.DEFAULT
+    registered = builtin_strategies() if strategies is None else strategies
+    strategy = registered.get(str(grading.get("strategy", "pairwise_sequential")))
+    return Ladder.RESOURCED if strategy is not None and strategy.grouped else Ladder.DEFAULT
 
 
 def pass_rate_regressed(agg: VariantAggregate, policy: LadderPolicy) -> str | None:

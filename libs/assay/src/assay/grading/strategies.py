@@ -1,29 +1,42 @@
-"""What a grading strategy needs, declared before it may run (§11.1, §14.2).
+"""Grading strategies: what each produces and needs, declared before it may run (§11.1, §14.2).
 
-The strategies differ by more than an order of magnitude in judge calls and in
-context length, so each one declares a `ResourceProfile` and a deployment that
-cannot afford it is told when the strategy is loaded — when a stage starts, or
-when a workflow that asks for it is registered — with the limit named, never by
-an out-of-memory at three in the morning.
+A strategy is a `GradingStrategy` registered by name under the
+`assay.grading_strategies` entry-point group (the three built-in ones register the
+same way). It declares the `Score` variant it produces, whether its episodes gather
+in groups (the Swiss tournament and the resourced ladder) or are each compared with
+the current version's reference, whether the judge takes part, and its
+`ResourceProfile`. The strategies differ by more than an order of magnitude in judge
+calls and in context length, so a deployment that cannot afford one is told when the
+strategy is loaded — when a stage starts, or when a workflow that asks for it is
+registered — with the limit named, never by an out-of-memory at three in the morning.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assay.kernel.errors import AssayError
+from assay.kernel.scores import Ranked, Relative, Score, Ungraded, UngradedReason
 from assay.kernel.tenant_maps import tenant_keyed
 
 if TYPE_CHECKING:
-    from assay.grading.judges import Judge
+    from assay.grading.judges import Judge, UsageCallback
+    from assay.kernel.ids import RunId
+    from assay.messages.episode import Episode
     from assay.workflow.ir import GradingSpec, RubricItem
 
 
 class StrategyRefused(AssayError):
     """A grading strategy's declared profile does not fit the declared capacity."""
+
+
+class StrategyUnknown(StrategyRefused):
+    """A workflow names a grading strategy that no installed package registers."""
 
 
 class ResourceProfile(BaseModel):
@@ -65,35 +78,203 @@ def tournament_calls_per_episode(group_size: int) -> float:
     return 2 * rounds * (group_size // 2) / group_size
 
 
+def screening_calls(rubric: list[RubricItem] | None) -> float:
+    """Judge calls per episode of the `Core` screen: one with a `Core` item in the rubric
+    (or without a rubric, where screening is assumed), else none."""
+    return 1.0 if rubric is None or any(r.layer == "core" for r in rubric) else 0.0
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One challenger episode and the current version's reference on the same task: what
+    a pairwise strategy compares. `on_usage` receives each model call it makes."""
+
+    spec: GradingSpec
+    rubric: list[RubricItem]
+    challenger: Episode
+    challenger_passed: bool
+    reference: Episode
+    reference_passed: bool
+    reference_run: RunId
+    order_index: int
+    order_check: bool
+    judge: Judge
+    on_usage: UsageCallback
+
+
+@runtime_checkable
+class GradingStrategy(Protocol):
+    """A grading strategy, as a workflow's `grading.strategy` names it.
+
+    `produces` is the `Score` variant it grades an episode to (`Relative` or `Ranked`).
+    `grouped`: its episodes gather in `(task, outcome class, epoch)` groups ranked by the
+    Swiss tournament, and its challengers climb the resourced ladder; otherwise each
+    challenger episode is compared with the reference by `compare` and climbs the default
+    ladder. `judged`: the judge takes part (episodes are screened for `Core` violations
+    and its calls are metered). `profile` declares what grading one episode asks of the
+    deployment (§14.2).
+    """
+
+    name: str
+    produces: type[Relative] | type[Ranked]
+    grouped: bool
+    judged: bool
+
+    def profile(
+        self, spec: GradingSpec, judge: Judge, rubric: list[RubricItem] | None, order_check: float
+    ) -> ResourceProfile:
+        """What grading one episode under `spec` with `judge` asks for."""
+        ...
+
+    async def compare(self, pair: Pair) -> Score:
+        """The challenger's score against the reference (pairwise strategies only).
+
+        Raises:
+            JudgeFailed: the judge gave no usable verdict.
+        """
+        ...
+
+
+class PairwiseSequential:
+    """The default (§11.3): a judge compares each challenger episode with the reference."""
+
+    name: str = "pairwise_sequential"
+    produces: type[Relative] | type[Ranked] = Relative
+    grouped: bool = False
+    judged: bool = True
+
+    def profile(
+        self, spec: GradingSpec, judge: Judge, rubric: list[RubricItem] | None, order_check: float
+    ) -> ResourceProfile:
+        """One comparison, the sampled order checks, and the screen."""
+        return ResourceProfile(
+            strategy=self.name,
+            models=(judge.name,),
+            max_context_tokens=judge.max_context_tokens,
+            calls_per_episode=1.0 + order_check + screening_calls(rubric),
+        )
+
+    async def compare(self, pair: Pair) -> Score:
+        """Pass against fail by the verifier, otherwise the judge (`compare_with_reference`)."""
+        from assay.grading.pairwise import compare_with_reference
+
+        relative, _ = await compare_with_reference(
+            challenger=pair.challenger,
+            challenger_passed=pair.challenger_passed,
+            reference=pair.reference,
+            reference_passed=pair.reference_passed,
+            reference_run=pair.reference_run,
+            order_index=pair.order_index,
+            judge=pair.judge,
+            rubric=pair.rubric,
+            on_usage=pair.on_usage,
+            order_check=pair.order_check,
+        )
+        return relative
+
+
+class Tournament:
+    """Opt-in (§11.4-§11.6): groups, Swiss pairing, Bradley-Terry-Davidson strengths."""
+
+    name: str = "tournament"
+    produces: type[Relative] | type[Ranked] = Ranked
+    grouped: bool = True
+    judged: bool = True
+
+    def profile(
+        self, spec: GradingSpec, judge: Judge, rubric: list[RubricItem] | None, order_check: float
+    ) -> ResourceProfile:
+        """The Swiss rounds at the group's quorum, both orderings, and the screen."""
+        return ResourceProfile(
+            strategy=self.name,
+            models=(judge.name,),
+            max_context_tokens=judge.max_context_tokens,
+            calls_per_episode=tournament_calls_per_episode(spec.group_quorum)
+            + screening_calls(rubric),
+        )
+
+    async def compare(self, pair: Pair) -> Score:
+        """Never called: a grouped strategy's episodes are ranked in their group."""
+        raise NotImplementedError("the tournament strategy ranks groups, not pairs")
+
+
+class Deterministic:
+    """A number the user already computes (§11.1): no judge, no model."""
+
+    name: str = "deterministic"
+    produces: type[Relative] | type[Ranked] = Ranked
+    grouped: bool = False
+    judged: bool = False
+
+    def profile(
+        self, spec: GradingSpec, judge: Judge, rubric: list[RubricItem] | None, order_check: float
+    ) -> ResourceProfile:
+        """Nothing: no model, no context, no calls."""
+        return ResourceProfile(
+            strategy=self.name, models=(), max_context_tokens=0, calls_per_episode=0.0
+        )
+
+    async def compare(self, pair: Pair) -> Score:
+        """The challenger's metric as a delta from the reference's."""
+        from assay.grading.deterministic import deterministic_rank, metric_value
+
+        assert pair.spec.metric is not None  # the IR requires it for this strategy
+        mine = metric_value(pair.challenger, pair.spec.metric)
+        theirs = metric_value(pair.reference, pair.spec.metric)
+        if mine is None or theirs is None:
+            return Ungraded(reason=UngradedReason.NO_METRIC)
+        return deterministic_rank(
+            mine, theirs, higher_is_better=pair.spec.higher_is_better is not False
+        )
+
+
+def builtin_strategies() -> dict[str, GradingStrategy]:
+    """The strategies Assay ships, by name (also registered as entry points)."""
+    return {s.name: s for s in (PairwiseSequential(), Tournament(), Deterministic())}
+
+
+def strategy_named(name: str, strategies: Mapping[str, GradingStrategy]) -> GradingStrategy:
+    """The registered strategy `name`.
+
+    Raises:
+        StrategyUnknown: no installed package registers it (the message lists those that do).
+    """
+    found = strategies.get(name)
+    if found is None:
+        raise StrategyUnknown(
+            f"grading strategy {name!r} is not registered (registered: "
+            f"{', '.join(sorted(strategies))}); install the package that provides it"
+        )
+    return found
+
+
 def profile(
     spec: GradingSpec,
     judge: Judge,
     rubric: list[RubricItem] | None = None,
     *,
     order_check: float = 0.0,
+    strategies: Mapping[str, GradingStrategy] | None = None,
 ) -> ResourceProfile:
-    """The profile of `spec` graded with `judge`.
+    """The profile of `spec` graded with `judge`, as its registered strategy declares it.
 
     `order_check` is the sampled fraction of pairwise comparisons asked again with
     the positions swapped. A rubric with a `Core` item adds one screening call per
-    episode; without a rubric, screening is assumed.
+    episode; without a rubric, screening is assumed. `strategies` are the registered
+    ones (default: the built-in ones).
+
+    Raises:
+        StrategyUnknown: `spec` names a strategy that is not registered.
+        StrategyRefused: the strategy's `profile` gave no `ResourceProfile`.
     """
-    screens = 1.0 if rubric is None or any(r.layer == "core" for r in rubric) else 0.0
-    match spec.strategy:
-        case "deterministic":
-            return ResourceProfile(
-                strategy=spec.strategy, models=(), max_context_tokens=0, calls_per_episode=0.0
-            )
-        case "pairwise_sequential":
-            calls = 1.0 + order_check + screens
-        case "tournament":
-            calls = tournament_calls_per_episode(spec.group_quorum) + screens
-    return ResourceProfile(
-        strategy=spec.strategy,
-        models=(judge.name,),
-        max_context_tokens=judge.max_context_tokens,
-        calls_per_episode=calls,
-    )
+    registered = builtin_strategies() if strategies is None else strategies
+    needs = strategy_named(spec.strategy, registered).profile(spec, judge, rubric, order_check)
+    if not isinstance(needs, ResourceProfile):
+        raise StrategyRefused(
+            f"grading strategy {spec.strategy!r} declared a {type(needs).__name__} as its "
+            "profile, not a ResourceProfile: what it needs cannot be checked"
+        )
+    return needs
 
 
 def check_fits(profile: ResourceProfile, capacity: GradingCapacity) -> None:

@@ -122,6 +122,13 @@ class ModelSettings(EndpointSettings):
             "model's would (a long model wait, for suspension and its benchmark)."
         ),
     )
+    kind: str | None = Field(
+        None,
+        description=(
+            "Which registered model (`assay.models`) to use: `stub`, `openai`, or one an installed "
+            "package registers (default: `openai` with a URL, else `stub`)."
+        ),
+    )
 
     def build(self, limiter: PriorityLimiter | None = None) -> StubModel | ChatCompletionsModel:
         """The model these settings describe: the stub without a URL; its calls go
@@ -140,6 +147,11 @@ class ModelSettings(EndpointSettings):
             )
         return self._chat_model(limiter, CallPriority.AGENT)
 
+    @property
+    def chosen(self) -> str:
+        """The registered model these settings name."""
+        return self.kind or ("openai" if self.url else "stub")
+
 
 class JudgeSettings(EndpointSettings):
     """The judge grading calls (§11.1; `ASSAY_JUDGE_*`).
@@ -152,6 +164,14 @@ class JudgeSettings(EndpointSettings):
     is used and the other variables are only checked. The agent's API key is
     never sent to an endpoint `ASSAY_JUDGE_URL` names.
     """
+
+    kind: str | None = Field(
+        None,
+        description=(
+            "Which registered judge (`assay.judges`) to use: `stub`, `openai`, or one an installed "
+            "package registers (default: `openai` with a URL, else `stub`)."
+        ),
+    )
 
     episode_chars: int = Field(
         DEFAULT_EPISODE_CHARS,
@@ -186,6 +206,11 @@ class JudgeSettings(EndpointSettings):
             rubric_chars=self.rubric_chars,
         )
 
+    @property
+    def chosen(self) -> str:
+        """The registered judge these settings name."""
+        return self.kind or ("openai" if self.url else "stub")
+
 
 class ProposerSettings(EndpointSettings, ProposalPolicy):
     """The slow loop's proposer (§12.1; `ASSAY_PROPOSER_*`), and whose proposals skip
@@ -199,6 +224,14 @@ class ProposerSettings(EndpointSettings, ProposalPolicy):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     max_tokens: int = Field(4096, ge=1, description="Completion tokens one draft may take.")
+
+    kind: str | None = Field(
+        None,
+        description=(
+            "Which registered proposer (`assay.proposers`) to use: `catalog`, `openai`, or "
+            "one an installed package registers (default: `openai` with a URL, else `catalog`)."
+        ),
+    )
 
     def build(self, limiter: PriorityLimiter | None = None) -> CatalogProposer | ChatProposer:
         """The proposer these settings describe: the catalog without a URL; its calls go
@@ -216,3 +249,8 @@ class ProposerSettings(EndpointSettings, ProposalPolicy):
         return ChatProposer(
             self._chat_model(limiter, CallPriority.PROPOSER), max_answer_tokens=self.max_tokens
         )
+
+    @property
+    def chosen(self) -> str:
+        """The registered proposer these settings name."""
+        return self.kind or ("openai" if self.url else "catalog")

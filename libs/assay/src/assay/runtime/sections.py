@@ -120,7 +120,15 @@ _DEFAULT_LIMITS = Limits()
 
 
 class SandboxSettings(_Section):
-    """The local sandbox, in both modes (`ASSAY_SANDBOX_*`)."""
+    """The sandbox, in both modes (`ASSAY_SANDBOX_*`)."""
+
+    kind: str = Field(
+        "local",
+        description=(
+            "Which registered sandbox provider (`assay.sandboxes`) to use: `local`, or one an "
+            "installed package registers."
+        ),
+    )
 
     root: str | None = Field(
         None, description="Directory of the workspaces (default: <data dir>/sandbox)."

@@ -207,7 +207,8 @@ class AssaySettings(BaseSettings):
         description="The slow loop's proposer and whose proposals skip approval.",
     )
     sandbox: SandboxSettings = Field(
-        default_factory=SandboxSettings, description="The local sandbox commands run in."
+        default_factory=SandboxSettings,
+        description="The sandbox commands run in (local by default).",
     )
     grading: GradingPolicy = Field(
         default_factory=GradingPolicy,

@@ -14,7 +14,7 @@ import copy
 import enum
 import typing
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -29,7 +29,7 @@ from assay.grading.ladder import LadderPolicy
 from assay.grading.proposers import CatalogProposer, ProposalPolicy, Proposer
 from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
-from assay.grading.strategies import GradingPolicy
+from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.kernel.canonical import content_hash
 from assay.kernel.errors import Refused
 from assay.kernel.ids import Lsn, TenantId
@@ -139,6 +139,8 @@ class StageDeps:
     """Capacity checks at registration and admission (§14.2); none without a declaration."""
     suspend: SuspendPolicy | None = None
     """Resident sandboxes, released while runs wait (DESIGN §16); None: off."""
+    strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
+    """Grading strategies a workflow may name, by name: built-in and installed ones."""
 
     @property
     def verifier_kinds(self) -> frozenset[str]:

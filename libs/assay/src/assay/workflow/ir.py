@@ -253,6 +253,8 @@ class GradingSpec(_Frozen):
       closes at `quorum` or after `group_timeout_s`; Swiss pairing, both orderings,
       a Bradley-Terry-Davidson fit with a Gaussian prior of `prior_precision`.
     - `deterministic`: a number the episode already holds (`metric`), no judge.
+    - any other name: a strategy an installed package registers; the stages look it up
+      when the workflow is registered and refuse a name that none registers.
 
     `attempt_tournaments` (default on) ranks same-outcome attempts of a step and
     attributes each fail-then-pass retry to its step. The fields added after the first
@@ -260,8 +262,14 @@ class GradingSpec(_Frozen):
     as they always did.
     """
 
-    strategy: Literal["pairwise_sequential", "tournament", "deterministic"] = Field(
-        "pairwise_sequential", description="Grading strategy."
+    strategy: str = Field(
+        "pairwise_sequential",
+        pattern=r"^[a-z][a-z0-9_.-]{0,63}$",
+        description=(
+            "Grading strategy: `pairwise_sequential`, `tournament`, `deterministic`, or one "
+            "an installed package registers (`assay.grading_strategies`); a name no package "
+            "registers is refused at registration."
+        ),
     )
     quorum: int | None = Field(
         None,
