@@ -145,6 +145,7 @@ def stage_deps(
         verifiers=load_verifiers(),
         retention=plan.retention(settings.retention) if plan else settings.retention,
         grading=settings.grading,
+        calibration=settings.calibration,
         replay=settings.replay,
         proposer=proposer,
         proposals=settings.proposer,
