@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import assay_tournament
+from assay.cli.health import health_command
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.grading import StubJudge
 from assay.grading.calibration_policy import CalibrationPolicy
@@ -279,3 +281,31 @@ def test_a_bad_calibration_file_stops_the_stage_at_start_up(tmp_path: Path) -> N
     )
     with pytest.raises(AssayError, match=r"calibration.jsonl:1: not a calibration line"):
         assay_tournament.create_stage(deps)
+
+
+async def test_grade_health_shows_the_calibration_and_the_hold_it_implies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in [v for v in os.environ if v.startswith("ASSAY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ASSAY_CALIBRATION_INTERVAL_S", "3600")
+    monkeypatch.setenv("ASSAY_CALIBRATION_MIN_JUDGED", "2")
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0), SCHEDULED) as stage:
+        await pair(stage, 1)
+        stage.judge.verdicts = [Verdict.A, Verdict.A]  # agrees once in two: 50% < 70%
+        today = datetime.now(UTC)
+        await round_at(stage, 0, today)
+        capsys.readouterr()
+        assert await health_command(tmp_path, TENANT) == 0
+    (shown,) = json.loads(capsys.readouterr().out)
+    calibration = shown["calibration"]
+    assert (calibration["scheduled"], calibration["calls_today"]) == (True, 2)
+    assert calibration["calls_budget"] == 200
+    next_due = datetime.fromisoformat(calibration["next_due"])
+    assert abs(next_due - (today + timedelta(hours=1))) < timedelta(milliseconds=1)
+    (judge,) = calibration["judges"]
+    assert (judge["judge"], judge["agreement"], judge["judged"]) == ("scripted-judge", 0.5, 2)
+    assert judge["order_inconsistency_rate"] == 1.0
+    assert calibration["promotion_held"] == (
+        "judge-versus-verifier agreement 50% over 2 calibration orderings is below 70%"
+    )
