@@ -4,6 +4,7 @@ order inconsistency, failures kept apart; and `assay grade calibrate`."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,10 @@ from assay.grading import (
     UsageCallback,
     calibrate,
 )
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.kernel.scores import CoreViolation, Verdict
 from assay.messages import Episode
+from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.workflow import RubricItem
 from libs.assay.tests.chat_endpoint import ChatServer, completion, json_reply
 from libs.assay.tests.judge_episodes import RUBRIC, make_episode
@@ -281,3 +284,54 @@ def test_an_empty_set_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
 async def test_the_stub_judge_prefers_the_pass_that_took_fewer_attempts() -> None:
     report = await calibrate(StubJudge(), PAIRS, RUBRIC)
     assert (report.agreement, report.order_inconsistency_rate) == (1.0, 0.0)
+
+
+def test_a_line_whose_episodes_belong_to_two_tenants_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pair is one tenant's: scheduled calibration judges each tenant on its own lines."""
+    passed = make_episode(["5"])
+    other = passed.run.model_copy(update={"tenant": uuid.UUID(int=7)})
+    failed = make_episode([None]).model_copy(update={"run": other})
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(line("x", passed, failed) + "\n")
+    code, out, err = run_cli(capsys, "--set", str(path))
+    assert_one_line_error(code, out, err, f"{path}:1", "belong to different tenants")
+
+
+async def test_every_call_is_also_reported_to_the_callers_meter() -> None:
+    judge = ScriptedJudge("prefers-the-pass")
+    seen: list[JudgeUsage] = []
+    report = await calibrate(judge, PAIRS, None, on_usage=seen.append)
+    assert len(seen) == report.model_calls == 6
+    assert sum(u.cost_usd for u in seen) == report.cost_usd
+
+
+@pytest.mark.parametrize(
+    ("agreement", "judged", "held"),
+    [(0.6, 10, True), (0.7, 10, False), (0.0, 3, False), (None, 0, False), (0.65, 4, True)],
+)
+def test_promotion_is_held_below_the_threshold_on_enough_orderings(
+    agreement: float | None, judged: int, held: bool
+) -> None:
+    policy = CalibrationPolicy(interval_s=60, min_agreement=0.7, min_judged=4)
+    why = policy.hold(agreement, judged)
+    assert (why is not None) == held
+    if why is not None:
+        assert why.endswith(f"over {judged} calibration orderings is below 70%")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("ASSAY_CALIBRATION_INTERVAL_S", "0", "greater than 0"),
+        ("ASSAY_CALIBRATION_MIN_AGREEMENT", "1.5", "less than or equal to 1"),
+        ("ASSAY_CALIBRATION_BUDGETS", "acme=3", "not a tenant UUID"),
+    ],
+)
+def test_a_bad_calibration_setting_names_its_variable(
+    variable: str, value: str, needle: str
+) -> None:
+    with pytest.raises(SettingsInvalid, match=variable) as caught:
+        AssaySettings.from_env({variable: value})
+    assert needle in str(caught.value)

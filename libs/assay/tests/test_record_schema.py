@@ -66,6 +66,7 @@ from assay.messages import (
     BranchChild,
     BranchRun,
     BranchTree,
+    CalibrationDue,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
@@ -73,6 +74,7 @@ from assay.messages import (
     GroupDue,
     HeldOutTally,
     InjectPlanDelta,
+    JudgeCalibrated,
     Ladder,
     ModelParamsDelta,
     Promoted,
@@ -130,7 +132,12 @@ from assay.record import (
 from assay_aggregate import AGGREGATE_EVENTS
 from assay_aggregate.stage import FailuresKept, VersionTallied
 from assay_decide import DECIDE_EVENTS
-from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
+from assay_decide.events import (
+    JudgeHealthNoted,
+    ProposalMade,
+    ProposalNotMade,
+    ProposalReviewed,
+)
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
 from assay_ingest.replay import CutReason, CutRun, ReplayMetered
@@ -138,6 +145,8 @@ from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
 from assay_ingest.state import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
 from assay_tournament import TOURNAMENT_EVENTS
 from assay_tournament.events import (
+    CalibrationEpisodeKept,
+    CalibrationRan,
     ChallengerParked,
     GradingMetered,
     GroupClosed,
@@ -493,6 +502,24 @@ TREE = BranchTree(
     attribution=[StageAttribution(step=StepId("check"), children=[1])],
 )
 
+CALIBRATED = JudgeCalibrated(
+    tenant=TENANT,
+    judge="stub",
+    due_ms=1_764_624_000_000,
+    source="verified_runs",
+    pairs=3,
+    judged=6,
+    agreed=4,
+    draws=1,
+    failures=0,
+    checked=3,
+    inconsistent=2,
+    agreement=4 / 6,
+    order_inconsistency_rate=2 / 3,
+    model_calls=6,
+    cost_usd=0.0012,
+)
+
 MESSAGE_EXAMPLES: list[Versioned] = [
     TaskSubmitted(
         tenant=TENANT,
@@ -738,6 +765,8 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         completion_tokens=3,
         cost_usd=0.000126,
     ),
+    CalibrationDue(tenant=TENANT, due_ms=1_764_624_000_000),
+    CALIBRATED,
 ]
 
 EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
@@ -931,6 +960,20 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             JudgeAnswered(key=f"order-18/{RUN}/{OTHER_RUN}", verdict="b"),
             JudgeAnswered(key=f"order-18/{RUN}", violations=[]),
             ReplaySpent(run_id=OTHER_RUN, day="2026-11-29", model_calls=1, tokens=12),
+            CalibrationEpisodeKept(
+                workflow_id=WF,
+                task_id=TASK,
+                passed=False,
+                run_id=OTHER_RUN,
+                episode="blob:fail",
+                completes=True,
+            ),
+            CalibrationRan(
+                found=CALIBRATED.model_dump(mode="json"),
+                day="2026-11-29",
+                calls_today=6,
+                next_due_ms=1_764_627_600_000,
+            ),
         ],
     ),
     "aggregate": (
@@ -1004,6 +1047,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             ),
             PromotionHeld(workflow_id=WF, workflow_version=V2, reason="judge inconsistent"),
             PromotionHeld(workflow_id=WF, workflow_version=V2, reason=None),
+            JudgeHealthNoted(calibration=CALIBRATED),
             ProposalMade(proposal=PROPOSAL, failures=[FAILURE]),
             ProposalNotMade(
                 workflow_id=WF,
@@ -1058,7 +1102,7 @@ def test_a_usage_recorded_v1_payload_upcasts_to_v2_costing_nothing() -> None:
     assert isinstance(decoded, UsageRecorded)
     assert decoded.cost_usd == 0.0
     assert (decoded.prompt_tokens, decoded.completion_tokens) == (3, 7)
-    assert MESSAGES.versions("UsageRecorded") == [1, 2, 3]
+    assert MESSAGES.versions("UsageRecorded") == [1, 2, 3, 4]
     with pytest.raises(UnknownSchema, match="cost_usd"):
         MESSAGES.decode("UsageRecorded", 2, v1)  # v2 states its cost; nothing guesses it
 

@@ -1,7 +1,7 @@
 """Every document the tournament stage keeps reads back as its read model, unchanged.
 
 The stored fixture (tests/test_stored_models_grading.py) holds no open group, parked
-challenger or rollout group; these scenarios write each of them."""
+challenger or rollout group; these scenarios write each of them, and a calibration round."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.strategies import GradingPolicy
+from assay.messages import CalibrationDue
 from assay_tournament.state import TOURNAMENT_STATE
 from services.tournament.tests.tournament_harness import (
     T1,
     T2,
+    TENANT,
     Stage,
     challenger,
     closed,
@@ -29,7 +32,8 @@ from services.tournament.tests.tournament_harness import (
 
 @pytest.fixture
 async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
-    async with open_stage(tmp_path, GradingPolicy(order_check=1.0)) as opened:
+    scheduled = CalibrationPolicy(interval_s=3600)
+    async with open_stage(tmp_path, GradingPolicy(order_check=1.0), scheduled) as opened:
         yield opened
 
 
@@ -51,6 +55,8 @@ async def test_every_kind_of_document_reads_back_unchanged(stage: Stage) -> None
         await stage.verified(run, output="x" * (i + 1))
     stage.judge.prefer_longer = True
     await stage.deliver(closed(t5, runs))
+    await stage.verified(current(task_id(2), "failing"), passed=False)  # a whole pair
+    await stage.deliver(CalibrationDue(tenant=TENANT, due_ms=0))  # a calibration round
 
     kinds: set[str] = set()
     for model in TOURNAMENT_STATE:

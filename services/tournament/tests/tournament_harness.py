@@ -8,11 +8,13 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import assay_tournament
 from assay.bus import (
+    AGGREGATES,
     GRADED,
     RESULTS,
     RUN_STATUS,
@@ -26,6 +28,7 @@ from assay.bus import (
     topic_for,
 )
 from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.judges import JudgeFailed, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import (
@@ -173,6 +176,9 @@ class Graded:
     def usage(self) -> list[UsageRecorded]:
         return list(self.by_topic.get(USAGE, []))
 
+    def aggregates(self) -> list[Any]:
+        return list(self.by_topic.get(AGGREGATES, []))
+
     def score_of(self, run: RunRef) -> Any:
         (g,) = [g for g in self.graded() if g.run.run_id == run.run_id]
         return g.score
@@ -244,14 +250,17 @@ class Stage:
         envelope_tenant: TenantId = TENANT,
         mid: str | None = None,
         partition: int = 0,
+        occurred_at: datetime | None = None,
     ) -> Graded:
-        """Deliver any message the stage consumes on `assay.verified`; collect the outbox."""
+        """Deliver any message the stage consumes on `assay.verified` (`occurred_at`: when
+        its fact happened, default now); collect the outbox."""
         env = seal(
             msg,
             tenant=envelope_tenant,
             key=topic_for(VERIFIED, msg).key(msg),
             id=message_id("verify", mid or str(self.offset) + type(msg).__name__),
             causation=None,
+            occurred_at=occurred_at,
         )
         m = BusMessage(
             VERIFIED, partition, self.offset, env.key, env.encode(), tuple(env.headers())
@@ -277,12 +286,20 @@ class Stage:
 
 
 @asynccontextmanager
-async def open_stage(tmp_path: Path, policy: GradingPolicy) -> AsyncIterator[Stage]:
-    """The stage over SQLite, with a scripted judge and this grading policy."""
+async def open_stage(
+    tmp_path: Path, policy: GradingPolicy, calibration: CalibrationPolicy | None = None
+) -> AsyncIterator[Stage]:
+    """The stage over SQLite, with a scripted judge, this grading policy and this
+    calibration policy (default: none scheduled)."""
     judge = ScriptedJudge()
     blobs = FsBlobStore(tmp_path / "blobs")
     deps = StageDeps(
-        blobs=blobs, model=StubModel(), judge=judge, tools=dict(BUILTIN_TOOLS), grading=policy
+        blobs=blobs,
+        model=StubModel(),
+        judge=judge,
+        tools=dict(BUILTIN_TOOLS),
+        grading=policy,
+        calibration=calibration or CalibrationPolicy(),
     )
     spec = assay_tournament.create_stage(deps)
     log = await stage_log(tmp_path, spec).open()

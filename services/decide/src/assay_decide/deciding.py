@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from assay.engine import Tool
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.proposers import ProposalPolicy, Proposer
@@ -17,7 +18,8 @@ from assay.runtime import StageDeps, UnitOfWork
 @dataclass(frozen=True)
 class Deciding:
     """What decide's handlers use: the tools and verifier kinds a version may name, what
-    shadow's entry criteria check it against, the ladder's policies and the proposer."""
+    shadow's entry criteria check it against, the ladder's policies, the proposer, and
+    the calibration policy whose agreement threshold holds promotion."""
 
     tools: Mapping[str, Tool]
     verifier_kinds: frozenset[str]
@@ -28,6 +30,7 @@ class Deciding:
     sprt: SprtPolicy
     proposer: Proposer
     proposals: ProposalPolicy
+    calibration: CalibrationPolicy
     strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
     """The registered grading strategies: a challenger's ladder follows its strategy's."""
 
@@ -45,6 +48,7 @@ class Deciding:
             proposer=deps.proposer,
             strategies=deps.strategies,
             proposals=deps.proposals,
+            calibration=deps.calibration,
         )
 
 

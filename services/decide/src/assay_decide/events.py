@@ -12,7 +12,9 @@ Derived state, per tenant (read models and fold in `state.py`):
 - `proposal/<id>`: every proposal the slow loop made, its evidence and its status
   (`pending`, `approved`, `rejected`);
 - `open_proposal/<workflow>`: the proposal waiting for an operator, absent without one;
-- `unproposed/<workflow>`: why the last request for a proposal yielded none.
+- `unproposed/<workflow>`: why the last request for a proposal yielded none;
+- `judge_health/latest`: the tenant's last judge calibration that judged anything
+  (on the tenant's stream `judge-health`): what holds promotion when agreement is low.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import Field
 from assay.grading.ladder import Standing
 from assay.kernel import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import WinRecord
-from assay.messages import AllocationChanged, Ladder, Rung, Usage
+from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, Rung, Usage
 from assay.messages.loop import allocation_changed_v1_to_v2
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import BranchKey, Event, EventRegistry
@@ -101,6 +103,18 @@ class PromotionHeld(Event):
     reason: str | None = Field(description="Why the swap waits; None: it no longer does.")
 
 
+class JudgeHealthNoted(Event):
+    """The tournament stage calibrated the tenant's judge (§11): what it found."""
+
+    type: ClassVar[str] = "JudgeHealthNoted"
+    version: ClassVar[int] = 1
+    calibration: JudgeCalibrated = Field(description="The round's findings, as published.")
+
+
+JUDGE_HEALTH_STREAM = "judge-health"
+"""A tenant's judge calibrations, as decide heard them (one writer: their one partition)."""
+
+
 class ProposalMade(Event):
     """The proposer drafted a version (§12.1), from the failures it carries."""
 
@@ -146,6 +160,7 @@ DECIDE_EVENTS = EventRegistry(
         ProposalMade,
         ProposalNotMade,
         ProposalReviewed,
+        JudgeHealthNoted,
     ]
 )
 

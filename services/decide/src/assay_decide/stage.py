@@ -42,6 +42,7 @@ from assay_decide.events import (
     EvidenceAccepted,
     PromotionHeld,
 )
+from assay_decide.judge_health import calibration_hold, on_judge_calibrated
 from assay_decide.proposals import on_review_proposal, propose
 from assay_decide.state import Allocation, Known, fold_decide
 from assay_decide.workflow import Workflow
@@ -54,6 +55,7 @@ __all__ = [
     "PromotionHeld",
     "create_stage",
     "fold_decide",
+    "on_judge_calibrated",
     "on_review_proposal",
     "on_variant_aggregate",
     "on_workflow_registered",
@@ -123,7 +125,8 @@ async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> 
     if msg.baseline_version != alloc.current:
         return
     standing = await w.standing(alloc)
-    move = step(standing, msg, uow.deps.ladder, uow.deps.sprt)
+    hold = await calibration_hold(uow)
+    move = step(standing, msg, uow.deps.ladder, uow.deps.sprt, judge_hold=hold)
     if move.accepted_now:
         standing = _latch_accepted(w, msg, move, standing)
     match move.kind:
@@ -156,7 +159,9 @@ def create_stage(deps: StageDeps) -> StageSpec:
         name="decide",
         events=DECIDE_EVENTS,
         fold=fold_decide,
-        handlers=routes(on_workflow_registered, on_review_proposal, on_variant_aggregate),
+        handlers=routes(
+            on_workflow_registered, on_review_proposal, on_variant_aggregate, on_judge_calibrated
+        ),
         deps=Deciding.of(deps),
     )
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from assay.grading.ladder import Standing
 from assay.kernel import WorkflowId, WorkflowVersion
-from assay.messages import AllocationChanged, Ladder, Rung
+from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, Rung
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import Delete, LogRecord, Patch, ReadModel, StateDelta
 from assay.workflow import WorkflowDef
@@ -21,6 +21,7 @@ from assay_decide.events import (
     AllocationSet,
     ChallengerDecided,
     EvidenceAccepted,
+    JudgeHealthNoted,
     PromotionHeld,
     ProposalMade,
     ProposalNotMade,
@@ -135,6 +136,15 @@ class Unproposed(ReadModel, ProposalNotMade):
     kind: ClassVar[str] = "unproposed"
 
 
+class JudgeHealth(ReadModel, JudgeCalibrated):
+    """The tenant's last judge calibration that judged anything (key `latest`)."""
+
+    kind: ClassVar[str] = "judge_health"
+
+
+LATEST = "latest"
+
+
 DECIDE_STATE: tuple[type[ReadModel], ...] = (
     Head,
     Allocation,
@@ -145,6 +155,7 @@ DECIDE_STATE: tuple[type[ReadModel], ...] = (
     ProposalRecord,
     OpenProposal,
     Unproposed,
+    JudgeHealth,
 )
 """Every kind of document decide keeps, by its read model."""
 
@@ -187,6 +198,8 @@ def fold_decide(record: LogRecord) -> list[StateDelta]:
             ]
         case ProposalNotMade() as e:
             out.append(Unproposed.model_validate(e.model_dump()).put(t, e.workflow_id))
+        case JudgeHealthNoted(calibration=c):
+            out.append(JudgeHealth.model_validate(c.model_dump()).put(t, LATEST))
         case ProposalReviewed() as e:
             review = Review(reason=e.reason, by=e.by).model_dump(mode="json")
             status = "approved" if e.approved else "rejected"

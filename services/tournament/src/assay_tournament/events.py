@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from assay.kernel import RunId, TaskId, WorkflowVersion
+from assay.kernel import RunId, TaskId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import Score
 from assay.record import Event, EventRegistry
 
@@ -136,6 +136,32 @@ class JudgeAnswered(Event):
     violations: list[dict[str, Any]] | None = Field(None, description="The screen's answer.")
 
 
+class CalibrationEpisodeKept(Event):
+    """A verified episode became one side of its task's calibration pair (§11): the first
+    pass and the first fail of a workflow on a task are kept, nothing after them."""
+
+    type: ClassVar[str] = "CalibrationEpisodeKept"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow of the run.")
+    task_id: TaskId = Field(description="Task.")
+    passed: bool = Field(description="Its verifier outcome: the side of the pair it fills.")
+    run_id: RunId = Field(description="The run.")
+    episode: str = Field(description="BlobRef of its episode.")
+    completes: bool = Field(description="The other side was already kept: the pair is whole.")
+
+
+class CalibrationRan(Event):
+    """A tenant's calibration round ran (or was skipped, saying why), and when the next
+    one falls due."""
+
+    type: ClassVar[str] = "CalibrationRan"
+    version: ClassVar[int] = 1
+    found: dict[str, Any] = Field(description="What it found: the JudgeCalibrated payload.")
+    day: str = Field(description="UTC day of the round (YYYY-MM-DD).")
+    calls_today: int = Field(ge=0, description="The tenant's calibration calls that day, after it.")
+    next_due_ms: int = Field(ge=0, description="When the next round falls due (ms since epoch).")
+
+
 TOURNAMENT_EVENTS = EventRegistry(
     [
         ReferenceSet,
@@ -148,6 +174,8 @@ TOURNAMENT_EVENTS = EventRegistry(
         RolloutSelected,
         JudgeAnswered,
         ReplaySpent,
+        CalibrationEpisodeKept,
+        CalibrationRan,
     ]
 )
 
@@ -157,3 +185,6 @@ METER_STREAM = "grading-meter"
 `grading-meter@<partition>`, document `meter/grading@<partition>`): the partition's one
 consumer is its one writer, so concurrent handlers never overwrite each other's calls.
 Readers sum the documents."""
+
+CALIBRATION_STREAM = "calibration"
+"""A tenant's calibration rounds (handled on one partition: `CalibrationDue`'s key)."""

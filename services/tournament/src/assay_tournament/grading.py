@@ -26,6 +26,8 @@ from pydantic import ValidationError
 
 from assay.bus.topics import GRADED, RESULTS, RUN_STATUS, USAGE
 from assay.grading.attempts import AttemptGrades, grade_attempts
+from assay.grading.calibration import CalibrationPair
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.judges import Judge, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.kernel import RunId, RunState
@@ -51,11 +53,14 @@ from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, Parked
 
 @dataclass(frozen=True)
 class Judging:
-    """What the tournament stage's handlers use: the judge, and the grading policy (its
-    capacity, per-tenant ceilings and order-check sampling)."""
+    """What the tournament stage's handlers use: the judge, the grading policy (its
+    capacity, per-tenant ceilings and order-check sampling), scheduled calibration's
+    policy and the calibration file's pairs (None: pairs from the tenants' runs)."""
 
     judge: Judge
     policy: GradingPolicy
+    calibration: CalibrationPolicy = field(default_factory=CalibrationPolicy)
+    calibration_set: tuple[CalibrationPair, ...] | None = None
     strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
     """The registered grading strategies an episode's workflow may name."""
 

@@ -18,14 +18,23 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from assay.grading.calibration_set import read_calibration_set
 from assay.grading.judges import JudgeFailed
 from assay.grading.strategies import StrategyRefused, check_fits, profile, strategy_named
 from assay.kernel.errors import Refused
+from assay.kernel.ids import TenantId
 from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
 from assay.messages import Episode, JudgePurpose, Role, RunVerified
-from assay.runtime import StageDeps, StageSpec, routes
+from assay.runtime import Gauge, StageDeps, StageSpec, routes
 from assay.runtime.timers import timer
+from assay.store import EventLog
 from assay.workflow import GradingSpec, WorkflowDef
+from assay_tournament.calibration import (
+    calibration_timer,
+    keep_for_calibration,
+    on_calibration_due,
+)
+from assay_tournament.calibration_state import calibration_gauges
 from assay_tournament.events import (
     TOURNAMENT_EVENTS,
     ChallengerParked,
@@ -55,6 +64,7 @@ __all__ = [
     "RunScored",
     "create_stage",
     "fold_tournament",
+    "on_calibration_due",
     "on_group_due",
     "on_rollout_closed",
     "on_run_verified",
@@ -71,6 +81,7 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
     r = msg.run
     if await uow.get(Scored, r.run_id) is not None:
         return
+    await keep_for_calibration(uow, msg)
     if r.rollout is not None:  # a sibling waits for its group's selection (§13)
         await on_sibling(msg, uow)
         return
@@ -101,8 +112,19 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
     Raises:
         StrategyRefused: the default strategy does not fit the declared capacity.
+        AssayError: the calibration file (`ASSAY_CALIBRATION_FILE`) cannot be read.
     """
-    judging = Judging(judge=deps.judge, policy=deps.grading, strategies=deps.strategies)
+    calibration = deps.calibration
+    given = None
+    if calibration.scheduled and calibration.file is not None:
+        given = tuple(read_calibration_set(calibration.file))
+    judging = Judging(
+        judge=deps.judge,
+        policy=deps.grading,
+        calibration=calibration,
+        calibration_set=given,
+        strategies=deps.strategies,
+    )
     check_fits(
         profile(
             GradingSpec(),
@@ -112,15 +134,24 @@ def create_stage(deps: StageDeps) -> StageSpec:
         ),
         judging.policy,
     )
+    background = [timer(Group.kind, group_due, lambda: clock_ms() / 1000)]
+    if calibration.scheduled:
+        tenants = frozenset(TenantId(p.passed.run.tenant) for p in given or ())
+        background.append(calibration_timer(tenants, lambda: clock_ms() / 1000))
     return StageSpec(
         name="tournament",
         events=TOURNAMENT_EVENTS,
         fold=fold_tournament,
-        handlers=routes(on_run_verified, on_group_due, on_rollout_closed),
+        handlers=routes(on_run_verified, on_group_due, on_rollout_closed, on_calibration_due),
         deps=judging,
-        background=(timer(Group.kind, group_due, lambda: clock_ms() / 1000),),
-        gauges=backlog_gauges,
+        background=tuple(background),
+        gauges=_gauges,
     )
+
+
+async def _gauges(log: EventLog) -> list[Gauge]:
+    """The grading backlog and the judge's calibrated health."""
+    return [*await backlog_gauges(log), *await calibration_gauges(log)]
 
 
 def _workflow(episode: Episode, judging: Judging) -> WorkflowDef:

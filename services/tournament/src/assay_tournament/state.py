@@ -38,6 +38,7 @@ from assay.messages import JudgePurpose, RolloutResult, RunVerified
 from assay.record import Delete, LogRecord, Put, ReadModel, StateDelta
 from assay.runtime import Gauge
 from assay.store import EventLog
+from assay_tournament.calibration_state import CALIBRATION_STATE, fold_calibration
 from assay_tournament.events import (
     METER_STREAM,
     ChallengerParked,
@@ -253,6 +254,7 @@ TOURNAMENT_STATE: tuple[type[ReadModel], ...] = (
     GradingMeter,
     ReplaySpend,
     JudgeAnswer,
+    *CALIBRATION_STATE,
 )
 """Every kind of document the tournament stage keeps, by its read model."""
 
@@ -311,7 +313,7 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
                 {"verdict": e.verdict, "violations": e.violations or []}
             )
             return [answer.put(t, e.key)]
-    return []
+    return fold_calibration(record)
 
 
 async def backlog_gauges(log: EventLog) -> list[Gauge]:

@@ -43,7 +43,7 @@ EMITS: Mapping[str, tuple[str, ...]] = {
     "ingest": (RUNS, RUN_COMMANDS, RUN_STATUS, VERIFIED),
     "execute": (EPISODES, RESULTS, RUN_STATUS, TASKS, USAGE),
     "verify": (RUN_STATUS, VERIFIED),
-    "tournament": (GRADED, RESULTS, RUN_STATUS, TASKS, USAGE),
+    "tournament": (AGGREGATES, GRADED, RESULTS, RUN_STATUS, TASKS, USAGE),
     "aggregate": (AGGREGATES,),
     "decide": (DECISIONS, WORKFLOWS),
 }

@@ -13,10 +13,12 @@ from assay.messages import (
     AllocationChanged,
     AttemptIndeterminate,
     BranchRun,
+    CalibrationDue,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
     GroupDue,
+    JudgeCalibrated,
     Promoted,
     ProposalRequested,
     ReviewProposal,
@@ -94,11 +96,23 @@ def _workflow_key(msg: Versioned) -> str:
 
 
 def _task_key(msg: Versioned) -> str:
-    """Episodes of a task and its groups' timers share a partition (§11.4)."""
+    """Episodes of a task and its groups' timers share a partition (§11.4); a tenant's
+    calibration rounds share one."""
+    if isinstance(msg, CalibrationDue):
+        return f"{msg.tenant}:calibration"
     if isinstance(msg, GroupDue | RolloutClosed):
         return f"{msg.tenant}:{msg.task_id}"
     assert isinstance(msg, RunVerified)
     return f"{msg.run.tenant}:{msg.run.task_id}"
+
+
+def _aggregate_key(msg: Versioned) -> str:
+    """A variant's evidence keys on its workflow; a tenant's judge calibrations share one
+    key (one partition orders a tenant's rounds)."""
+    if isinstance(msg, JudgeCalibrated):
+        return f"{msg.tenant}:calibration"
+    assert isinstance(msg, VariantAggregate)
+    return f"{msg.tenant}:{msg.workflow_id}"
 
 
 def _result_key(msg: Versioned) -> str:
@@ -131,7 +145,12 @@ TOPICS: dict[str, Topic] = {
             "tenant:run_id",
         ),
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
-        Topic(VERIFIED, (RunVerified, GroupDue, RolloutClosed), _task_key, "tenant:task_id"),
+        Topic(
+            VERIFIED,
+            (RunVerified, GroupDue, RolloutClosed, CalibrationDue),
+            _task_key,
+            "tenant:task_id (CalibrationDue: tenant:calibration)",
+        ),
         Topic(
             GRADED,
             (RunGraded,),
@@ -150,7 +169,12 @@ TOPICS: dict[str, Topic] = {
             _k("tenant", "run_id"),
             "tenant:run_id",
         ),
-        Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),
+        Topic(
+            AGGREGATES,
+            (VariantAggregate, JudgeCalibrated),
+            _aggregate_key,
+            "tenant:workflow_id (JudgeCalibrated: tenant:calibration)",
+        ),
         Topic(
             DECISIONS,
             (AllocationChanged, Promoted, ChallengerRejected, RolledBack, ProposalRequested),

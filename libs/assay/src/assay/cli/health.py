@@ -10,7 +10,11 @@ and `Ungraded` by reason (§11.6: a tenant whose loop never engages must see a
 stated reason, not a silence). Beside it, replay's spend (§12.4): the tenant's
 replay ceiling, the model calls its shadow runs reserved today and the shadow
 runs admitted and cut (the ingest stage's meter), and what the shadow runs whose
-grading ended spent (runs, model calls, tokens). Where the state is: with
+grading ended spent (runs, model calls, tokens). And the judge's scheduled
+calibration (§11): each judge model's last agreement with the verifier and order
+inconsistency on the tenant's calibration set, the calls it spent today against
+its budget, when the next round is due, and whether low agreement holds
+promotion. Where the state is: with
 `ASSAY_DATABASE_URL` set, the `tournament` and `ingest` schemas in Postgres;
 otherwise the data directory's `tournament.sqlite` and `ingest.sqlite`.
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from assay.cli.logs import stage_state
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.replay import meter_of
 from assay.kernel.ids import TenantId
 from assay.runtime.settings import AssaySettings
@@ -109,6 +114,47 @@ def replay_report(
     }
 
 
+def calibration_report(
+    policy: CalibrationPolicy,
+    tenant: TenantId,
+    schedule: dict[str, Any] | None,
+    judges: list[dict[str, Any]],
+    today: str,
+) -> dict[str, Any]:
+    """One tenant's scheduled calibration: its schedule and spend, each judge model's
+    last finding, and why promotion is held by it (None: it is not)."""
+    latest = max(judges, key=lambda j: int(j["due_ms"]), default=None)
+    held = None if latest is None else policy.hold(latest["agreement"], int(latest["judged"]))
+    spent = int(schedule["calls_today"]) if schedule and schedule["day"] == today else 0
+    return {
+        "scheduled": policy.scheduled,
+        "interval_s": policy.interval_s,
+        "calls_today": spent,
+        "calls_budget": policy.budget_for(str(tenant)),
+        "next_due": _iso(schedule["next_due_ms"]) if schedule else None,
+        "min_agreement": policy.min_agreement,
+        "promotion_held": held if policy.scheduled else None,
+        "judges": [
+            {
+                "judge": j["judge"],
+                "calibrated_due": _iso(j["due_ms"]),
+                "source": j["source"],
+                "pairs": j["pairs"],
+                "judged": j["judged"],
+                "agreed": j["agreed"],
+                "agreement": j["agreement"],
+                "order_inconsistency_rate": j["order_inconsistency_rate"],
+                "failures": j["failures"],
+            }
+            for j in sorted(judges, key=lambda j: str(j["judge"]))
+        ],
+    }
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(int(ms) / 1000, UTC).isoformat()
+
+
 async def _reports(
     log: EventLog, ingest: EventLog | None, tenant: TenantId | None
 ) -> list[dict[str, Any]]:
@@ -126,17 +172,25 @@ async def _reports(
         if key.startswith("grading") and (tenant is None or who == tenant):
             shards[who].append(doc)
     meters = {who: merged(docs) for who, docs in shards.items()}
+    schedules = {who: doc for who, _, doc in await log.scan_kind("calibration_round")}
+    judges: dict[TenantId, list[dict[str, Any]]] = defaultdict(list)
+    for who, _, doc in await log.scan_kind("judge_agreement"):
+        judges[who].append(doc)
+    calibrated = {w for w in (*schedules, *judges) if tenant is None or w == tenant}
     return [
         {
-            **report(who, meter, policy.ceiling_for(str(who))),
+            **report(who, meters.get(who, {}), policy.ceiling_for(str(who))),
             "replay": replay_report(
                 reserved.get(who, {}) if ingest is not None else None,
                 spent[who],
                 replay.ceiling_for(str(who)),
                 today,
             ),
+            "calibration": calibration_report(
+                settings.calibration, who, schedules.get(who), judges[who], today
+            ),
         }
-        for who, meter in sorted(meters.items(), key=lambda kv: str(kv[0]))
+        for who in sorted(set(meters) | calibrated, key=str)
     ]
 
 

@@ -1,7 +1,9 @@
 """`assay ladder`: each workflow's versions on the promotion ladder, and the held-out gap.
 
 Per tenant and workflow: the allocation (generation, current version,
-challenger, its rung, share and ladder, and what holds it), then every version
+challenger, its rung, share and ladder, and what holds it — the drift check, or
+the tenant's judge whose scheduled calibration found it disagreeing with the
+verifier, whose last finding is shown beside it), then every version
 the aggregate has seen — the rungs it climbed and how its time ended, its
 verifier pass rate on selection and on held-out tasks, and for a challenger its
 win rate (draws excluded) on both; each with the gap, selection minus held-out
@@ -103,6 +105,7 @@ async def reports(
         tallies[(who, str(doc["workflow_id"]))][version] = doc
     decisions = {(who, v): doc for who, v, doc in await decide.scan_kind("decision")}
     standings = {(who, w): doc for who, w, doc in await decide.scan_kind("ladder")}
+    judged = {who: doc for who, _, doc in await decide.scan_kind("judge_health")}
     out = []
     for who, workflow, alloc in sorted(
         await decide.scan_kind("allocation"), key=lambda r: (str(r[0]), r[1])
@@ -142,10 +145,19 @@ async def reports(
                 "share": alloc.get("challenger_share", 0.0),
                 "ladder": ladder,
                 "standing": standings.get((who, workflow)),
+                "judge_calibration": _calibration(judged.get(who)),
                 "versions": versions,
             }
         )
     return out
+
+
+def _calibration(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tenant's last judge calibration decide heard of (None: none yet)."""
+    if doc is None:
+        return None
+    keep = ("judge", "agreement", "judged", "order_inconsistency_rate", "source")
+    return {k: doc[k] for k in keep}
 
 
 async def read_reports(data_dir: Path, tenant: TenantId | None) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from assay.grading.judges import Judge, JudgeFailed, JudgeUsage
+from assay.grading.judges import Judge, JudgeFailed, JudgeUsage, UsageCallback
 from assay.kernel.scores import Verdict
 from assay.messages.episode import Episode
 from assay.workflow.ir import RubricItem, WorkflowDef
@@ -103,7 +103,11 @@ class CalibrationReport(_Frozen):
 
 
 async def calibrate(
-    judge: Judge, pairs: Sequence[CalibrationPair], rubric: Sequence[RubricItem] | None
+    judge: Judge,
+    pairs: Sequence[CalibrationPair],
+    rubric: Sequence[RubricItem] | None,
+    *,
+    on_usage: UsageCallback | None = None,
 ) -> CalibrationReport:
     """Judge every pair in both orderings; report agreement and order consistency.
 
@@ -116,12 +120,19 @@ async def calibrate(
         pairs: the calibration set.
         rubric: the rubric of pairs that carry none; None: the rubric of the
             workflow definition the passed episode pins.
+        on_usage: also told of each model call the judge reports (to meter it).
 
     Raises:
         pydantic.ValidationError: a pair judged by its definition's rubric whose
             definition is not a valid workflow.
     """
     usage: list[JudgeUsage] = []
+
+    def seen(call: JudgeUsage) -> None:
+        usage.append(call)
+        if on_usage is not None:
+            on_usage(call)
+
     details: list[PairCalibration] = []
     failures: list[CalibrationFailure] = []
     for pair in pairs:
@@ -133,7 +144,7 @@ async def calibrate(
         ]
         for order, a, b in orderings:
             try:
-                verdicts[order] = await judge.compare(a, b, items, on_usage=usage.append)
+                verdicts[order] = await judge.compare(a, b, items, on_usage=seen)
             except JudgeFailed as exc:
                 verdicts[order] = None
                 failures.append(CalibrationFailure(task=pair.task, order=order, reason=str(exc)))

@@ -23,7 +23,9 @@ evidence it is given counts selection tasks only (§12.5).
 
 The drift check: the judge's order-inconsistency rate on the challenger's sampled
 order checks is within `max_order_inconsistency` (an inconsistent judge holds the
-swap, it does not promote). Its pass-rate half is the rollback rule above.
+swap, it does not promote). Its pass-rate half is the rollback rule above. The
+judge's scheduled calibration holds the swap the same way while its agreement with
+the verifier is low (`assay.grading.calibration_policy`).
 """
 
 from __future__ import annotations
@@ -210,8 +212,20 @@ def drift(agg: VariantAggregate, policy: LadderPolicy) -> str | None:
     )
 
 
-def step(standing: Standing, agg: VariantAggregate, policy: LadderPolicy, sprt: SprtPolicy) -> Move:
-    """What the challenger's (selection) evidence does, from where it stands."""
+def step(
+    standing: Standing,
+    agg: VariantAggregate,
+    policy: LadderPolicy,
+    sprt: SprtPolicy,
+    *,
+    judge_hold: str | None = None,
+) -> Move:
+    """What the challenger's (selection) evidence does, from where it stands.
+
+    `judge_hold` says why the tenant's judge is not trusted to promote (its calibrated
+    agreement with the verifier is low): a promotion then waits, like one the drift
+    check holds.
+    """
     test = evaluate(agg.record, sprt)
     if agg.record.capped:
         return Move(
@@ -232,7 +246,7 @@ def step(standing: Standing, agg: VariantAggregate, policy: LadderPolicy, sprt: 
         move = _default(standing, agg, policy, accepted, test.reason)
     else:
         move = _resourced(standing, agg, policy, accepted, test.reason)
-    if move.kind is MoveKind.PROMOTE and (why := drift(agg, policy)) is not None:
+    if move.kind is MoveKind.PROMOTE and (why := drift(agg, policy) or judge_hold) is not None:
         move = Move(MoveKind.STAY, why, test.llr, held=why)
     return Move(
         move.kind,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         PromptDelta,
         ToolUnavailableDelta,
     )
+    from assay.messages.calibration import CalibrationDue, JudgeCalibrated
     from assay.messages.envelope import (
         MAX_MESSAGE_BYTES,
         Envelope,
@@ -98,6 +99,7 @@ else:
                 "seal",
                 "traceparent_for",
             ],
+            "assay.messages.calibration": ["CalibrationDue", "JudgeCalibrated"],
             "assay.messages.episode": ["AttemptView", "Elision", "Episode", "ReducedEpisode"],
             "assay.messages.loop": [
                 "AllocationChanged",
@@ -162,6 +164,7 @@ __all__ = [
     "BranchDelta",
     "BranchRun",
     "BranchTree",
+    "CalibrationDue",
     "CancelRollout",
     "CancelRun",
     "ChallengerRejected",
@@ -172,6 +175,7 @@ __all__ = [
     "GroupDue",
     "HeldOutTally",
     "InjectPlanDelta",
+    "JudgeCalibrated",
     "JudgePurpose",
     "Ladder",
     "ModelParamsDelta",

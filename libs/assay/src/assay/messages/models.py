@@ -37,6 +37,8 @@ class Purpose(enum.Enum):
     SHADOW = "shadow"
     """Re-execution of a task under the challenger, for comparison only (§12.4)."""
     GRADING = "grading"
+    CALIBRATION = "calibration"
+    """A judge call replaying a calibration pair, to measure the judge (§11): no run's."""
 
 
 class JudgePurpose(enum.Enum):
@@ -434,13 +436,17 @@ class UsageRecorded(Versioned):
     `judge_purpose` and `failed`: a grading call says what the judge was asked, and a call
     the endpoint billed whose answer was unusable is recorded as failed — spend, never an
     answer. A version 2 payload reads as an answered call of no stated judge purpose.
+    Version 4 lets a call serve no run (`run_id` None: a calibration call); a version 3
+    payload reads as it is.
     """
 
     type: ClassVar[str] = "UsageRecorded"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
-    run_id: RunId = Field(description="Run the call served.")
-    purpose: Purpose = Field(description="Work, shadow or grading.")
+    run_id: RunId | None = Field(
+        description="Run the call served; None for a call that served no run (calibration)."
+    )
+    purpose: Purpose = Field(description="Work, shadow, grading or calibration.")
     model: str = Field(description="Model id.")
     prompt_tokens: int = Field(ge=0, description="Prompt tokens.")
     completion_tokens: int = Field(ge=0, description="Completion tokens.")
@@ -489,6 +495,11 @@ def run_graded_v5_to_v6(payload: dict[str, Any]) -> dict[str, Any]:
 def run_result_v4_to_v5(payload: dict[str, Any]) -> dict[str, Any]:
     """RunResult v4 -> v5: a v4 score said nothing of its comparisons, which v5 reads as
     it is."""
+    return dict(payload)
+
+
+def usage_recorded_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """UsageRecorded v3 -> v4: every v3 call served a run; it reads as it is."""
     return dict(payload)
 
 

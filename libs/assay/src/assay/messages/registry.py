@@ -6,6 +6,7 @@ type's model does not pay for building the registry.
 
 from assay.kernel.schema import SchemaRegistry, Versioned
 from assay.messages.branching import BranchRun
+from assay.messages.calibration import CalibrationDue, JudgeCalibrated
 from assay.messages.loop import (
     AllocationChanged,
     ChallengerRejected,
@@ -47,6 +48,7 @@ from assay.messages.models import (
     task_submitted_v2_to_v3,
     usage_recorded_v1_to_v2,
     usage_recorded_v2_to_v3,
+    usage_recorded_v3_to_v4,
     workflow_registered_v1_to_v2,
 )
 from assay.messages.proposals import (
@@ -72,6 +74,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         RunExecuted,
         RunVerified,
         GroupDue,
+        CalibrationDue,
         RunGraded,
         RunResult,
         RolloutProgress,
@@ -83,6 +86,7 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         BranchRun,
         SignalRun,
         VariantAggregate,
+        JudgeCalibrated,
         AllocationChanged,
         Promoted,
         ChallengerRejected,
@@ -124,6 +128,7 @@ MESSAGES.upcaster("RolloutProgress", 1)(rollout_cost_unknown)
 MESSAGES.upcaster("RolloutClosed", 1)(rollout_cost_unknown)
 MESSAGES.upcaster("RolloutResult", 1)(rollout_cost_unknown)
 MESSAGES.upcaster("UsageRecorded", 2)(usage_recorded_v2_to_v3)
+MESSAGES.upcaster("UsageRecorded", 3)(usage_recorded_v3_to_v4)
 MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
 MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
 MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)

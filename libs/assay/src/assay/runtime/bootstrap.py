@@ -213,6 +213,7 @@ def stage_deps(
         strategies=plugins.strategies,
         retention=plan.retention(settings.retention) if plan else settings.retention,
         grading=settings.grading,
+        calibration=settings.calibration,
         replay=settings.replay,
         proposer=proposer,
         proposals=settings.proposer,

@@ -27,6 +27,7 @@ from pydantic_settings import (
 from pydantic_settings.sources.utils import parse_env_vars
 
 from assay.engine.retention import RetentionPolicy
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.ladder import LadderPolicy
 from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
@@ -213,6 +214,10 @@ class AssaySettings(BaseSettings):
     grading: GradingPolicy = Field(
         default_factory=GradingPolicy,
         description="Grading capacity, judge-call ceilings and order-check sampling.",
+    )
+    calibration: CalibrationPolicy = Field(
+        default_factory=CalibrationPolicy,
+        description="Scheduled judge calibration against the verifier, and the promotion hold.",
     )
     capacity: CapacitySettings = Field(
         default_factory=CapacitySettings,

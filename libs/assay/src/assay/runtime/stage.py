@@ -24,6 +24,7 @@ from assay.crash import crash_point, crash_points_armed
 from assay.engine.models import Model
 from assay.engine.retention import RetentionPolicy
 from assay.engine.tools import Tool
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.proposers import CatalogProposer, ProposalPolicy, Proposer
@@ -129,6 +130,8 @@ class StageDeps:
     """When finished runs are reduced and tiered (§8.6)."""
     grading: GradingPolicy = field(default_factory=GradingPolicy)
     """Grading's capacity, per-tenant judge-call ceilings and order-check sampling."""
+    calibration: CalibrationPolicy = field(default_factory=CalibrationPolicy)
+    """When each tenant's judge is calibrated against the verifier, and what holds promotion."""
     replay: ReplayPolicy = field(default_factory=ReplayPolicy)
     """Per-tenant ceilings on the model calls shadow runs reserve (§12.4, §14.1)."""
     proposer: Proposer = field(default_factory=CatalogProposer)
