@@ -79,6 +79,10 @@ def document() -> dict[str, Any]:
         _param("cursor", "Opaque cursor from the previous page.", {"type": "string"}),
     ]
     run_id = _param("run_id", "The run (ULID).", {"type": "string"}, where="path")
+    from assay_console.actions import openapi_paths
+
+    actions, action_schemas = openapi_paths(REF, _errors())
+    schemas = dict(sorted((schemas | action_schemas).items()))
     return {
         "openapi": "3.1.0",
         "info": {"title": "Assay console API", "version": "1"},
@@ -109,6 +113,7 @@ def document() -> dict[str, Any]:
                     "responses": ok("Overview", "The overview."),
                 }
             },
+            **actions,
         },
     }
 
