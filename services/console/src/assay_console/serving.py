@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from starlette.routing import BaseRoute
 
 from assay.bus.embedded import EmbeddedBus
 from assay.runtime.settings import AssaySettings
@@ -92,6 +94,7 @@ async def _serve(
     host: str | None,
     port: int | None,
     outbox: Outbox | None,
+    extra: Callable[[Access], Sequence[BaseRoute]] | None = None,
 ) -> RunningConsole:
     host = host or settings.console.host
     port = settings.console.port if port is None else port
@@ -110,6 +113,8 @@ async def _serve(
             await outbox.close()
         raise
     app = create_app(reads, access, outbox)
+    if extra is not None:  # ahead of the console's own routes (its /healthz too)
+        app.router.routes[:0] = [*extra(access)]
     sock.listen(128)  # connections wait in the backlog until the server accepts them
     bound = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
