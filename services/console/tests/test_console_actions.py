@@ -330,3 +330,18 @@ async def test_the_openapi_document_names_every_action() -> None:
     for verb in ("approve", "signal", "cancel", "rewind"):
         assert "post" in paths[f"/api/runs/{{run_id}}/{verb}"]
     assert {"/api/rollouts/{group}/cancel", "/api/proposals/{proposal}/reject"} <= set(paths)
+
+
+async def test_a_rewind_is_produced_as_the_cli_produces_it(console: Console) -> None:
+    from assay.bus.commands import rewind_run
+    from assay.messages import open_envelope
+
+    run = await console.run_id(TENANT_A, f"{HOSTILE}-wait")
+    before = await console.commands()
+    body = {"at": 0, "reason": HOSTILE}
+    answer = await post(console, f"/api/runs/{run}/rewind", body, A, wait="0")
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["outcome"] == "pending"
+    expected = open_envelope(rewind_run(TENANT_A, run, 0, None, HOSTILE).entry.value).id
+    assert answer.json()["command"] == expected
+    assert await console.commands() == before + 1
