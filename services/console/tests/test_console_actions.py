@@ -285,7 +285,7 @@ async def test_a_rollout_group_is_cancelled_only_for_its_tenant(console: Console
     assert own.status_code == 202, own.text
     assert own.json()["outcome"] == "pending"
     tasks = await console.rt.bus.end_offsets(TASKS)
-    for headers, group in ((A, "b-waits"), (B, "nothing-by-that-key")):
+    for headers, group in ((A, "b-waits"), (B, "nothing-by-that-key"), (B, "b-wait")):
         answer = await post(console, f"/api/rollouts/{group}/cancel", {}, headers, wait="0")
         assert answer.status_code == 404
         assert answer.json() == {"detail": "no such rollout group"}

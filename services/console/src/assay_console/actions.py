@@ -36,7 +36,7 @@ from assay.kernel.schema import one_line
 from assay_console.access import Access
 from assay_console.app import NOT_FOUND, Endpoint, Problem, _run_id, _tenant
 from assay_console.outbox import Outbox
-from assay_console.reads import ConsoleReads, RunDetail, RunFilters, RunSummary
+from assay_console.reads import MAX_LIMIT, ConsoleReads, RunDetail, RunFilters, RunSummary
 
 DEFAULT_WAIT_S = 10.0
 MAX_WAIT_S = 30.0
@@ -256,7 +256,8 @@ def action_routes(
         tenant = _tenant(request, access)
         group = str(request.path_params["group"])
         given = await body(request, CancelBody)
-        if not (await reads.runs(tenant, RunFilters(key=group[:500]), None, 1)).runs:
+        page = await reads.runs(tenant, RunFilters(key=group[:500]), None, MAX_LIMIT)
+        if not any(r.idempotency_key == group for r in page.runs):  # siblings share the key
             raise Problem(404, "no such rollout group")
         try:
             command = commands.cancel_rollout(tenant, group, given.reason)
