@@ -147,6 +147,11 @@ async def test_approving_a_waiting_run_resumes_it(console: Console) -> None:
     again = await post(console, f"/api/runs/{run}/approve", {}, A)
     assert again.status_code == 409
     assert "is not waiting" in again.json()["detail"]
+    deadline = time.monotonic() + 60
+    while (ended := await console.reads.run(TENANT_A, run)) is None or ended.output is None:
+        assert time.monotonic() < deadline, "no result after the approval"
+        await asyncio.sleep(0.05)  # the read model folds from the topics: look again
+    assert ended.output == "approved"  # the await step's output, the approval's payload
 
 
 async def test_a_named_signal_resumes_the_run_waiting_for_it(console: Console) -> None:
