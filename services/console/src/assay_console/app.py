@@ -25,6 +25,7 @@ from assay.kernel.ids import TenantId, is_run_id, tenant_id
 from assay.kernel.schema import one_line
 from assay_console.access import Access
 from assay_console.charts import dag_chart, forest_chart, sprt_chart
+from assay_console.outbox import Outbox
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
 
 FILTERS = frozenset(RunFilters.model_fields)
@@ -108,8 +109,9 @@ def _only_tenant(request: Request) -> None:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(reads: ConsoleReads, access: Access) -> Starlette:
-    """The console app over `reads`, guarded by `access`."""
+def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None) -> Starlette:
+    """The console app over `reads`, guarded by `access`; its actions publish to `outbox`
+    (None: a read-only console)."""
     env = Environment(
         loader=PackageLoader("assay_console", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -256,6 +258,9 @@ def create_app(reads: ConsoleReads, access: Access) -> Starlette:
         Route("/static/{name}", guarded(static, html=True)),
         Route("/healthz", healthz),
     ]
+    from assay_console.actions import action_routes  # it builds on this module
+
+    routes[:0] = action_routes(reads, access, outbox, guarded)
     app = Starlette(routes=routes)
     app.add_middleware(_SecurityHeaders)
     return app

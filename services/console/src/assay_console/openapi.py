@@ -89,6 +89,10 @@ def document() -> dict[str, Any]:
         {"type": "string"},
         where="path",
     )
+    from assay_console.actions import openapi_paths
+
+    actions, action_schemas = openapi_paths(REF, _errors())
+    schemas = dict(sorted((schemas | action_schemas).items()))
     return {
         "openapi": "3.1.0",
         "info": {"title": "Assay console API", "version": "1"},
@@ -137,6 +141,7 @@ def document() -> dict[str, Any]:
                     "responses": ok("WorkflowDetail", "The workflow."),
                 }
             },
+            **actions,
         },
     }
 

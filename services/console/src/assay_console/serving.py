@@ -7,15 +7,19 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
+from starlette.routing import BaseRoute
 
+from assay.bus.embedded import EmbeddedBus
 from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 from assay_console.access import Access
 from assay_console.app import create_app
+from assay_console.outbox import EmbeddedOutbox, KafkaOutbox, Outbox
 from assay_console.reads import ConsoleReads, PostgresRunsTable, SqliteRunsTable
 
 log = logging.getLogger(__name__)
@@ -31,19 +35,28 @@ class RunningConsole:
     _server: uvicorn.Server
     _task: asyncio.Task[None]
     _reads: ConsoleReads
+    _outbox: Outbox | None = None
 
     async def aclose(self) -> None:
-        """Stop serving and close the read connection."""
+        """Stop serving and close the read connection (and the console's own producer)."""
         self._server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         await self._reads.close()
+        if self._outbox is not None:
+            await self._outbox.close()
 
 
 async def start_console(
-    log_: EventLog, store: Path, settings: AssaySettings, host: str | None, port: int | None
+    log_: EventLog,
+    store: Path,
+    settings: AssaySettings,
+    host: str | None,
+    port: int | None,
+    bus: EmbeddedBus | None = None,
 ) -> RunningConsole:
-    """Serve the console over the console stage's SQLite store (`log_`, the file `store`).
+    """Serve the console over the console stage's SQLite store (`log_`, the file `store`);
+    its actions publish onto `bus`, the embedded bus of this process (None: read-only).
 
     `host` and `port` default to `ASSAY_CONSOLE_HOST` / `ASSAY_CONSOLE_PORT`; port 0
     takes any free port (the returned `url` says which).
@@ -52,12 +65,13 @@ async def start_console(
         AccessInvalid: no token is configured and `host` is not a loopback address.
         OSError: the address cannot be bound.
     """
-    return await _serve(ConsoleReads(log_, SqliteRunsTable(store)), settings, host, port)
+    outbox = EmbeddedOutbox(bus) if bus is not None else None
+    return await _serve(ConsoleReads(log_, SqliteRunsTable(store)), settings, host, port, outbox)
 
 
 async def start_distributed(log_: EventLog, settings: AssaySettings) -> RunningConsole:
     """Serve the console beside `assay serve console`, over its Postgres schema, on
-    `ASSAY_CONSOLE_HOST:ASSAY_CONSOLE_PORT`.
+    `ASSAY_CONSOLE_HOST:ASSAY_CONSOLE_PORT`; its actions go to `ASSAY_KAFKA_BOOTSTRAP`.
 
     Raises:
         AccessInvalid: no token is configured and the host is not a loopback address.
@@ -66,13 +80,21 @@ async def start_distributed(log_: EventLog, settings: AssaySettings) -> RunningC
     settings.require("database.url")
     assert settings.database.url is not None
     table = await PostgresRunsTable.connect(settings.database.url, "console")
-    running = await _serve(ConsoleReads(log_, table), settings, None, None)
+    outbox = None
+    if settings.kafka.bootstrap:
+        outbox = await KafkaOutbox(settings.kafka.bootstrap).open()
+    running = await _serve(ConsoleReads(log_, table), settings, None, None, outbox)
     log.warning("console on %s", running.url)
     return running
 
 
 async def _serve(
-    reads: ConsoleReads, settings: AssaySettings, host: str | None, port: int | None
+    reads: ConsoleReads,
+    settings: AssaySettings,
+    host: str | None,
+    port: int | None,
+    outbox: Outbox | None,
+    extra: Callable[[Access], Sequence[BaseRoute]] | None = None,
 ) -> RunningConsole:
     host = host or settings.console.host
     port = settings.console.port if port is None else port
@@ -87,12 +109,16 @@ async def _serve(
             raise
     except BaseException:
         await reads.close()
+        if outbox is not None:
+            await outbox.close()
         raise
-    app = create_app(reads, access)
+    app = create_app(reads, access, outbox)
+    if extra is not None:  # ahead of the console's own routes (its /healthz too)
+        app.router.routes[:0] = [*extra(access)]
     sock.listen(128)  # connections wait in the backlog until the server accepts them
     bound = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     shown = f"[{host}]" if ":" in host else host
-    return RunningConsole(f"http://{shown}:{bound}/", access.open, server, task, reads)
+    return RunningConsole(f"http://{shown}:{bound}/", access.open, server, task, reads, outbox)

@@ -68,6 +68,19 @@ def _parser() -> argparse.ArgumentParser:
     console.add_argument(
         "--port", type=int, default=None, help="port (default: $ASSAY_CONSOLE_PORT)"
     )
+    embedded = sub.add_parser(
+        "serve-embedded",
+        help="run every stage on the data directory until stopped, serving on one port",
+        description=(
+            "Every installed stage in one process on the data directory until SIGTERM or"
+            " SIGINT. One port carries the console (when installed) and its API, /metrics,"
+            " /healthz, /readyz, task intake and workflow registration."
+        ),
+    )
+    embedded.add_argument("--host", default=None, help="address (default: $ASSAY_CONSOLE_HOST)")
+    embedded.add_argument(
+        "--port", type=int, default=None, help="port (default: $ASSAY_CONSOLE_PORT; 0: any)"
+    )
     for name, what in [
         ("p0", "win rate under H0"),
         ("p1", "win rate under H1"),
@@ -417,6 +430,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
             console=not args.no_console,
             console_port=args.console_port,
         )
+    if args.command == "serve-embedded":
+        from assay.cli.serve_embedded import serve_embedded_command
+
+        return await serve_embedded_command(data_dir, args.host, args.port)
     if args.command == "console":
         from assay.cli.console import console_command
 

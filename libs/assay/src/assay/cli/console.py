@@ -13,11 +13,14 @@ import signal
 from collections.abc import Awaitable, Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from assay.kernel.errors import AssayError
 from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
+
+if TYPE_CHECKING:
+    from assay.bus.embedded import EmbeddedBus
 
 CONSOLE_STAGE = "console"
 CONSOLE_STORE = "console.sqlite"
@@ -38,7 +41,10 @@ class Running(Protocol):
         ...
 
 
-Starter = Callable[[EventLog, Path, AssaySettings, str | None, int | None], Awaitable[Running]]
+Starter = Callable[
+    [EventLog, Path, AssaySettings, str | None, int | None, "EmbeddedBus | None"],
+    Awaitable[Running],
+]
 
 
 def _entry(name: str) -> Any:
@@ -54,9 +60,15 @@ def console_installed() -> bool:
 
 
 async def start_console(
-    log: EventLog, data_dir: Path, settings: AssaySettings, host: str | None, port: int | None
+    log: EventLog,
+    data_dir: Path,
+    settings: AssaySettings,
+    host: str | None,
+    port: int | None,
+    bus: EmbeddedBus | None = None,
 ) -> Running:
-    """Serve the console over the console stage's store in `data_dir`.
+    """Serve the console over the console stage's store in `data_dir`; its actions
+    publish onto `bus` (the process's embedded bus; None: a read-only console).
 
     Raises:
         ConsoleMissing: `assay-console` is not installed.
@@ -64,7 +76,7 @@ async def start_console(
         OSError: the address cannot be bound.
     """
     starter: Starter = _entry("start")
-    return await starter(log, data_dir / CONSOLE_STORE, settings, host, port)
+    return await starter(log, data_dir / CONSOLE_STORE, settings, host, port, bus)
 
 
 def announce(running: Running) -> None:
@@ -81,7 +93,9 @@ async def console_command(data_dir: Path, host: str | None, port: int | None) ->
     settings = AssaySettings.from_env()
     async with Embedded(data_dir, stages=(CONSOLE_STAGE,), settings=settings) as rt:
         rt.start()
-        running = await start_console(rt.logs[CONSOLE_STAGE], data_dir, settings, host, port)
+        running = await start_console(
+            rt.logs[CONSOLE_STAGE], data_dir, settings, host, port, rt.bus
+        )
         announce(running)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

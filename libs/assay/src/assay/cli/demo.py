@@ -227,11 +227,15 @@ async def _serve_console(
     """Serve the console on loopback while the demo runs (on another port than metrics).
     A busy default port falls back to any free one; a port asked for must be free."""
     try:
-        running = await start_console(rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, port)
+        running = await start_console(
+            rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, port, rt.bus
+        )
     except OSError:
         if port is not None:
             raise
-        running = await start_console(rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, 0)
+        running = await start_console(
+            rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, 0, rt.bus
+        )
     stack.push_async_callback(running.aclose)
     announce(running)
 

@@ -16,23 +16,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from assay.bus.topics import RESULTS, RUN_COMMANDS, TASKS, WORKFLOWS, producer_entry
+from assay.bus import commands
+from assay.bus.topics import RESULTS
 from assay.cli.logs import tenant_arg
 from assay.cli.tasks import read_tasks
-from assay.kernel.errors import AssayError
-from assay.kernel.ids import RunId, WorkflowId, is_run_id
-from assay.kernel.schema import one_line
-from assay.messages import (
-    MESSAGES,
-    CancelRollout,
-    CancelRun,
-    RewindRun,
-    SignalRun,
-    WorkflowRegistered,
-    open_envelope,
-)
+from assay.kernel.ids import WorkflowId
+from assay.messages import MESSAGES, open_envelope
 from assay.runtime.sections import STAGE_ROLES
 from assay.runtime.settings import AssaySettings
 from assay.workflow import load_workflow
@@ -137,17 +126,11 @@ async def register_command(
         AssayError: a parent is not a version hash.
     """
     wf = load_workflow(path)
-    t = tenant_arg(tenant)
-    try:
-        msg = WorkflowRegistered(
-            tenant=t,
-            definition=wf.model_dump(mode="json", by_alias=True),
-            rewrite=rewrite,
-            parents=parents,
-        )
-    except ValidationError as exc:
-        raise AssayError(f"--parent: {one_line(exc)}") from exc
-    await produce([producer_entry(WORKFLOWS, msg, t, wf.version)])
+    definition = wf.model_dump(mode="json", by_alias=True)
+    cmd = commands.register_workflow(
+        tenant_arg(tenant), definition, wf.version, rewrite=rewrite, parents=parents
+    )
+    await produce([cmd.entry])
     print(f"registered {wf.id} version {wf.version}")
     return 0
 
@@ -159,7 +142,7 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
     by `--tenant` and `--workflow`.
     """
     entries = [
-        producer_entry(TASKS, task, task.tenant, task.idempotency_key)
+        commands.submit_task(task).entry
         for task in read_tasks(
             path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
         )
@@ -171,47 +154,28 @@ async def submit_command(path: Path, tenant: str | None, workflow: str | None) -
 
 async def cancel_command(run: str, tenant: str, reason: str) -> int:
     """`assay cancel RUN`: a `CancelRun` onto `assay.run-commands`."""
-    if not is_run_id(run):
-        raise AssayError(f"not a run id: {run!r}")
-    t = tenant_arg(tenant)
-    msg = CancelRun(tenant=t, run_id=RunId(run), reason=reason)
-    await produce([producer_entry(RUN_COMMANDS, msg, t, f"cancel:{run}:{reason}")])
+    await produce([commands.cancel_run(tenant_arg(tenant), run, reason).entry])
     print(f"asked to cancel run {run}")
     return 0
 
 
 async def cancel_rollout_command(group: str, tenant: str, reason: str) -> int:
     """`assay cancel --rollout KEY`: a `CancelRollout` onto `assay.tasks`, keyed like the task."""
-    t = tenant_arg(tenant)
-    msg = CancelRollout(tenant=t, idempotency_key=group, reason=reason or "cancelled")
-    await produce([producer_entry(TASKS, msg, t, f"cancel-rollout:{group}:{reason}")])
+    await produce([commands.cancel_rollout(tenant_arg(tenant), group, reason).entry])
     print(f"asked to cancel rollout group {group}")
     return 0
 
 
 async def signal_command(run: str, tenant: str, name: str, payload: str) -> int:
     """`assay approve RUN` / `assay signal RUN NAME`: a `SignalRun` onto `assay.run-commands`."""
-    if not is_run_id(run):
-        raise AssayError(f"not a run id: {run!r}")
-    t = tenant_arg(tenant)
-    try:
-        msg = SignalRun(tenant=t, run_id=RunId(run), signal=name, payload=payload)
-    except ValidationError as exc:
-        raise AssayError(f"invalid signal: {one_line(exc)}") from exc
-    await produce([producer_entry(RUN_COMMANDS, msg, t, f"signal:{run}:{name}:{payload}")])
+    await produce([commands.signal_run(tenant_arg(tenant), run, name, payload).entry])
     print(f"sent {name!r} to run {run}")
     return 0
 
 
 async def rewind_command(run: str, tenant: str, at: int, branch: int | None, reason: str) -> int:
     """`assay rewind RUN --at LSN`: a `RewindRun` onto `assay.run-commands`."""
-    if not is_run_id(run):
-        raise AssayError(f"not a run id: {run!r}")
-    if at < 0 or (branch is not None and branch < 0):
-        raise AssayError("--at and --branch are LSNs and branch numbers: 0 or more")
-    t = tenant_arg(tenant)
-    msg = RewindRun(tenant=t, run_id=RunId(run), at=at, branch=branch, reason=reason)
-    await produce([producer_entry(RUN_COMMANDS, msg, t, f"rewind:{run}:{branch}:{at}:{reason}")])
+    await produce([commands.rewind_run(tenant_arg(tenant), run, at, branch, reason).entry])
     print(f"asked to rewind run {run} at LSN {at}")
     return 0
 

@@ -20,11 +20,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from assay.bus.topics import WORKFLOWS, producer_entry
+from assay.bus.commands import Command, review_proposal
 from assay.cli.logs import stage_state
 from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import TenantId
-from assay.messages import ReviewProposal
 from assay.record import StateKey
 from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
@@ -101,47 +100,43 @@ async def review_command(
 ) -> int:
     """Approve or reject a proposal; print what decide made of it."""
     doc = await find(data_dir, proposal, tenant)
-    msg = ReviewProposal(
-        tenant=TenantId(doc["tenant"]),
-        workflow_id=doc["workflow_id"],
-        proposal_id=proposal,
-        approve=approve,
-        reason=reason,
-    )
+    cmd = review_proposal(TenantId(doc["tenant"]), doc["workflow_id"], proposal, approve, reason)
     verb = "approve" if approve else "reject"
     if AssaySettings.from_env().kafka.bootstrap:
         from assay.cli.distributed import produce
 
-        await produce([producer_entry(WORKFLOWS, msg, msg.tenant, f"review:{proposal}:{verb}")])
+        await produce([cmd.entry])
         print(f"asked to {verb} proposal {proposal}")
         return 0
-    after = await _embedded(data_dir, msg, f"review:{proposal}:{verb}")
+    after = await _embedded(data_dir, doc, approve, cmd)
     print(json.dumps({k: after.get(k) for k in SUMMARY}, indent=2))
     return 0
 
 
-async def _embedded(data_dir: Path, msg: ReviewProposal, idem: str) -> dict[str, Any]:
+async def _embedded(
+    data_dir: Path, proposal: dict[str, Any], approve: bool, cmd: Command
+) -> dict[str, Any]:
     """Run the embedded pipeline until decide recorded the review or refused it."""
     from assay.runtime.embedded import Embedded
 
+    tenant, proposal_id = TenantId(proposal["tenant"]), proposal["proposal_id"]
     async with Embedded(data_dir) as rt:
         log = rt.logs["decide"]
-        wanted = "approved" if msg.approve else "rejected"
+        wanted = "approved" if approve else "rejected"
 
         async def reviewed() -> dict[str, Any] | None:
-            doc = await log.get(StateKey(msg.tenant, "proposal", msg.proposal_id))
+            doc = await log.get(StateKey(tenant, "proposal", proposal_id))
             if doc is None or doc["status"] != wanted:
                 return None
             # approved: wait for decide to hold (or turn away) the registered version too
-            held = await log.get(StateKey(msg.tenant, "known", doc["workflow_version"]))
-            return doc if not msg.approve or held is not None else None
+            held = await log.get(StateKey(tenant, "known", doc["workflow_version"]))
+            return doc if not approve or held is not None else None
 
-        entry = producer_entry(WORKFLOWS, msg, msg.tenant, idem)
         try:
-            return await rt.command("decide", entry, reviewed, REVIEW_TIMEOUT_S)
+            return await rt.command(cmd.stage, cmd.entry, reviewed, REVIEW_TIMEOUT_S)
         except Refused as exc:
             raise ReviewRefused(f"review refused: {exc.reason}") from exc
         except TimeoutError as exc:
             raise AssayError(
-                f"decide recorded no review of proposal {msg.proposal_id} in {REVIEW_TIMEOUT_S:g}s"
+                f"decide recorded no review of proposal {proposal_id} in {REVIEW_TIMEOUT_S:g}s"
             ) from exc

@@ -38,6 +38,8 @@ from assay.store.ports import OutboxEntry
 from assay.store.sqlite import SqliteEventLog
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from assay.runtime.http import StatusServer
 
 log = logging.getLogger(__name__)
@@ -178,17 +180,24 @@ class Embedded:
         free port; the server's `port` says which). Close it before leaving the context."""
         # Here: a run without a metrics port loads no Prometheus client.
         from assay.runtime.http import StatusServer
+
+        registry, refresh = self.metrics()
+        server = StatusServer(registry, self.health, port, refresh)
+        await server.start(host)
+        return server
+
+    def metrics(self) -> tuple[CollectorRegistry, Callable[[], Awaitable[None]]]:
+        """The process's Prometheus registry (every stage's §15 signals), and what to call
+        before each scrape (gauges read from the stages' state)."""
         from assay.runtime.metrics import StagesCollector, process_registry
 
         collector = StagesCollector(list(self.runners.values()))
+        return process_registry(collector), collector.refresh
 
-        def health() -> dict[str, object]:
-            handled = {name: r.handled for name, r in self.runners.items()}
-            return {"ok": True, "ready": self._task is not None, "handled": handled}
-
-        server = StatusServer(process_registry(collector), health, port, collector.refresh)
-        await server.start(host)
-        return server
+    def health(self) -> dict[str, object]:
+        """`/healthz` and `/readyz`: ready once the stages consume; messages handled per stage."""
+        handled = {name: r.handled for name, r in self.runners.items()}
+        return {"ok": True, "ready": self._task is not None, "handled": handled}
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
