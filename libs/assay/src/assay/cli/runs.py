@@ -35,6 +35,7 @@ from assay.kernel.intents import IntentState
 from assay.messages.branching import BranchDelta
 from assay.messages.models import Usage
 from assay.record.events import BranchKey, LogRecord
+from assay.record.state import StateKey
 from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 from assay.store.sqlite import SqliteEventLog
@@ -56,10 +57,14 @@ class RunNotFound(AssayError):
 class RunTiered(AssayError):
     """The run's records left the log for an archive blob (§8.6); its tombstone says where."""
 
-    def __init__(self, tenant: TenantId, tiered: Tiered, at_ms: int) -> None:
+    def __init__(
+        self, tenant: TenantId, tiered: Tiered, at_ms: int, grading: str | None = None
+    ) -> None:
         self.tenant = tenant
         self.tiered = tiered
         self.at_ms = at_ms
+        self.state = "cancelled" if grading == "cancelled" else "archived"
+        """Its lifecycle state: `archived` (§5.2), or `cancelled` for a stopped run."""
         super().__init__(
             f"run {tiered.run} was tiered: its {tiered.records} records are in archive blob "
             f"{tiered.archive} of tenant {tenant}"
@@ -70,6 +75,7 @@ class RunTiered(AssayError):
         return {
             "run_id": self.tiered.run,
             "tenant": str(self.tenant),
+            "state": self.state,
             "tiered": {
                 "archive": self.tiered.archive,
                 "records": self.tiered.records,
@@ -83,6 +89,7 @@ class RunTiered(AssayError):
         streams = ", ".join(f"{s.stream}@{s.branch} ({s.records})" for s in self.tiered.streams)
         return (
             f"run {self.tiered.run}  tenant {self.tenant}\n"
+            f"  state {self.state}\n"
             f"  tiered {_when(self.at_ms)}: {self.tiered.records} records moved to archive blob "
             f"{self.tiered.archive}\n"
             f"  streams {streams}\n"
@@ -177,7 +184,9 @@ async def find_run(log: EventLog, run: str, tenant: TenantId | None) -> RunView 
     for key in tombstones:
         for record in await log.read(key):
             if isinstance(record.event, Tiered):
-                raise RunTiered(key.tenant, record.event, record.at_ms)
+                doc = await log.get(StateKey(key.tenant, "run", run))
+                grading = None if doc is None else doc.get("grading")
+                raise RunTiered(key.tenant, record.event, record.at_ms, grading)
     if not keys:
         return None
     commands = await read_branch(log, BranchKey.main(keys[0].tenant, commands_stream(run)))
