@@ -19,8 +19,14 @@ from typing import Any
 from assay.bus.topics import RUN_COMMANDS, RUN_STATUS
 from assay.crash import crash_point
 from assay.engine import WORK_EVENTS, Driver, RunFinished, RunSpec, fold_work, prices_of
-from assay.engine.events import CancelRequested, RunCancelled, Signalled, commands_stream
-from assay.engine.run_state import GradingStatus, Waiting
+from assay.engine.events import (
+    BranchVerified,
+    CancelRequested,
+    RunCancelled,
+    Signalled,
+    commands_stream,
+)
+from assay.engine.run_state import BranchVerdict, GradingStatus, RunView, Waiting
 from assay.kernel import BranchId, Refused, RunId, RunState, TenantId
 from assay.messages import (
     CancelRun,
@@ -41,8 +47,10 @@ from assay_execute.driving import (
     ExecuteUnitOfWork,
     Executing,
     conclude,
+    graded,
     pinned,
     recorded,
+    reported,
 )
 from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
 from assay_execute.retention import Retention, backlog_gauges
@@ -64,7 +72,7 @@ async def on_run_spawned(msg: RunSpawned, uow: ExecuteUnitOfWork) -> None:
     if not history:
         uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
     # A new run: what was just read under the lease is all there is to replay.
-    await conclude(spec, uow, lease, graded=True, fresh=not history)
+    await conclude(spec, uow, lease, fresh=not history)
 
 
 async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
@@ -90,12 +98,12 @@ async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
             timed_out=msg.timed_out,
         )
         uow.record(spec.key, signalled)
-    graded = spec.branch == 0
-    if graded:
+    if graded(spec):
         why = "its wait timed out" if msg.timed_out else f"signal {msg.signal!r}"
-        resumed_ = RunStatusChanged(run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}")
+        ref = await reported(uow, spec)
+        resumed_ = RunStatusChanged(run=ref, state=RunState.RUNNING, detail=f"resumed: {why}")
         uow.emit(RUN_STATUS, resumed_)
-    await conclude(spec, uow, lease, graded=graded)
+    await conclude(spec, uow, lease)
 
 
 async def _not_waiting(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
@@ -133,7 +141,7 @@ async def on_cancel(msg: CancelRun, uow: ExecuteUnitOfWork) -> None:
     found = await resumed(uow, msg.run_id)
     if found is not None:  # suspended: no worker holds it, so end it here
         spec, lease = found
-        await conclude(spec, uow.fenced(lease), lease, graded=spec.branch == 0)
+        await conclude(spec, uow.fenced(lease), lease)
 
 
 async def on_rewind(msg: RewindRun, uow: ExecuteUnitOfWork) -> None:
@@ -151,13 +159,28 @@ async def on_rewind(msg: RewindRun, uow: ExecuteUnitOfWork) -> None:
     if done:
         return  # a redelivered command whose fork already ran to its end
     spec = await recorded(uow, BranchKey.for_run(uow.tenant, msg.run_id, branch))
-    await conclude(spec, uow, lease, graded=False)
+    await conclude(spec, uow, lease)
 
 
 async def on_result(msg: RunResult, uow: ExecuteUnitOfWork) -> None:
-    """Grading of a run ended: reduce it if it is over its tenant's ceiling, then tier
-    the tenant's runs that are due (§8.6, `retention`)."""
-    await uow.deps.retention.grading_ended(uow, msg.run_id, msg.status)
+    """Grading of a branch ended. A forked run notes the branch's verifier outcome beside
+    it; once the live branch's result is in, the run is reduced if it is over its
+    tenant's ceiling (a superseded branch's result ends nothing); then the tenant's
+    runs that are due are tiered (§8.6, `retention`)."""
+    doc = await uow.get(RunView, msg.run_id)
+    live = 0 if doc is None else doc.branch
+    if doc is not None and not doc.tiered and live > 0:
+        at = f"{msg.run_id}/{msg.branch}"
+        if await uow.get(BranchVerdict, at) is None:
+            verdict = BranchVerified(
+                branch=msg.branch,
+                status=msg.status,
+                passed=msg.passed,
+                failed_checks=[v.verifier for v in msg.verification if not v.passed],
+            )
+            uow.record(BranchKey.main(uow.tenant, commands_stream(msg.run_id)), verdict)
+    if msg.superseded_by is None and msg.branch == live:
+        await uow.deps.retention.grading_ended(uow, msg.run_id, msg.status)
     await uow.deps.retention.sweep(uow)
 
 
@@ -191,7 +214,7 @@ async def redrive(uow: ExecuteUnitOfWork, run: RunId) -> None:
         return
     keys = await uow.log.branches(run, uow.tenant)
     spec = await recorded(uow, max(keys, key=lambda k: k.branch))
-    await conclude(spec, uow, lease, graded=spec.branch == 0)
+    await conclude(spec, uow, lease)
 
 
 def wait_due(tenant: TenantId, run: str, doc: dict[str, Any], now_ms: float) -> Fired | None:

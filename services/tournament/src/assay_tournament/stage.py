@@ -67,7 +67,7 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
         Refused: the episode's workflow does not validate, or its grading does not fit.
     """
     r = msg.run
-    if await uow.get(Scored, r.run_id) is not None:
+    if await uow.get(Scored, r.graded_as) is not None:
         return
     if r.rollout is not None:  # a sibling waits for its group's selection (§13)
         await on_sibling(msg, uow)
@@ -75,14 +75,14 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
     s = await Scoring.open(uow)
     episode = await load_episode(uow, msg.episode)
     if episode is None:
-        s.finish(Candidate(msg), Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
+        await s.finish(Candidate(msg), Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
         if r.role is Role.CURRENT:  # they waited for this run; do not strand them
             await release_parked(s, msg)
         return
     workflow = _workflow(episode, uow.deps)
     kept_out = await _screened_out(s, msg, episode, workflow)
     if kept_out is not None:
-        s.finish(Candidate(msg, episode), kept_out)
+        await s.finish(Candidate(msg, episode), kept_out)
         return
     spec = workflow.grading
     attempts = await s.rank_attempts(episode, spec, list(workflow.rubric))

@@ -47,9 +47,11 @@ from assay_tournament.events import (
     JudgeAnswered,
     ReferenceSet,
     ReplaySpent,
+    ResultIssued,
     RolloutSelected,
     RunScored,
     SiblingWaiting,
+    graded_key,
     outcome_class,
 )
 
@@ -68,8 +70,18 @@ class Reference(ReadModel):
     passed: bool
 
 
+class LiveResult(ReadModel):
+    """The result that went out as the task's result of a run: its live branch's, so far.
+    Keyed by run id."""
+
+    kind: ClassVar[str] = "live-result"
+    branch: int
+    result: dict[str, Any]
+
+
 class Scored(ReadModel):
-    """A run whose grading ended, with its score."""
+    """A run whose grading ended, with its score. Keyed by run id, with `@<branch>` after
+    it for a fork."""
 
     kind: ClassVar[str] = "scored"
     score: Score
@@ -253,6 +265,7 @@ TOURNAMENT_STATE: tuple[type[ReadModel], ...] = (
     GradingMeter,
     ReplaySpend,
     JudgeAnswer,
+    LiveResult,
 )
 """Every kind of document the tournament stage keeps, by its read model."""
 
@@ -265,15 +278,15 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
             ref = Reference(run_id=e.run_id, episode=e.episode, passed=e.passed)
             return [ref.put(t, f"{e.task_id}/{e.workflow_version}")]
         case ChallengerParked(verified=v):
-            return [Put(Parked.at(t, f"{v['run']['task_id']}/{v['run']['run_id']}"), v)]
+            return [Put(Parked.at(t, f"{v['run']['task_id']}/{graded_key(v['run'])}"), v)]
         case RunScored() as e:
             out: list[StateDelta] = [
-                Scored(score=e.score, judge_calls=e.judge_calls).put(t, e.run_id)
+                Scored(score=e.score, judge_calls=e.judge_calls).put(t, e.graded_as)
             ]
             if e.order_index is not None:
                 out.append(Comparisons(next=e.order_index + 1).put(t, e.workflow_version))
             if e.was_parked:
-                out.append(Delete(Parked.at(t, f"{e.task_id}/{e.run_id}")))
+                out.append(Delete(Parked.at(t, f"{e.task_id}/{e.graded_as}")))
             return out
         case GroupJoined() as e:
             group = f"{e.task_id}/{outcome_class(e.passed)}"
@@ -284,7 +297,7 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
                 quorum=e.quorum,
                 timeout_s=e.timeout_s,
             )
-            run = e.member["run"]["run_id"]
+            run = graded_key(e.member["run"])
             return [opened.put(t, group), Put(Member.at(t, f"{group}/{run}"), e.member)]
         case GroupClosed() as e:
             group = f"{e.task_id}/{outcome_class(e.passed)}"
@@ -306,6 +319,8 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
         case ReplaySpent() as e:
             spent = ReplaySpend(day=e.day, model_calls=e.model_calls, tokens=e.tokens)
             return [spent.put(t, e.run_id)]
+        case ResultIssued() as e:
+            return [LiveResult(branch=e.branch, result=e.result).put(t, e.run_id)]
         case JudgeAnswered() as e:
             answer = JudgeAnswer.model_validate(
                 {"verdict": e.verdict, "violations": e.violations or []}

@@ -7,7 +7,7 @@ unreadable episode, a verifier error or a timeout is a `Fail`, never a `Pass`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError
 
@@ -27,20 +27,32 @@ from assay.workflow import WorkflowDef
 
 
 class RunVerdictRecorded(Event):
-    """The verifiers' outcome for one run."""
+    """The verifiers' outcome for one branch of a run.
+
+    Version 2 adds `branch`: a rewind's branch and a branch command's child are verified
+    like any run; a version 1 verdict is branch 0's.
+    """
 
     type: ClassVar[str] = "RunVerdictRecorded"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run_id: RunId = Field(description="Run.")
     passed: bool = Field(description="Outcome class.")
     results: list[VerifierResult] = Field(description="Each verifier's result.")
+    branch: int = Field(0, ge=0, description="v2: the branch verified (0: the run as spawned).")
 
 
 VERIFY_EVENTS = EventRegistry([RunVerdictRecorded])
 
 
+@VERIFY_EVENTS.upcaster("RunVerdictRecorded", 1)
+def _verdict_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 verified branch 0 only."""
+    return {**payload, "branch": 0}
+
+
 class Verdict(ReadModel):
-    """A run's verdict: its outcome class and each verifier's result."""
+    """A branch's verdict: its outcome class and each verifier's result. Keyed by run id
+    (branch 0) or `<run>@<branch>` (a fork)."""
 
     kind: ClassVar[str] = "verdict"
     passed: bool
@@ -51,7 +63,8 @@ def fold_verify(record: LogRecord) -> list[StateDelta]:
     """One verdict document per run."""
     match record.event:
         case RunVerdictRecorded() as e:
-            return [Verdict(passed=e.passed, results=e.results).put(record.key.tenant, e.run_id)]
+            key = e.run_id if e.branch == 0 else f"{e.run_id}@{e.branch}"
+            return [Verdict(passed=e.passed, results=e.results).put(record.key.tenant, key)]
     return []
 
 
@@ -79,7 +92,9 @@ async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
     passed = msg.succeeded and all(r.passed for r in results)
     uow.record(
         BranchKey.main(uow.tenant, f"run:{msg.run.run_id}"),
-        RunVerdictRecorded(run_id=msg.run.run_id, passed=passed, results=results),
+        RunVerdictRecorded(
+            run_id=msg.run.run_id, passed=passed, results=results, branch=msg.run.branch_id
+        ),
     )
     uow.emit(
         VERIFIED,

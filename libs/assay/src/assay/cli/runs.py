@@ -26,7 +26,7 @@ from assay.engine.episode_view import (
     build_run_view,
 )
 from assay.engine.events import WORK_EVENTS, Tiered, commands_stream, fold_work
-from assay.engine.lineage import BranchingView
+from assay.engine.lineage import BranchingChildView, BranchingView
 from assay.engine.retention import tiered_stream
 from assay.kernel.attempts import AttemptState
 from assay.kernel.errors import AssayError
@@ -243,8 +243,21 @@ def _branching(b: BranchingView) -> Iterable[str]:
         diverged = f"diverged at {c.diverged_at}: {c.why}" if c.diverged_at else "diverged nowhere"
         yield (
             f"    child {c.child}  branch {c.branch}  {' + '.join(c.deltas)}{label}"
-            f"  {_status(c.status, c.failed_step, False)}  {diverged}"
+            f"  {_status(c.status, c.failed_step, False)}  {_verified(c)}  {diverged}"
         )
+
+
+def _verified(c: BranchingChildView) -> str:
+    """A child's verifier outcome, beside its execution status."""
+    match c.verification:
+        case None:
+            return "verification pending"
+        case "fail" if c.failed_checks:
+            return f"verified fail ({', '.join(c.failed_checks)})"
+        case "cancelled":
+            return "grading cancelled"
+        case outcome:
+            return f"verified {outcome}"
 
 
 def _deltas(fields: dict[str, object]) -> str:

@@ -38,10 +38,12 @@ from assay.messages.models import (
     run_graded_v5_to_v6,
     run_ref_unchanged,
     run_ref_v2_unchanged,
+    run_ref_v3_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_result_v3_to_v4,
     run_result_v4_to_v5,
+    run_result_v5_to_v6,
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
     task_submitted_v2_to_v3,
@@ -127,3 +129,13 @@ MESSAGES.upcaster("UsageRecorded", 2)(usage_recorded_v2_to_v3)
 MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
 MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
 MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
+MESSAGES.upcaster("RunResult", 5)(run_result_v5_to_v6)
+for _carrier, _before in (
+    ("RunSpawned", 4),
+    ("RunStatusChanged", 3),
+    ("AttemptIndeterminate", 3),
+    ("RunExecuted", 3),
+    ("RunVerified", 3),
+    ("RunGraded", 6),
+):
+    MESSAGES.upcaster(_carrier, _before)(run_ref_v3_unchanged)
