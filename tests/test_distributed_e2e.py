@@ -389,6 +389,27 @@ async def test_a_run_is_branched_with_deltas_from_the_command_line(
     attribution = {a["step"]: a["children"] for a in tree["attribution"]}
     assert attribution["answer"] == [2]  # the stage the failure is attributed to
 
+    # Each child is verified and graded like any run; the task's result follows the live
+    # branch (3), and every result it replaced goes out again saying so.
+    def mine(records: list[Any]) -> list[dict[str, Any]]:
+        payloads = [json.loads(r.value)["payload"] for r in records]
+        return [p for p in payloads if p.get("tenant") == tenant and p.get("run_id") == run]
+
+    def settled(records: list[Any]) -> bool:
+        return any(p.get("branch") == 3 and p["superseded_by"] is None for p in mine(records))
+
+    out = mine(await read_topic(d.bootstrap, "assay.results", settled, 180))
+    assert [(p["branch"], p["superseded_by"]) for p in out if p["superseded_by"] is None][-1] == (
+        3,
+        None,
+    )
+    assert {p["branch"] for p in out} == {0, 1, 2, 3}
+    assert all(p["parent_branch"] == 0 for p in out if p["branch"])
+    for b in (0, 1, 2):
+        assert [p["superseded_by"] for p in out if p["branch"] == b][-1] is not None
+    failed = [p for p in out if p["branch"] == 2]
+    assert all(not p["passed"] and p["termination"] == "failed" for p in failed)
+
 
 async def _is(read: Any, value: str) -> bool:
     return bool(await read() == value)

@@ -62,10 +62,12 @@ from assay.messages import (
     AttemptIndeterminate,
     BranchChild,
     BranchRun,
+    CancelGrading,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
     Envelope,
+    GradingCancelled,
     GroupDue,
     Promoted,
     ProposalRequested,
@@ -686,6 +688,11 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (RunSpawned(run=ref, definition={}, input={}), f"{t}:{RUN}"),
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
         (CancelRun(tenant=TENANT, run_id=RunId(RUN), reason="stop"), f"{t}:{RUN}"),
+        (CancelGrading(run=ref, succeeded=True, usage=Usage()), f"{t}:{RUN}"),
+        (
+            GradingCancelled(run=ref, succeeded=True, usage=Usage(), verified=False),
+            f"{t}:{TASK}",
+        ),
         (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),
         (
             BranchRun(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from assay.grading.strategies import GradingPolicy
+from assay.messages import GradingCancelled, Usage
 from assay_tournament.state import TOURNAMENT_STATE
 from services.tournament.tests.tournament_harness import (
     T1,
@@ -51,6 +52,10 @@ async def test_every_kind_of_document_reads_back_unchanged(stage: Stage) -> None
         await stage.verified(run, output="x" * (i + 1))
     stage.judge.prefer_longer = True
     await stage.deliver(closed(t5, runs))
+    stopped = challenger(task_id(6), reference_expected=True)  # a cancel while it waits
+    await stage.verified(stopped)
+    cancelled = GradingCancelled(run=stopped, succeeded=True, usage=Usage(), verified=True)
+    await stage.deliver(cancelled, mid="cancel")
 
     kinds: set[str] = set()
     for model in TOURNAMENT_STATE:

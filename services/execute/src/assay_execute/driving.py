@@ -8,6 +8,7 @@ retention's per-process memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from assay.messages import (
     RunResult,
     RunStatusChanged,
 )
-from assay.record import BranchKey
+from assay.record import BranchKey, LogRecord
 from assay.runtime import UnitOfWork
 from assay.runtime.leases import under_lease
 from assay.store import Lease
@@ -154,16 +155,26 @@ def graded(spec: RunSpec) -> bool:
 
 
 async def reported(uow: ExecuteUnitOfWork, spec: RunSpec) -> RunRef:
-    """The run as its messages name it: for a fork, with its branch and parent (from the
-    branch's own `Forked`, its last)."""
+    """The run as its messages name it: for a fork, with its branch and parent."""
     if spec.branch == 0:
         return spec.ref
-    records = await uow.history(spec.key)
+    return branch_ref(spec.ref, spec.branch, await uow.history(spec.key))
+
+
+def branch_ref(ref: RunRef, branch: int, records: Sequence[LogRecord]) -> RunRef:
+    """`ref` naming `branch`, whose records are `records`: for a fork, its branch and parent
+    from the branch's own `Forked` (its last).
+
+    Raises:
+        Refused: a branch past 0 that records no fork.
+    """
+    if branch == 0:
+        return ref
     forked = next((r.event for r in reversed(records) if isinstance(r.event, Forked)), None)
     if forked is None:
-        raise Refused(f"run {spec.ref.run_id}: branch {spec.branch} records no fork")
-    fork = RunBranch(branch=spec.branch, parent=forked.from_branch, child=forked.child)
-    return spec.ref.model_copy(update={"branch": fork})
+        raise Refused(f"run {ref.run_id}: branch {branch} records no fork")
+    fork = RunBranch(branch=branch, parent=forked.from_branch, child=forked.child)
+    return ref.model_copy(update={"branch": fork})
 
 
 async def conclude(

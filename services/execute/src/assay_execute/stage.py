@@ -23,12 +23,14 @@ from assay.engine.events import (
     BranchVerified,
     CancelRequested,
     RunCancelled,
+    RunStarted,
     Signalled,
     commands_stream,
 )
 from assay.engine.run_state import BranchVerdict, GradingStatus, RunView, Waiting
 from assay.kernel import BranchId, Refused, RunId, RunState, TenantId
 from assay.messages import (
+    CancelGrading,
     CancelRun,
     RewindRun,
     RolloutResult,
@@ -46,6 +48,7 @@ from assay_execute.branching import on_branch
 from assay_execute.driving import (
     ExecuteUnitOfWork,
     Executing,
+    branch_ref,
     conclude,
     graded,
     pinned,
@@ -142,6 +145,34 @@ async def on_cancel(msg: CancelRun, uow: ExecuteUnitOfWork) -> None:
     if found is not None:  # suspended: no worker holds it, so end it here
         spec, lease = found
         await conclude(spec, uow.fenced(lease), lease)
+    await stop_grading(uow, msg.run_id, reason)
+
+
+async def stop_grading(uow: ExecuteUnitOfWork, run: RunId, reason: str) -> None:
+    """Cancel means stop (§5.2): each branch of the run that finished executing and whose
+    grading has not ended is stopped at verify and tournament (`CancelGrading`), which
+    make no further verifier command or judge call for it and give it its `cancelled`
+    result. A branch whose result came back is left as it is: its record stands."""
+    doc = await uow.get(RunView, run)
+    if doc is None or doc.tiered:
+        return
+    for key in await uow.log.branches(run, uow.tenant):
+        records = await uow.history(key)
+        end = next((r.event for r in records if isinstance(r.event, RunFinished)), None)
+        started = records[0].event if records else None
+        if end is None or not isinstance(started, RunStarted) or started.run.rollout:
+            continue  # not finished (or a rollout sibling: its group's cancel stops it)
+        if key.branch == doc.branch and doc.grading is not None:
+            continue
+        if await uow.get(BranchVerdict, f"{run}/{key.branch}") is not None:
+            continue
+        stop = CancelGrading(
+            run=branch_ref(started.run, key.branch, records),
+            reason=reason,
+            succeeded=end.succeeded,
+            usage=end.usage,
+        )
+        uow.emit(RUN_COMMANDS, stop)
 
 
 async def on_rewind(msg: RewindRun, uow: ExecuteUnitOfWork) -> None:

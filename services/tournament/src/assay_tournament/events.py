@@ -67,6 +67,23 @@ class RunScored(Event):
         return self.run_id if self.branch == 0 else f"{self.run_id}@{self.branch}"
 
 
+class GradingStopped(Event):
+    """A branch's grading was cancelled before it ended (§5.2): it leaves its group or the
+    reference it waited for, and no judge call is made for it."""
+
+    type: ClassVar[str] = "GradingStopped"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="Run.")
+    branch: int = Field(ge=0, description="The branch stopped (0: the run as spawned).")
+    task_id: TaskId = Field(description="Task.")
+    reason: str = Field(description="Why, for people.")
+
+    @property
+    def graded_as(self) -> str:
+        """Its key: the run id, with `@<branch>` after it for a fork."""
+        return self.run_id if self.branch == 0 else f"{self.run_id}@{self.branch}"
+
+
 class ResultIssued(Event):
     """A branch's result went out as the task's result (§8.5: the result follows the live
     branch, the highest-numbered one graded), so a higher branch's can say it replaced it."""
@@ -177,6 +194,7 @@ TOURNAMENT_EVENTS = EventRegistry(
         JudgeAnswered,
         ReplaySpent,
         ResultIssued,
+        GradingStopped,
     ]
 )
 

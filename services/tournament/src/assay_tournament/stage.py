@@ -9,7 +9,8 @@ version's reference (`pairwise.py`), `tournament` in groups (§11.4-§11.6,
 Every episode is screened for `Core` violations first (a capped episode leaves
 the bracket), and attempt tournaments run on its retries (§11.5). Judge calls
 are metered per tenant and purpose; a tenant at its daily ceiling is
-`Ungraded{BudgetExhausted}`.
+`Ungraded{BudgetExhausted}`. A branch cancelled while verified or graded gets no
+judge call from then on and a `cancelled` result (`cancels.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from assay.messages import Episode, JudgePurpose, Role, RunVerified
 from assay.runtime import StageDeps, StageSpec, routes
 from assay.runtime.timers import timer
 from assay.workflow import GradingSpec, WorkflowDef
+from assay_tournament.cancels import on_grading_cancelled
 from assay_tournament.events import (
     TOURNAMENT_EVENTS,
     ChallengerParked,
@@ -42,7 +44,7 @@ from assay_tournament.grading import (
 from assay_tournament.groups import clock_ms, group_due, join_group, on_group_due
 from assay_tournament.pairwise import grade_pairwise, release_parked
 from assay_tournament.rollouts import on_rollout_closed, on_sibling
-from assay_tournament.state import Group, Scored, backlog_gauges, fold_tournament
+from assay_tournament.state import Group, Scored, Stopped, backlog_gauges, fold_tournament
 
 __all__ = [
     "TOURNAMENT_EVENTS",
@@ -53,6 +55,7 @@ __all__ = [
     "RunScored",
     "create_stage",
     "fold_tournament",
+    "on_grading_cancelled",
     "on_group_due",
     "on_rollout_closed",
     "on_run_verified",
@@ -67,8 +70,8 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
         Refused: the episode's workflow does not validate, or its grading does not fit.
     """
     r = msg.run
-    if await uow.get(Scored, r.graded_as) is not None:
-        return
+    if await uow.get(Scored, r.graded_as) or await uow.get(Stopped, r.graded_as):
+        return  # graded already, or its grading was cancelled: no judge call
     if r.rollout is not None:  # a sibling waits for its group's selection (§13)
         await on_sibling(msg, uow)
         return
@@ -109,7 +112,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         name="tournament",
         events=TOURNAMENT_EVENTS,
         fold=fold_tournament,
-        handlers=routes(on_run_verified, on_group_due, on_rollout_closed),
+        handlers=routes(on_run_verified, on_group_due, on_rollout_closed, on_grading_cancelled),
         deps=judging,
         background=(timer(Group.kind, group_due, lambda: clock_ms() / 1000),),
         gauges=backlog_gauges,

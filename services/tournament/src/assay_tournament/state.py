@@ -42,6 +42,7 @@ from assay_tournament.events import (
     METER_STREAM,
     ChallengerParked,
     GradingMetered,
+    GradingStopped,
     GroupClosed,
     GroupJoined,
     JudgeAnswered,
@@ -68,6 +69,13 @@ class Reference(ReadModel):
     run_id: RunId
     episode: str
     passed: bool
+
+
+class Stopped(ReadModel):
+    """A branch whose grading was cancelled. Keyed like its score."""
+
+    kind: ClassVar[str] = "stopped"
+    reason: str
 
 
 class LiveResult(ReadModel):
@@ -266,6 +274,7 @@ TOURNAMENT_STATE: tuple[type[ReadModel], ...] = (
     ReplaySpend,
     JudgeAnswer,
     LiveResult,
+    Stopped,
 )
 """Every kind of document the tournament stage keeps, by its read model."""
 
@@ -319,6 +328,16 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
         case ReplaySpent() as e:
             spent = ReplaySpend(day=e.day, model_calls=e.model_calls, tokens=e.tokens)
             return [spent.put(t, e.run_id)]
+        case GradingStopped() as e:
+            key = e.graded_as
+            return [
+                Stopped(reason=e.reason).put(t, key),
+                Delete(Parked.at(t, f"{e.task_id}/{key}")),
+                *(
+                    Delete(Member.at(t, f"{e.task_id}/{outcome_class(p)}/{key}"))
+                    for p in (True, False)
+                ),
+            ]
         case ResultIssued() as e:
             return [LiveResult(branch=e.branch, result=e.result).put(t, e.run_id)]
         case JudgeAnswered() as e:

@@ -14,7 +14,9 @@ from pydantic import Field, ValidationError
 from assay.bus.topics import RUN_STATUS, VERIFIED
 from assay.kernel import RunId, RunState
 from assay.messages import (
+    CancelGrading,
     Episode,
+    GradingCancelled,
     RunExecuted,
     RunStatusChanged,
     RunVerified,
@@ -41,7 +43,17 @@ class RunVerdictRecorded(Event):
     branch: int = Field(0, ge=0, description="v2: the branch verified (0: the run as spawned).")
 
 
-VERIFY_EVENTS = EventRegistry([RunVerdictRecorded])
+class VerificationStopped(Event):
+    """A branch's grading was cancelled (`CancelGrading`): it is not verified from here on."""
+
+    type: ClassVar[str] = "VerificationStopped"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="Run.")
+    branch: int = Field(ge=0, description="The branch stopped (0: the run as spawned).")
+    reason: str = Field(description="Why, for people.")
+
+
+VERIFY_EVENTS = EventRegistry([RunVerdictRecorded, VerificationStopped])
 
 
 @VERIFY_EVENTS.upcaster("RunVerdictRecorded", 1)
@@ -59,12 +71,22 @@ class Verdict(ReadModel):
     results: list[VerifierResult]
 
 
+class Stopped(ReadModel):
+    """A branch whose grading was cancelled. Keyed like its verdict."""
+
+    kind: ClassVar[str] = "stopped"
+    reason: str
+
+
 def fold_verify(record: LogRecord) -> list[StateDelta]:
-    """One verdict document per run."""
+    """One verdict document per branch; a stop document per cancelled branch."""
     match record.event:
         case RunVerdictRecorded() as e:
             key = e.run_id if e.branch == 0 else f"{e.run_id}@{e.branch}"
             return [Verdict(passed=e.passed, results=e.results).put(record.key.tenant, key)]
+        case VerificationStopped() as e:
+            key = e.run_id if e.branch == 0 else f"{e.run_id}@{e.branch}"
+            return [Stopped(reason=e.reason).put(record.key.tenant, key)]
     return []
 
 
@@ -87,7 +109,10 @@ def _closed(reason: str) -> list[VerifierResult]:
 
 
 async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
-    """Verify the frozen episode (fail closed), record the verdict, hand it to grading."""
+    """Verify the frozen episode (fail closed), record the verdict, hand it to grading;
+    unless the branch's grading was cancelled first: then no verifier runs at all."""
+    if await uow.get(Stopped, msg.run.graded_as) is not None:
+        return  # its `GradingCancelled` went to tournament with the stop
     results = await _verify(msg, uow)
     passed = msg.succeeded and all(r.passed for r in results)
     uow.record(
@@ -112,6 +137,25 @@ async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
     uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=state))
 
 
+async def on_cancel_grading(msg: CancelGrading, uow: VerifyUnitOfWork) -> None:
+    """Cancel means stop (§5.2): a branch cancelled after it executed is not verified from
+    here on (read apart from the episodes, so a queued one is never verified), and
+    tournament is told, keyed like its verdict, to end its grading as cancelled."""
+    r = msg.run
+    verdict = await uow.get(Verdict, r.graded_as)
+    if await uow.get(Stopped, r.graded_as) is None:
+        stopped = VerificationStopped(run_id=r.run_id, branch=r.branch_id, reason=msg.reason)
+        uow.record(BranchKey.main(uow.tenant, f"stop:{r.run_id}"), stopped)
+    cancelled = GradingCancelled(
+        run=r,
+        reason=msg.reason,
+        succeeded=msg.succeeded,
+        usage=msg.usage,
+        verified=verdict is not None,
+    )
+    uow.emit(VERIFIED, cancelled)
+
+
 async def _verify(msg: RunExecuted, uow: VerifyUnitOfWork) -> list[VerifierResult]:
     """Each verifier's result on the episode; a missing, foreign or undecodable one fails."""
     raw = await uow.blobs.get(uow.tenant, msg.episode)
@@ -133,6 +177,6 @@ def create_stage(deps: StageDeps) -> StageSpec:
         name="verify",
         events=VERIFY_EVENTS,
         fold=fold_verify,
-        handlers=routes(on_run_executed),
+        handlers=routes(on_run_executed, on_cancel_grading),
         deps=Verifying(registry=verifier_registry(deps.sandbox, deps.verifiers)),
     )

@@ -13,9 +13,11 @@ from assay.messages import (
     AllocationChanged,
     AttemptIndeterminate,
     BranchRun,
+    CancelGrading,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
+    GradingCancelled,
     GroupDue,
     Promoted,
     ProposalRequested,
@@ -97,8 +99,15 @@ def _task_key(msg: Versioned) -> str:
     """Episodes of a task and its groups' timers share a partition (§11.4)."""
     if isinstance(msg, GroupDue | RolloutClosed):
         return f"{msg.tenant}:{msg.task_id}"
-    assert isinstance(msg, RunVerified)
+    assert isinstance(msg, RunVerified | GradingCancelled)
     return f"{msg.run.tenant}:{msg.run.task_id}"
+
+
+def _command_key(msg: Versioned) -> str:
+    if isinstance(msg, CancelGrading):
+        return f"{msg.run.tenant}:{msg.run.run_id}"
+    assert isinstance(msg, CancelRun | RewindRun | BranchRun | SignalRun)
+    return f"{msg.tenant}:{msg.run_id}"
 
 
 def _result_key(msg: Versioned) -> str:
@@ -131,7 +140,12 @@ TOPICS: dict[str, Topic] = {
             "tenant:run_id",
         ),
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
-        Topic(VERIFIED, (RunVerified, GroupDue, RolloutClosed), _task_key, "tenant:task_id"),
+        Topic(
+            VERIFIED,
+            (RunVerified, GroupDue, RolloutClosed, GradingCancelled),
+            _task_key,
+            "tenant:task_id",
+        ),
         Topic(
             GRADED,
             (RunGraded,),
@@ -146,8 +160,8 @@ TOPICS: dict[str, Topic] = {
         ),
         Topic(
             RUN_COMMANDS,
-            (CancelRun, RewindRun, BranchRun, SignalRun),
-            _k("tenant", "run_id"),
+            (CancelRun, RewindRun, BranchRun, SignalRun, CancelGrading),
+            _command_key,
             "tenant:run_id",
         ),
         Topic(AGGREGATES, (VariantAggregate,), _k("tenant", "workflow_id"), "tenant:workflow_id"),

@@ -43,7 +43,9 @@ if TYPE_CHECKING:
     )
     from assay.messages.models import (
         AttemptIndeterminate,
+        CancelGrading,
         CancelRun,
+        GradingCancelled,
         GroupDue,
         JudgePurpose,
         Purpose,
@@ -113,7 +115,9 @@ else:
             ],
             "assay.messages.models": [
                 "AttemptIndeterminate",
+                "CancelGrading",
                 "CancelRun",
+                "GradingCancelled",
                 "GroupDue",
                 "JudgePurpose",
                 "Purpose",
@@ -164,6 +168,7 @@ __all__ = [
     "BranchDelta",
     "BranchRun",
     "BranchTree",
+    "CancelGrading",
     "CancelRollout",
     "CancelRun",
     "ChallengerRejected",
@@ -171,6 +176,7 @@ __all__ = [
     "Envelope",
     "Episode",
     "FailureEvidence",
+    "GradingCancelled",
     "GroupDue",
     "HeldOutTally",
     "InjectPlanDelta",

@@ -462,6 +462,39 @@ class CancelRun(Versioned):
     reason: str = Field("", max_length=2000, description="Why, for people.")
 
 
+class CancelGrading(Versioned):
+    """The execute stage, to verify: a branch that finished executing was cancelled before
+    its grading ended (§5.2: cancel is legal from `Verifying` and `Grading`). No further
+    verifier command or judge call is made for it; its result is `cancelled`.
+
+    On `assay.run-commands`, beside the operator's `CancelRun` it answers, so that verify
+    reads it apart from the episodes waiting to be verified."""
+
+    type: ClassVar[str] = "CancelGrading"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run, and the branch (`run.branch`) to stop.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
+    succeeded: bool = Field(description="How its execution ended: every step succeeded.")
+    usage: Usage = Field(description="Model usage of its execution.")
+
+
+class GradingCancelled(Versioned):
+    """Verify, to tournament: grading of a run's branch was cancelled (`CancelGrading`).
+    Keyed by task like the branch's `RunVerified`, so tournament handles both in order;
+    whichever comes first, the branch gets a `cancelled` result and no judge call."""
+
+    type: ClassVar[str] = "GradingCancelled"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run, and the branch (`run.branch`) stopped.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
+    succeeded: bool = Field(description="How its execution ended: every step succeeded.")
+    usage: Usage = Field(description="Model usage of its execution.")
+    verified: bool = Field(
+        description="Verify had verified it before the cancel reached it (its verdict "
+        "stands in the record; it is not graded)."
+    )
+
+
 class SignalRun(Versioned):
     """A signal for a run suspended at an await step: a human approval (`assay
     approve`), an external signal (`assay signal`), or its own deadline passing."""

@@ -19,7 +19,9 @@ from assay.messages.loop import (
 )
 from assay.messages.models import (
     AttemptIndeterminate,
+    CancelGrading,
     CancelRun,
+    GradingCancelled,
     GroupDue,
     RewindRun,
     RunExecuted,
@@ -81,6 +83,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         RolloutClosed,
         RolloutResult,
         CancelRun,
+        CancelGrading,
+        GradingCancelled,
         RewindRun,
         BranchRun,
         SignalRun,
