@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from assay.bus import RESULTS, RUN_COMMANDS, RUN_STATUS, RUNS
-from assay.cli.runs import RunTiered, find_run
+from assay.cli.runs import RunTiered, archive_view, find_run
 from assay.devstack.base import Service
 from assay.devstack.postgres import scratch_database
 from assay.engine import (
@@ -579,6 +579,8 @@ async def test_a_tiered_run_reaches_archived_in_the_commit_that_moved_it(
     graded, cancelled = spawned(SMALL), spawned(SMALL)
     async with harness(store, blobs, tmp_path / "h", policy(tier_after_s=0.0)) as stage:
         await stage.deliver(RUNS, graded, SMALL)
+        before = await find_run(store, graded.run.run_id, SMALL)
+        assert before is not None
         await stage.deliver(RESULTS, result_of(graded, "graded"), SMALL)  # reduced, tiered
         await stage.deliver(RUNS, cancelled, SMALL)
         await stage.deliver(RESULTS, result_of(cancelled, "cancelled"), SMALL)
@@ -606,6 +608,15 @@ async def test_a_tiered_run_reaches_archived_in_the_commit_that_moved_it(
     records = decode_archive(archive, WORK_EVENTS)
     assert isinstance(records[0].event, RunStarted)
     assert records[0].event.run == graded.run
+    readback = archive_view(graded.run.run_id, archive)  # as `assay runs show` shows it
+    assert readback is not None
+    assert (readback.ref, readback.status, readback.episode, readback.branch_ids) == (
+        before.ref,
+        before.status,
+        before.episode,
+        before.branch_ids,
+    )
+    assert [b.steps for b in readback.branches] == [b.steps for b in before.branches]
 
 
 class DiesOnDeletion:
