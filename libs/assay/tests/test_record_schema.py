@@ -15,6 +15,7 @@ from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinish
 from assay.engine.events import (
     ArchivedBranch,
     BranchTreeRecorded,
+    BranchVerified,
     CancelRequested,
     Forked,
     GradingEnded,
@@ -63,10 +64,12 @@ from assay.messages import (
     BranchChild,
     BranchRun,
     BranchTree,
+    CancelGrading,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
     FailureEvidence,
+    GradingCancelled,
     GroupDue,
     HeldOutTally,
     InjectPlanDelta,
@@ -86,6 +89,7 @@ from assay.messages import (
     RolloutRef,
     RolloutResult,
     RolloutSpec,
+    RunBranch,
     RunExecuted,
     Rung,
     RunGraded,
@@ -137,17 +141,19 @@ from assay_tournament import TOURNAMENT_EVENTS
 from assay_tournament.events import (
     ChallengerParked,
     GradingMetered,
+    GradingStopped,
     GroupClosed,
     GroupJoined,
     JudgeAnswered,
     ReferenceSet,
     ReplaySpent,
+    ResultIssued,
     RolloutSelected,
     RunScored,
     SiblingWaiting,
 )
 from assay_verify import VERIFY_EVENTS
-from assay_verify.stage import RunVerdictRecorded
+from assay_verify.stage import RunVerdictRecorded, VerificationStopped
 
 # --- local event types for the registry mechanics ----------------------------------------------
 
@@ -593,6 +599,13 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
+    CancelGrading(
+        run=REF.model_copy(update={"branch": RunBranch(branch=2, parent=1, child=1)}),
+        reason="wrong input",
+        succeeded=True,
+        usage=USAGE,
+    ),
+    GradingCancelled(run=REF, reason="wrong input", succeeded=False, usage=USAGE, verified=True),
     RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
     BranchRun(
         tenant=REF.tenant,
@@ -781,6 +794,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 label="all four",
             ),
             BranchTreeRecorded(tree_ref="blob:ghi", tree=TREE),
+            BranchVerified(branch=2, status="graded", passed=False, failed_checks=["correct"]),
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
@@ -874,7 +888,11 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     ),
     "verify": (
         VERIFY_EVENTS,
-        [RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT])],
+        [
+            RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT]),
+            RunVerdictRecorded(run_id=RUN, passed=True, results=[RESULT], branch=3),
+            VerificationStopped(run_id=RUN, branch=1, reason="wrong input"),
+        ],
     ),
     "tournament": (
         TOURNAMENT_EVENTS,
@@ -923,6 +941,8 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             JudgeAnswered(key=f"order-18/{RUN}/{OTHER_RUN}", verdict="b"),
             JudgeAnswered(key=f"order-18/{RUN}", violations=[]),
             ReplaySpent(run_id=OTHER_RUN, day="2026-11-29", model_calls=1, tokens=12),
+            GradingStopped(run_id=RUN, branch=2, task_id=TASK, reason="wrong input"),
+            ResultIssued(run_id=RUN, branch=2, result={"run_id": RUN, "branch": 2}),
         ],
     ),
     "aggregate": (
