@@ -389,6 +389,27 @@ async def test_a_run_is_branched_with_deltas_from_the_command_line(
     attribution = {a["step"]: a["children"] for a in tree["attribution"]}
     assert attribution["answer"] == [2]  # the stage the failure is attributed to
 
+    # Each child is verified and graded like any run; the task's result follows the live
+    # branch (3), and every result it replaced goes out again saying so.
+    def mine(records: list[Any]) -> list[dict[str, Any]]:
+        payloads = [json.loads(r.value)["payload"] for r in records]
+        return [p for p in payloads if p.get("tenant") == tenant and p.get("run_id") == run]
+
+    def settled(records: list[Any]) -> bool:
+        return any(p.get("branch") == 3 and p["superseded_by"] is None for p in mine(records))
+
+    out = mine(await read_topic(d.bootstrap, "assay.results", settled, 180))
+    assert [(p["branch"], p["superseded_by"]) for p in out if p["superseded_by"] is None][-1] == (
+        3,
+        None,
+    )
+    assert {p["branch"] for p in out} == {0, 1, 2, 3}
+    assert all(p["parent_branch"] == 0 for p in out if p["branch"])
+    for b in (0, 1, 2):
+        assert [p["superseded_by"] for p in out if p["branch"] == b][-1] is not None
+    failed = [p for p in out if p["branch"] == 2]
+    assert all(not p["passed"] and p["termination"] == "failed" for p in failed)
+
 
 async def _is(read: Any, value: str) -> bool:
     return bool(await read() == value)
@@ -648,3 +669,49 @@ async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_mo
     assert ungraded == len(tasks)
     e2e = _sum(tournament, "assay_task_to_result_seconds_count", tenant=tenant)
     assert e2e == len(tasks)
+
+
+async def test_a_run_cancelled_in_its_tournament_group_is_never_judged(
+    deployment: Deployment,
+) -> None:
+    """Cancel means stop (§5.2), distributed: a run resting in `Grading` — alone in its
+    tournament group, which waits 10 s for a second episode — is cancelled with `assay
+    cancel`; its result is `cancelled`, with no grade and no judge call."""
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False, versions=(RANKED_V1, RANKED_V1))
+    await produce(d.bootstrap, task_records(tenant, TASKS[:1], "arith-ranked"))
+
+    def grading(records: list[Any]) -> list[str]:
+        return [
+            p["run"]["run_id"]
+            for p in (json.loads(r.value)["payload"] for r in records)
+            if p.get("run", {}).get("tenant") == tenant and p.get("state") == "grading"
+        ]
+
+    statuses = await read_topic(d.bootstrap, "assay.run-status", grading, 60)
+    (run,) = set(grading(statuses))
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [ASSAY, "cancel", run, "--tenant", tenant, "--reason", "not needed"],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+    def of_run(records: list[Any]) -> list[dict[str, Any]]:
+        payloads = [json.loads(r.value)["payload"] for r in records]
+        return [p for p in payloads if p.get("run_id") == run]
+
+    (result,) = of_run(await read_topic(d.bootstrap, "assay.results", of_run, 60))
+    assert (result["status"], result["score"], result["termination"]) == (
+        "cancelled",
+        None,
+        "succeeded",
+    )
+    # Read until the group's timeout (10 s) has passed: still no grade comes.
+    graded = await read_topic(d.bootstrap, "assay.graded", lambda _: False, 12)
+    assert [g for g in graded if json.loads(g.value)["payload"]["run"]["run_id"] == run] == []
+    usage = of_run(await read_topic(d.bootstrap, "assay.usage", lambda _: False, 5))
+    assert [u for u in usage if u["purpose"] == "grading"] == []

@@ -63,10 +63,12 @@ from assay.messages import (
     BranchChild,
     BranchRun,
     CalibrationDue,
+    CancelGrading,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
     Envelope,
+    GradingCancelled,
     GroupDue,
     JudgeCalibrated,
     Promoted,
@@ -688,6 +690,11 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (RunSpawned(run=ref, definition={}, input={}), f"{t}:{RUN}"),
         (RunStatusChanged(run=ref, state=RunState.RUNNING), f"{t}:{RUN}"),
         (CancelRun(tenant=TENANT, run_id=RunId(RUN), reason="stop"), f"{t}:{RUN}"),
+        (CancelGrading(run=ref, succeeded=True, usage=Usage()), f"{t}:{RUN}"),
+        (
+            GradingCancelled(run=ref, succeeded=True, usage=Usage(), verified=False),
+            f"{t}:{TASK}",
+        ),
         (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),
         (
             BranchRun(

@@ -15,6 +15,7 @@ from assay.engine import WORK_EVENTS, AttemptFinished, AttemptStarted, RunFinish
 from assay.engine.events import (
     ArchivedBranch,
     BranchTreeRecorded,
+    BranchVerified,
     CancelRequested,
     Forked,
     GradingEnded,
@@ -67,10 +68,12 @@ from assay.messages import (
     BranchRun,
     BranchTree,
     CalibrationDue,
+    CancelGrading,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
     FailureEvidence,
+    GradingCancelled,
     GroupDue,
     HeldOutTally,
     InjectPlanDelta,
@@ -91,6 +94,7 @@ from assay.messages import (
     RolloutRef,
     RolloutResult,
     RolloutSpec,
+    RunBranch,
     RunExecuted,
     Rung,
     RunGraded,
@@ -149,17 +153,19 @@ from assay_tournament.events import (
     CalibrationRan,
     ChallengerParked,
     GradingMetered,
+    GradingStopped,
     GroupClosed,
     GroupJoined,
     JudgeAnswered,
     ReferenceSet,
     ReplaySpent,
+    ResultIssued,
     RolloutSelected,
     RunScored,
     SiblingWaiting,
 )
 from assay_verify import VERIFY_EVENTS
-from assay_verify.stage import RunVerdictRecorded
+from assay_verify.stage import RunVerdictRecorded, VerificationStopped
 
 # --- local event types for the registry mechanics ----------------------------------------------
 
@@ -623,6 +629,13 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     RunSpawned(run=REF, definition=DEFINITION, input={"question": "2+2"}),
     RunStatusChanged(run=REF, state=RunState.VERIFYING, detail="all steps terminal"),
     CancelRun(tenant=REF.tenant, run_id=REF.run_id, reason="wrong input"),
+    CancelGrading(
+        run=REF.model_copy(update={"branch": RunBranch(branch=2, parent=1, child=1)}),
+        reason="wrong input",
+        succeeded=True,
+        usage=USAGE,
+    ),
+    GradingCancelled(run=REF, reason="wrong input", succeeded=False, usage=USAGE, verified=True),
     RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
     BranchRun(
         tenant=REF.tenant,
@@ -813,6 +826,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 label="all four",
             ),
             BranchTreeRecorded(tree_ref="blob:ghi", tree=TREE),
+            BranchVerified(branch=2, status="graded", passed=False, failed_checks=["correct"]),
             RunCancelled(reason="cancelled by operator", indeterminate=True, usage=USAGE),
             RunFinished(
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
@@ -911,7 +925,11 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     ),
     "verify": (
         VERIFY_EVENTS,
-        [RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT])],
+        [
+            RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT]),
+            RunVerdictRecorded(run_id=RUN, passed=True, results=[RESULT], branch=3),
+            VerificationStopped(run_id=RUN, branch=1, reason="wrong input"),
+        ],
     ),
     "tournament": (
         TOURNAMENT_EVENTS,
@@ -974,6 +992,8 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 calls_today=6,
                 next_due_ms=1_764_627_600_000,
             ),
+            GradingStopped(run_id=RUN, branch=2, task_id=TASK, reason="wrong input"),
+            ResultIssued(run_id=RUN, branch=2, result={"run_id": RUN, "branch": 2}),
         ],
     ),
     "aggregate": (

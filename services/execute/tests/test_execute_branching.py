@@ -23,6 +23,7 @@ from assay.messages import (
     ModelParamsDelta,
     PromptDelta,
     RewindRun,
+    RunBranch,
     RunExecuted,
     ToolUnavailableDelta,
 )
@@ -113,9 +114,15 @@ async def test_three_children_from_one_checkpoint_are_attributed_per_stage(
         assert all("unavailable on this branch" in (f.error or "") for f in failed)
         assert ("audit", 2) not in tools.calls
 
-        # Children are not graded: nothing more went to verification.
+        # Each child goes on to verification like any run, marked with its branch,
+        # parent and child number.
         emitted = [m for m in await stage.emitted() if isinstance(m, RunExecuted)]
-        assert len(emitted) == executed
+        children = emitted[executed:]
+        assert [(m.run.branch, m.episode) for m in children] == [
+            (RunBranch(branch=c.branch, parent=0, child=c.child), c.outcome.episode)
+            for c in tree.children
+        ]
+        assert all(m.run.run_id == msg.run.run_id for m in children)
 
         # The tree and each child's result are blobs of the tenant, with provenance.
         raw = await blobs.get(TENANT, recorded.tree_ref)

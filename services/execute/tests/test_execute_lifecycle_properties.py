@@ -534,9 +534,12 @@ class RunLifecycle(RuleBasedStateMachine):
             return
         if isinstance(sent.msg, CancelRun):
             self.cancel_ticks[sent.slot].append(tick)
+            live = branches.get(max(branches), []) if branches else []
             if not ended(branches.get(0, [])):
                 self.cancel_due.add(sent.slot)
-            elif await self._outcome(sent.slot) != outcome:  # it had ended: nothing changes
+            elif ended(live) and await self._outcome(sent.slot) != outcome:
+                # its live branch had ended: nothing changes (a fork still driven is
+                # stopped, and says so with its own statuses and result)
                 self.problems.append(f"a cancel after run {sent.slot} ended changed its outcome")
         elif isinstance(sent.msg, RewindRun):
             await self._check_rewind(sent, tick, branches, refused)
@@ -767,19 +770,27 @@ class RunLifecycle(RuleBasedStateMachine):
                 )
 
         outcome = await self._outcome(slot)
-        state = RunState.SCHEDULED
-        for m in outcome:  # §5.2, with the kernel's table as the oracle
-            if isinstance(m, RunStatusChanged):
-                state = run_transition(state, m.state)
-        results = [m for m in outcome if isinstance(m, RunResult)]
-        executed = [m for m in outcome if isinstance(m, RunExecuted)]
+        states: dict[int, RunState] = {}
+        for b, records in branches.items():  # every branch has its own §5.2 lifecycle
+            said = [m for m in outcome if _branch_of(m) == b]
+            state = RunState.SCHEDULED
+            for m in said:  # with the kernel's table as the oracle
+                if isinstance(m, RunStatusChanged):
+                    state = run_transition(state, m.state)
+            results = [m for m in said if isinstance(m, RunResult)]
+            executed = [m for m in said if isinstance(m, RunExecuted)]
+            end = next(
+                (r.event for r in records if isinstance(r.event, RunFinished | RunCancelled)), None
+            )
+            assert len(results) == isinstance(end, RunCancelled), (b, results)
+            assert all(r.status == "cancelled" and r.score is None for r in results)
+            assert len(executed) == isinstance(end, RunFinished), (b, executed)
+            if end is not None:
+                assert state is (RunState.CANCELLED if results else RunState.VERIFYING), state
+            states[b] = state
         main = branches.get(0, [])
         end = next((r.event for r in main if isinstance(r.event, RunFinished | RunCancelled)), None)
-        assert len(results) == isinstance(end, RunCancelled), results
-        assert all(r.status == "cancelled" and r.score is None for r in results)
-        assert len(executed) == isinstance(end, RunFinished), executed
-        if end is not None:
-            assert state is (RunState.CANCELLED if results else RunState.VERIFYING), state
+        state = states.get(0, RunState.SCHEDULED)
         if not self._idle(slot) or not branches:
             return
         # Nothing in flight for the run: its live branch ended, or it waits for a signal.
@@ -788,12 +799,19 @@ class RunLifecycle(RuleBasedStateMachine):
         for b, records in branches.items():
             if waiting is not None and waiting["branch"] == b == live:
                 assert not ended(records)
-                if b == 0:
-                    assert state is RunState.SUSPENDED, state
+                assert states.get(b) is RunState.SUSPENDED, (b, states)
             else:
                 assert ended(records), f"branch {b} of run {slot} neither ended nor waits"
         if slot in self.cancel_due:  # §5.2: cancel reaches every non-terminal state
             assert isinstance(end, RunCancelled), f"run {slot} was cancelled yet ended {end!r}"
+
+
+def _branch_of(m: object) -> int:
+    """The branch a message about a run is about."""
+    if isinstance(m, RunResult):
+        return m.branch
+    assert isinstance(m, RunStatusChanged | RunExecuted)
+    return m.run.branch_id
 
 
 @pytest.fixture(scope="module")

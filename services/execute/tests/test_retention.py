@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from assay.bus import RESULTS, RUN_COMMANDS, RUNS
-from assay.cli.runs import RunTiered, find_run
+from assay.bus import RESULTS, RUN_COMMANDS, RUN_STATUS, RUNS
+from assay.cli.runs import RunTiered, archive_view, find_run
 from assay.devstack.base import Service
 from assay.devstack.postgres import scratch_database
 from assay.engine import (
@@ -28,7 +28,7 @@ from assay.engine import (
     ToolError,
     fold_work,
 )
-from assay.engine.events import GradingEnded, Reduced, Tiered, commands_stream
+from assay.engine.events import GradingEnded, Reduced, RunStarted, Tiered, commands_stream
 from assay.engine.retention import (
     RetentionPolicy,
     decode_archive,
@@ -36,7 +36,7 @@ from assay.engine.retention import (
     tiered_stream,
 )
 from assay.grading import StubJudge
-from assay.kernel import BranchId, RunId, TaskId, TenantId, content_hash, new_run_id
+from assay.kernel import BranchId, RunId, RunState, TaskId, TenantId, content_hash, new_run_id
 from assay.kernel.scores import Ungraded, UngradedReason
 from assay.messages import (
     CancelRun,
@@ -47,6 +47,7 @@ from assay.messages import (
     RunRef,
     RunResult,
     RunSpawned,
+    RunStatusChanged,
 )
 from assay.record import BranchKey, LogRecord, StateKey
 from assay.runtime import StageDeps, StageHarness
@@ -570,6 +571,52 @@ async def test_tiering_moves_a_reduced_runs_records_into_an_archive(
         await find_run(store, run, SMALL)
     assert "archive blob" in shown.value.render()
     assert shown.value.to_json()["tiered"]["records"] == len(records)  # type: ignore[index]
+
+
+async def test_a_tiered_run_reaches_archived_in_the_commit_that_moved_it(
+    store: EventLog, blobs: FsBlobStore, tmp_path: Path
+) -> None:
+    graded, cancelled = spawned(SMALL), spawned(SMALL)
+    async with harness(store, blobs, tmp_path / "h", policy(tier_after_s=0.0)) as stage:
+        await stage.deliver(RUNS, graded, SMALL)
+        before = await find_run(store, graded.run.run_id, SMALL)
+        assert before is not None
+        await stage.deliver(RESULTS, result_of(graded, "graded"), SMALL)  # reduced, tiered
+        await stage.deliver(RUNS, cancelled, SMALL)
+        await stage.deliver(RESULTS, result_of(cancelled, "cancelled"), SMALL)
+        statuses = [m for m in await stage.emitted(RUN_STATUS) if isinstance(m, RunStatusChanged)]
+    tombs = [
+        await store.read(BranchKey.main(SMALL, tiered_stream(m.run.run_id)))
+        for m in (graded, cancelled)
+    ]
+    event = tombs[0][0].event
+    assert isinstance(event, Tiered)
+    assert len(tombs[1]) == 1  # both were moved to their archives
+    archived = [s for s in statuses if s.state is RunState.ARCHIVED]
+    assert [(s.run, s.detail) for s in archived] == [
+        (graded.run, f"records moved to archive blob {event.archive}")
+    ]  # the cancelled run stays Cancelled: §5.2 has no way from there to Archived
+
+    for msg, state in ((graded, "archived"), (cancelled, "cancelled")):
+        with pytest.raises(RunTiered) as shown:
+            await find_run(store, msg.run.run_id, SMALL)
+        assert shown.value.to_json()["state"] == state
+        assert f"state {state}" in shown.value.render()
+    # An archived run still reads back: its records, from the archive blob.
+    archive = await blobs.get(SMALL, event.archive)
+    assert archive is not None
+    records = decode_archive(archive, WORK_EVENTS)
+    assert isinstance(records[0].event, RunStarted)
+    assert records[0].event.run == graded.run
+    readback = archive_view(graded.run.run_id, archive)  # as `assay runs show` shows it
+    assert readback is not None
+    assert (readback.ref, readback.status, readback.episode, readback.branch_ids) == (
+        before.ref,
+        before.status,
+        before.episode,
+        before.branch_ids,
+    )
+    assert [b.steps for b in readback.branches] == [b.steps for b in before.branches]
 
 
 class DiesOnDeletion:

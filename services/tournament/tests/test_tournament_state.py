@@ -12,7 +12,7 @@ import pytest
 
 from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.strategies import GradingPolicy
-from assay.messages import CalibrationDue
+from assay.messages import CalibrationDue, GradingCancelled, Usage
 from assay_tournament.state import TOURNAMENT_STATE
 from services.tournament.tests.tournament_harness import (
     T1,
@@ -57,6 +57,10 @@ async def test_every_kind_of_document_reads_back_unchanged(stage: Stage) -> None
     await stage.deliver(closed(t5, runs))
     await stage.verified(current(task_id(2), "failing"), passed=False)  # a whole pair
     await stage.deliver(CalibrationDue(tenant=TENANT, due_ms=0))  # a calibration round
+    stopped = challenger(task_id(6), reference_expected=True)  # a cancel while it waits
+    await stage.verified(stopped)
+    cancelled = GradingCancelled(run=stopped, succeeded=True, usage=Usage(), verified=True)
+    await stage.deliver(cancelled, mid="cancel")
 
     kinds: set[str] = set()
     for model in TOURNAMENT_STATE:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from assay.bus import EPISODES
+from assay.bus import EPISODES, RUN_COMMANDS
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.grading import StubJudge
 from assay.kernel import AttemptNo, AttemptState, RunState, StepId, TaskId, TenantId, new_run_id
 from assay.messages import (
     AttemptView,
+    CancelGrading,
     Episode,
+    GradingCancelled,
     Purpose,
     Role,
+    RunBranch,
     RunExecuted,
     RunRef,
     RunStatusChanged,
@@ -205,3 +209,72 @@ async def test_an_episode_naming_another_tenant_fails_closed(stage: StageHarness
     v = await verdict(stage)
     assert not v.passed
     assert "another tenant" in v.results[0].evidence
+
+
+class Counting:
+    """A verifier that counts its calls (wrapping the real one)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.kind, self.version = inner, inner.kind, inner.version
+        self.calls = 0
+
+    async def check(self, spec: Any, episode: Episode, subject: str) -> tuple[bool, str]:
+        self.calls += 1
+        result: tuple[bool, str] = await self.inner.check(spec, episode, subject)
+        return result
+
+
+def counting(stage: StageHarness) -> list[Counting]:
+    registry = stage.spec.deps.registry
+    for kind in ("exact", "regex"):
+        registry[kind] = Counting(registry[kind])
+    return [registry["exact"], registry["regex"]]
+
+
+def cancel_of(msg: RunExecuted) -> CancelGrading:
+    return CancelGrading(run=msg.run, reason="stop", succeeded=msg.succeeded, usage=msg.usage)
+
+
+async def test_a_branch_cancelled_before_it_is_verified_runs_no_verifier(
+    stage: StageHarness,
+) -> None:
+    verifiers = counting(stage)
+    msg = await executed(stage, episode("5"))
+    await stage.deliver(RUN_COMMANDS, cancel_of(msg), TENANT)
+    await stage.deliver(EPISODES, msg, TENANT)  # queued before the cancel: never verified
+    assert [v.calls for v in verifiers] == [0, 0]
+    out = await stage.emitted()
+    assert [type(m) for m in out] == [GradingCancelled]
+    (told,) = out
+    assert isinstance(told, GradingCancelled)
+    assert (told.run, told.verified, told.succeeded) == (msg.run, False, True)
+    assert await stage.state(TENANT, "verdict", msg.run.run_id) is None
+
+
+async def test_a_cancel_after_verification_keeps_the_verdict_and_tells_grading(
+    stage: StageHarness,
+) -> None:
+    verifiers = counting(stage)
+    msg = await executed(stage, episode("5"))
+    await stage.deliver(EPISODES, msg, TENANT)
+    await stage.deliver(RUN_COMMANDS, cancel_of(msg), TENANT)
+    assert [v.calls for v in verifiers] == [1, 1]  # the work was done; the record stands
+    (told,) = [m for m in await stage.emitted() if isinstance(m, GradingCancelled)]
+    assert told.verified
+    assert await stage.state(TENANT, "verdict", msg.run.run_id) is not None
+
+
+async def test_a_cancelled_branch_leaves_its_other_branches_verified(
+    stage: StageHarness,
+) -> None:
+    verifiers = counting(stage)
+    msg = await executed(stage, episode("5"))
+    fork = msg.model_copy(
+        update={"run": msg.run.model_copy(update={"branch": RunBranch(branch=1, parent=0)})}
+    )
+    await stage.deliver(RUN_COMMANDS, cancel_of(msg), TENANT)  # branch 0 only
+    await stage.deliver(EPISODES, fork, TENANT)
+    assert [v.calls for v in verifiers] == [1, 1]
+    (verified,) = [m for m in await stage.emitted() if isinstance(m, RunVerified)]
+    assert verified.run.branch == RunBranch(branch=1, parent=0)
+    assert await stage.state(TENANT, "verdict", f"{msg.run.run_id}@1") is not None

@@ -130,8 +130,16 @@ def fold_aggregate(record: LogRecord) -> list[StateDelta]:
 
 async def on_run_graded(msg: RunGraded, uow: AggregateUnitOfWork) -> None:
     """Fold the graded run into its version's tallies; a challenger's run publishes its
-    evidence against the baseline, with both versions' latest failures."""
+    evidence against the baseline, with both versions' latest failures.
+
+    A fork of a run (a rewind's branch, a branch command's child: `RunRef.branch`) is
+    graded, but never tallied: its task is already counted once by branch 0, and a
+    child's deltas make it another workflow than the version it names — counting it
+    would sample a task twice and bias the sequential test (§12).
+    """
     r = msg.run
+    if r.branch is not None:
+        return
     before = await uow.get(Tally, r.workflow_version) or Tally.empty(r.workflow_id)
     tally, challenger = before.with_run(msg)
     uow.record(_stream(uow, r.workflow_version), _tallied(msg, tally))

@@ -253,7 +253,10 @@ async def on_run_graded(msg: RunGraded, uow: ConsoleUnitOfWork) -> None:
 
 
 async def on_run_result(msg: RunResult, uow: ConsoleUnitOfWork) -> None:
-    """Record the run's result: status, verdict, score, usage, output."""
+    """Record the run's result: status, verdict, score, usage, output. A result a higher
+    branch's replaced (`superseded_by`) is not the run's any more: the live branch's is."""
+    if msg.superseded_by is not None:
+        return
     uow.record(run_stream(uow.tenant, msg.run_id), ResultSeen(result=msg))
 
 

@@ -13,10 +13,11 @@ drives each child to its end, then records the lineage. In order:
    committed at once: branches `live + 1 .. live + K`, in the command's order.
 2. **Drive each child to its end**, one after the other, under the same lease,
    with its deltas applied (`Forked` records carry them; a resumed or rewound
-   child re-reads them). Children are not graded: like a rewound branch, a
-   child's episode is frozen and its end recorded, and nothing is sent to
-   verification. A cancel of the run stops the child being driven and the ones
-   after it.
+   child re-reads them). Each child is verified and graded like any run: its
+   episode is frozen, its end recorded, and its `RunExecuted` — marked with its
+   branch, parent and child number (`RunRef.branch`) — goes to verification; its
+   verifier outcome comes back with its result (`on_result`). A cancel of the run
+   stops the child being driven and the ones after it.
 3. **Record the lineage.** Each child's `BranchChildResult` (its outcome, the
    first step at which it differs from the parent, its provenance — kind
    `assay-branch`) and the command's `BranchTree` are JSON blobs in the tenant's
@@ -79,7 +80,7 @@ async def on_branch(msg: BranchRun, uow: ExecuteUnitOfWork) -> None:
         if not fork.ended:
             async with uow.step():  # its end is durable before the next child starts
                 spec = await recorded(uow, BranchKey.for_run(uow.tenant, run, fork.branch))
-                await conclude(spec, uow, lease, graded=False)  # a child is never graded
+                await conclude(spec, uow, lease)  # verified and graded, as any branch
     if await uow.get(BranchingDone, f"{run}/{uow.envelope.id}") is None:
         await _record_tree(msg, uow, mine)
 

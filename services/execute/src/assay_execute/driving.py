@@ -8,6 +8,7 @@ retention's per-process memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,18 +24,19 @@ from assay.engine import (
     check_executable,
 )
 from assay.engine.branching import forked_deltas, with_deltas
-from assay.engine.events import RunCancelled, RunStarted
+from assay.engine.events import Forked, RunCancelled, RunStarted
 from assay.engine.run_state import CancelAsked
 from assay.kernel import AttemptState, BranchId, Refused, RunId, RunState, TenantId, run_transition
 from assay.messages import (
     Episode,
     RolloutProgress,
+    RunBranch,
     RunExecuted,
     RunRef,
     RunResult,
     RunStatusChanged,
 )
-from assay.record import BranchKey
+from assay.record import BranchKey, LogRecord
 from assay.runtime import UnitOfWork
 from assay.runtime.leases import under_lease
 from assay.store import Lease
@@ -145,32 +147,63 @@ async def drive(
     return episode, scope
 
 
+def graded(spec: RunSpec) -> bool:
+    """Whether the branch goes on to verification and grading: every branch does — the
+    run as spawned, a rewind's branch, a branch command's child — except a fork of a
+    rollout group's sibling, whose group's selection is the task's one result (§13)."""
+    return spec.branch == 0 or spec.ref.rollout is None
+
+
+async def reported(uow: ExecuteUnitOfWork, spec: RunSpec) -> RunRef:
+    """The run as its messages name it: for a fork, with its branch and parent."""
+    if spec.branch == 0:
+        return spec.ref
+    return branch_ref(spec.ref, spec.branch, await uow.history(spec.key))
+
+
+def branch_ref(ref: RunRef, branch: int, records: Sequence[LogRecord]) -> RunRef:
+    """`ref` naming `branch`, whose records are `records`: for a fork, its branch and parent
+    from the branch's own `Forked` (its last).
+
+    Raises:
+        Refused: a branch past 0 that records no fork.
+    """
+    if branch == 0:
+        return ref
+    forked = next((r.event for r in reversed(records) if isinstance(r.event, Forked)), None)
+    if forked is None:
+        raise Refused(f"run {ref.run_id}: branch {branch} records no fork")
+    fork = RunBranch(branch=branch, parent=forked.from_branch, child=forked.child)
+    return ref.model_copy(update={"branch": fork})
+
+
 async def conclude(
-    spec: RunSpec, uow: ExecuteUnitOfWork, lease: Lease, *, graded: bool, fresh: bool = False
+    spec: RunSpec, uow: ExecuteUnitOfWork, lease: Lease, *, fresh: bool = False
 ) -> None:
     """Drive the branch, then record how it stopped: suspended at an await (the lease is
-    given up), cancelled, or ended — handed to verification when the branch is the one
-    the submission is graded by."""
+    given up), cancelled, or ended — handed to verification (`graded`), marked with its
+    branch and parent when it is a fork (`reported`)."""
+    ref = await reported(uow, spec)
     try:
         episode, scope = await drive(spec, uow, lease, fresh=fresh)
     except RunSuspended as waiting:
         uow = uow.released()  # what remains to commit is the message's own bookkeeping
         await uow.log.release(lease)  # a suspended run holds no lease (§9.4)
         at = waiting.suspended
-        if graded:  # §5.2 is the graded branch's lifecycle: a fork's wait is not in it
+        if graded(spec):
             detail = f"waiting at {at.step!r} for {at.signal!r}"
-            status = RunStatusChanged(run=spec.ref, state=RunState.SUSPENDED, detail=detail)
+            status = RunStatusChanged(run=ref, state=RunState.SUSPENDED, detail=detail)
             uow.emit(RUN_STATUS, status)
         return
     cost = uow.deps.prices.cost(episode.usage.prompt_tokens, episode.usage.completion_tokens)
-    if scope.cancelled and graded:
-        _cancelled(uow, spec, episode, scope.reason, cost)
+    if scope.cancelled and graded(spec):
+        _cancelled(uow, spec, ref, episode, scope.reason, cost)
     elif scope.cancelled:
         uow.record(spec.key, _stopped(episode, scope.reason))
     else:
         blob = await _finished(uow, spec, episode)
-        if graded:
-            _to_verification(uow, spec.ref, episode, blob, cost)
+        if graded(spec):
+            _to_verification(uow, ref, episode, blob, cost)
 
 
 def _to_verification(
@@ -213,11 +246,16 @@ def _stopped(episode: Episode, reason: str) -> RunCancelled:
 
 
 def _cancelled(
-    uow: ExecuteUnitOfWork, spec: RunSpec, episode: Episode, reason: str, cost_usd: float
+    uow: ExecuteUnitOfWork,
+    spec: RunSpec,
+    run: RunRef,
+    episode: Episode,
+    reason: str,
+    cost_usd: float,
 ) -> None:
-    """Record a stopped run and give its task its one result (§5.1, §5.2); `cost_usd` is
-    what its model calls cost."""
-    run, unknown = spec.ref, _unknown(episode)
+    """Record a stopped branch and give it its result (§5.1, §5.2); `cost_usd` is what its
+    model calls cost."""
+    unknown = _unknown(episode)
     run_transition(RunState.RUNNING, RunState.CANCELLED)
     uow.record(spec.key, _stopped(episode, reason))
     detail = f"{reason}; an intent was dispatched and is unresolved" if unknown else reason
@@ -253,5 +291,7 @@ def _cancelled(
             usage=episode.usage,
             termination="cancelled",
             held_out=run.held_out,
+            branch=run.branch_id,
+            parent_branch=None if run.branch is None else run.branch.parent,
         ),
     )

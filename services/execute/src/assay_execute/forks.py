@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from assay.bus.topics import RUN_STATUS
 from assay.engine import RunFinished
 from assay.engine.events import Forked, Intent, RunCancelled, RunStarted
-from assay.kernel import BranchId, IntentState, Refused, RunId
-from assay.messages import RewindRun
+from assay.kernel import BranchId, IntentState, Refused, RunId, RunState
+from assay.messages import RewindRun, RunBranch, RunStatusChanged
 from assay.record import BranchKey, LogRecord
 from assay_execute.driving import ExecuteUnitOfWork
 
@@ -116,7 +117,8 @@ def record_fork(
     forked: Forked,
 ) -> None:
     """Record (not commit) a new branch: the parent's records below `forked.at`, then
-    `forked`, whose `discarded_effects` this fills in."""
+    `forked`, whose `discarded_effects` this fills in; and emit the branch's `Running`
+    (unless it is a fork of a rollout group's sibling, which is not graded)."""
     lost = [
         r.event.request_id
         for r in records
@@ -130,6 +132,13 @@ def record_fork(
         if r.lsn < forked.at:
             uow.record(new, r.event)
     uow.record(new, forked.model_copy(update={"discarded_effects": lost}))
+    started = records[0].event
+    if isinstance(started, RunStarted) and (branch == 0 or started.run.rollout is None):
+        # The fork's own lifecycle (§5.2) begins: it is verified and graded like any run.
+        fork = RunBranch(branch=branch, parent=forked.from_branch, child=forked.child)
+        ref = started.run.model_copy(update={"branch": fork})
+        detail = f"forked from branch {forked.from_branch} at LSN {forked.at}"
+        uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.RUNNING, detail=detail))
 
 
 async def new_rewind(uow: ExecuteUnitOfWork, msg: RewindRun) -> BranchId:

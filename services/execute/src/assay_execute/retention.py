@@ -24,6 +24,9 @@ reads it back, and then, in one commit, deletes those rows from the log and
 appends `Tiered{archive, records, streams, documents}` to the run's tombstone
 stream (`<run>/tiered`), which stays. `documents` restates what the moved
 records had folded to, so re-folding the log without them is still byte-identical.
+A graded or ungraded run thereby reaches `Archived` (§5.2): its `RunStatusChanged`
+rides in the same commit (a cancelled run stays `Cancelled`), and the archive
+still reads back (`decode_archive`; `assay runs show` says where it is).
 If a record was appended to one of the streams meanwhile, the commit is refused
 (`StreamChanged`) and the run waits for the next sweep; the archive written for
 nothing is an orphan blob, like the summary above.
@@ -35,14 +38,17 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
+from assay.bus.topics import RUN_STATUS
 from assay.engine.events import (
     ArchivedBranch,
     GradingEnded,
     Reduced,
+    RunStarted,
     SnapshotDocument,
     Tiered,
     commands_stream,
@@ -56,12 +62,19 @@ from assay.engine.retention import (
     tiered_stream,
 )
 from assay.engine.run_state import GradingStatus, RunView, TieringDue
-from assay.kernel import AssayError, BranchId, Lsn, RunId, TenantId
+from assay.kernel import AssayError, BranchId, Lsn, RunId, RunState, TenantId, run_transition
 from assay.kernel.schema import one_line
-from assay.messages import Episode
+from assay.messages import Episode, RunStatusChanged
 from assay.record import BranchKey, Event, LogRecord
 from assay.runtime import Gauge, UnitOfWork
-from assay.store.ports import BlobStore, BranchDeletion, CommitBatch, EventLog, StreamChanged
+from assay.store.ports import (
+    BlobStore,
+    BranchDeletion,
+    CommitBatch,
+    EventLog,
+    OutboxEntry,
+    StreamChanged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +175,8 @@ class Retention:
         tiered: list[RunId] = []
         for run in due[: self.policy.sweep_limit]:
             try:
-                if await tier_run(uow.log, uow.blobs, uow.tenant, run) is not None:
+                announce = partial(uow.sealed, RUN_STATUS)
+                if await tier_run(uow.log, uow.blobs, uow.tenant, run, announce) is not None:
                     tiered.append(run)
             except StreamChanged as exc:  # written meanwhile, or moved by another worker
                 log.info("retention: run %s not tiered now: %s", run, exc)
@@ -171,10 +185,20 @@ class Retention:
         return tiered
 
 
-async def tier_run(log_: EventLog, blobs: BlobStore, tenant: TenantId, run: RunId) -> Tiered | None:
+async def tier_run(
+    log_: EventLog,
+    blobs: BlobStore,
+    tenant: TenantId,
+    run: RunId,
+    announce: Callable[[RunStatusChanged], OutboxEntry] | None = None,
+) -> Tiered | None:
     """Move a terminal, reduced run's records to an archive blob (see the module's
     docstring); the `Tiered` record committed, or None if the run is not eligible
     (unknown, grading not ended, not reduced, already tiered).
+
+    A graded or ungraded run reaches `Archived` (§5.2): with `announce`, its
+    `RunStatusChanged` is sealed into the tiering commit, so the status goes out if
+    and only if the records moved. A cancelled run stays `Cancelled` (terminal).
 
     Raises:
         StreamChanged: a record was appended to the run meanwhile; nothing was deleted.
@@ -204,13 +228,30 @@ async def tier_run(log_: EventLog, blobs: BlobStore, tenant: TenantId, run: RunI
         ],
         documents=await _documents(log_, tenant, records),
     )
+    status = _archived(doc.grading, records, ref)
     await log_.commit(
         CommitBatch(
             records=[(BranchKey.main(tenant, tiered_stream(run)), event)],
             deletions=[BranchDeletion(k, Lsn(len(recs))) for k, recs in branches.items()],
+            outbox=[announce(status)] if announce is not None and status is not None else [],
         )
     )
     return event
+
+
+def _archived(
+    grading: GradingStatus, records: list[LogRecord], archive: str
+) -> RunStatusChanged | None:
+    """The run's `Archived` status, if its lifecycle reaches it from where grading left it
+    (`Graded`, `Ungraded`); None for a cancelled run, or one with no start recorded."""
+    ended = {"graded": RunState.GRADED, "ungraded": RunState.UNGRADED}.get(grading)
+    started = next((r.event for r in records if isinstance(r.event, RunStarted)), None)
+    if ended is None or started is None:
+        return None
+    state = run_transition(ended, RunState.ARCHIVED)
+    return RunStatusChanged(
+        run=started.run, state=state, detail=f"records moved to archive blob {archive}"
+    )
 
 
 async def _read_all(log_: EventLog, key: BranchKey) -> list[LogRecord]:

@@ -19,11 +19,19 @@ from typing import Any
 from assay.bus.topics import RUN_COMMANDS, RUN_STATUS
 from assay.crash import crash_point
 from assay.engine import WORK_EVENTS, Driver, RunFinished, RunSpec, fold_work, prices_of
-from assay.engine.events import CancelRequested, RunCancelled, Signalled, commands_stream
-from assay.engine.run_state import GradingStatus, Waiting
+from assay.engine.events import (
+    BranchVerified,
+    CancelRequested,
+    RunCancelled,
+    RunStarted,
+    Signalled,
+    commands_stream,
+)
+from assay.engine.run_state import BranchVerdict, GradingStatus, RunView, Waiting
 from assay.engine.suspension import Suspension
 from assay.kernel import BranchId, Refused, RunId, RunState, TenantId
 from assay.messages import (
+    CancelGrading,
     CancelRun,
     RewindRun,
     RolloutResult,
@@ -42,9 +50,12 @@ from assay_execute.branching import on_branch
 from assay_execute.driving import (
     ExecuteUnitOfWork,
     Executing,
+    branch_ref,
     conclude,
+    graded,
     pinned,
     recorded,
+    reported,
 )
 from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
 from assay_execute.retention import Retention, backlog_gauges
@@ -66,7 +77,7 @@ async def on_run_spawned(msg: RunSpawned, uow: ExecuteUnitOfWork) -> None:
     if not history:
         uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=RunState.RUNNING))
     # A new run: what was just read under the lease is all there is to replay.
-    await conclude(spec, uow, lease, graded=True, fresh=not history)
+    await conclude(spec, uow, lease, fresh=not history)
 
 
 async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
@@ -83,7 +94,6 @@ async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
         return
     spec, lease = found
     uow = uow.fenced(lease)
-    graded = spec.branch == 0
     # `Running` commits with the `Signalled` that resumes the run: a redelivery after a
     # crash finds the run resumed and only drives it on (the next step may be Pure, whose
     # first commit comes only after its call).
@@ -96,13 +106,12 @@ async def on_signal(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
             timed_out=msg.timed_out,
         )
         uow.record(spec.key, signalled)
-        if graded:
+        if graded(spec):
             why = "its wait timed out" if msg.timed_out else f"signal {msg.signal!r}"
-            resumed_ = RunStatusChanged(
-                run=spec.ref, state=RunState.RUNNING, detail=f"resumed: {why}"
-            )
+            ref = await reported(uow, spec)
+            resumed_ = RunStatusChanged(run=ref, state=RunState.RUNNING, detail=f"resumed: {why}")
             uow.emit(RUN_STATUS, resumed_)
-    await conclude(spec, uow, lease, graded=graded)
+    await conclude(spec, uow, lease)
 
 
 async def _not_waiting(msg: SignalRun, uow: ExecuteUnitOfWork) -> None:
@@ -140,7 +149,35 @@ async def on_cancel(msg: CancelRun, uow: ExecuteUnitOfWork) -> None:
     found = await resumed(uow, msg.run_id)
     if found is not None:  # suspended: no worker holds it, so end it here
         spec, lease = found
-        await conclude(spec, uow.fenced(lease), lease, graded=spec.branch == 0)
+        await conclude(spec, uow.fenced(lease), lease)
+    await stop_grading(uow, msg.run_id, reason)
+
+
+async def stop_grading(uow: ExecuteUnitOfWork, run: RunId, reason: str) -> None:
+    """Cancel means stop (§5.2): each branch of the run that finished executing and whose
+    grading has not ended is stopped at verify and tournament (`CancelGrading`), which
+    make no further verifier command or judge call for it and give it its `cancelled`
+    result. A branch whose result came back is left as it is: its record stands."""
+    doc = await uow.get(RunView, run)
+    if doc is None or doc.tiered:
+        return
+    for key in await uow.log.branches(run, uow.tenant):
+        records = await uow.history(key)
+        end = next((r.event for r in records if isinstance(r.event, RunFinished)), None)
+        started = records[0].event if records else None
+        if end is None or not isinstance(started, RunStarted) or started.run.rollout:
+            continue  # not finished (or a rollout sibling: its group's cancel stops it)
+        if key.branch == doc.branch and doc.grading is not None:
+            continue
+        if await uow.get(BranchVerdict, f"{run}/{key.branch}") is not None:
+            continue
+        stop = CancelGrading(
+            run=branch_ref(started.run, key.branch, records),
+            reason=reason,
+            succeeded=end.succeeded,
+            usage=end.usage,
+        )
+        uow.emit(RUN_COMMANDS, stop)
 
 
 async def on_rewind(msg: RewindRun, uow: ExecuteUnitOfWork) -> None:
@@ -158,13 +195,28 @@ async def on_rewind(msg: RewindRun, uow: ExecuteUnitOfWork) -> None:
     if done:
         return  # a redelivered command whose fork already ran to its end
     spec = await recorded(uow, BranchKey.for_run(uow.tenant, msg.run_id, branch))
-    await conclude(spec, uow, lease, graded=False)
+    await conclude(spec, uow, lease)
 
 
 async def on_result(msg: RunResult, uow: ExecuteUnitOfWork) -> None:
-    """Grading of a run ended: reduce it if it is over its tenant's ceiling, then tier
-    the tenant's runs that are due (§8.6, `retention`)."""
-    await uow.deps.retention.grading_ended(uow, msg.run_id, msg.status)
+    """Grading of a branch ended. A forked run notes the branch's verifier outcome beside
+    it; once the live branch's result is in, the run is reduced if it is over its
+    tenant's ceiling (a superseded branch's result ends nothing); then the tenant's
+    runs that are due are tiered (§8.6, `retention`)."""
+    doc = await uow.get(RunView, msg.run_id)
+    live = 0 if doc is None else doc.branch
+    if doc is not None and not doc.tiered and live > 0:
+        at = f"{msg.run_id}/{msg.branch}"
+        if await uow.get(BranchVerdict, at) is None:
+            verdict = BranchVerified(
+                branch=msg.branch,
+                status=msg.status,
+                passed=msg.passed,
+                failed_checks=[v.verifier for v in msg.verification if not v.passed],
+            )
+            uow.record(BranchKey.main(uow.tenant, commands_stream(msg.run_id)), verdict)
+    if msg.superseded_by is None and msg.branch == live:
+        await uow.deps.retention.grading_ended(uow, msg.run_id, msg.status)
     await uow.deps.retention.sweep(uow)
 
 
@@ -198,7 +250,7 @@ async def redrive(uow: ExecuteUnitOfWork, run: RunId) -> None:
         return
     keys = await uow.log.branches(run, uow.tenant)
     spec = await recorded(uow, max(keys, key=lambda k: k.branch))
-    await conclude(spec, uow, lease, graded=spec.branch == 0)
+    await conclude(spec, uow, lease)
 
 
 def wait_due(tenant: TenantId, run: str, doc: dict[str, Any], now_ms: float) -> Fired | None:

@@ -36,11 +36,22 @@ class ChallengerParked(Event):
     verified: dict[str, Any] = Field(description="The RunVerified payload to grade later.")
 
 
+def graded_key(run: dict[str, Any]) -> str:
+    """What a stored `RunRef` payload is graded as (`RunRef.graded_as`): its run id, with
+    `@<branch>` after it for a fork of the run."""
+    fork = run.get("branch")
+    return str(run["run_id"]) if not fork else f"{run['run_id']}@{fork['branch']}"
+
+
 class RunScored(Event):
-    """Grading of a run ended, with its score."""
+    """Grading of a branch of a run ended, with its score.
+
+    Version 2 adds `branch`: a rewind's branch and a branch command's child are graded
+    like any run; a version 1 score is branch 0's.
+    """
 
     type: ClassVar[str] = "RunScored"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run_id: RunId = Field(description="Run.")
     task_id: TaskId = Field(description="Task.")
     workflow_version: WorkflowVersion = Field(description="Version.")
@@ -48,6 +59,40 @@ class RunScored(Event):
     judge_calls: int = Field(ge=0, description="Judge calls spent that answered.")
     order_index: int | None = Field(None, description="Comparison index of the challenger.")
     was_parked: bool = Field(False, description="It had been waiting for its reference.")
+    branch: int = Field(0, ge=0, description="v2: the branch graded (0: the run as spawned).")
+
+    @property
+    def graded_as(self) -> str:
+        """Its key: the run id, with `@<branch>` after it for a fork."""
+        return self.run_id if self.branch == 0 else f"{self.run_id}@{self.branch}"
+
+
+class GradingStopped(Event):
+    """A branch's grading was cancelled before it ended (§5.2): it leaves its group or the
+    reference it waited for, and no judge call is made for it."""
+
+    type: ClassVar[str] = "GradingStopped"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="Run.")
+    branch: int = Field(ge=0, description="The branch stopped (0: the run as spawned).")
+    task_id: TaskId = Field(description="Task.")
+    reason: str = Field(description="Why, for people.")
+
+    @property
+    def graded_as(self) -> str:
+        """Its key: the run id, with `@<branch>` after it for a fork."""
+        return self.run_id if self.branch == 0 else f"{self.run_id}@{self.branch}"
+
+
+class ResultIssued(Event):
+    """A branch's result went out as the task's result (§8.5: the result follows the live
+    branch, the highest-numbered one graded), so a higher branch's can say it replaced it."""
+
+    type: ClassVar[str] = "ResultIssued"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="Run.")
+    branch: int = Field(ge=0, description="The branch whose result it is.")
+    result: dict[str, Any] = Field(description="The `RunResult` payload, as emitted.")
 
 
 class GroupJoined(Event):
@@ -176,8 +221,16 @@ TOURNAMENT_EVENTS = EventRegistry(
         ReplaySpent,
         CalibrationEpisodeKept,
         CalibrationRan,
+        ResultIssued,
+        GradingStopped,
     ]
 )
+
+
+@TOURNAMENT_EVENTS.upcaster("RunScored", 1)
+def _run_scored_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 graded branch 0 only."""
+    return {**payload, "branch": 0}
 
 
 METER_STREAM = "grading-meter"

@@ -47,8 +47,14 @@ from assay.messages import (
 from assay.record import BranchKey
 from assay.runtime import UnitOfWork
 from assay.workflow import GradingSpec, RubricItem
-from assay_tournament.events import METER_STREAM, GradingMetered, ReplaySpent, RunScored
-from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, Parked
+from assay_tournament.events import (
+    METER_STREAM,
+    GradingMetered,
+    ReplaySpent,
+    ResultIssued,
+    RunScored,
+)
+from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, LiveResult, Parked
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,8 @@ class Scoring:
     def __init__(self, uow: TournamentUnitOfWork, meter: Meter) -> None:
         self.uow = uow
         self.meter = meter
+        self._live: dict[RunId, LiveResult] = {}
+        """Results issued in this handler, by run (not yet committed, so not readable)."""
 
     @classmethod
     async def open(cls, uow: TournamentUnitOfWork) -> Scoring:
@@ -310,8 +318,8 @@ class Scoring:
             )
             meter.dirty = False
 
-    def finish(self, c: Candidate, score: Score, *, order_index: int | None = None) -> None:
-        """End the run's grading with `score`: record it, emit graded, status and result.
+    async def finish(self, c: Candidate, score: Score, *, order_index: int | None = None) -> None:
+        """End the branch's grading with `score`: record it, emit graded, status and result.
 
         The run's judge calls are what it carried from earlier handlers (while it
         waited) and what the meter saw for it in this one.
@@ -327,7 +335,27 @@ class Scoring:
         )
         graded = self._graded(c.verified, score, spent, c.attempts)
         if c.run.purpose is Purpose.WORK:
-            self.uow.emit(RESULTS, _result(c, score, graded=graded))
+            await self.issue(_result(c, score, graded=graded))
+
+    async def issue(self, result: RunResult) -> None:
+        """Emit a branch's result. The task's result follows the live branch (§8.5): the
+        highest-numbered one graded. A result a higher branch's replaces goes out again
+        with `superseded_by` naming it (before the new one, so the last result of a run
+        is its live branch's); a lower branch's, graded late, goes out superseded."""
+        run = result.run_id
+        live = self._live.get(run) or await self.uow.get(LiveResult, run)
+        if live is not None and live.branch > result.branch:
+            self.uow.emit(RESULTS, result.model_copy(update={"superseded_by": live.branch}))
+            return
+        if live is not None and live.branch < result.branch:
+            replaced = RunResult.model_validate(live.result)
+            self.uow.emit(RESULTS, replaced.model_copy(update={"superseded_by": result.branch}))
+        issued = ResultIssued(
+            run_id=run, branch=result.branch, result=result.model_dump(mode="json")
+        )
+        self.uow.record(BranchKey.main(self.uow.tenant, f"task:{result.task_id}"), issued)
+        self._live[run] = LiveResult(branch=issued.branch, result=issued.result)
+        self.uow.emit(RESULTS, result)
 
     def finish_sibling(self, msg: RunVerified, score: Score) -> None:
         """End a rollout sibling's grading with its score within the group: its group's
@@ -366,6 +394,7 @@ class Scoring:
             stream,
             RunScored(
                 run_id=r.run_id,
+                branch=r.branch_id,
                 task_id=r.task_id,
                 workflow_version=r.workflow_version,
                 score=score,
@@ -431,4 +460,6 @@ def _result(c: Candidate, score: Score, *, graded: bool) -> RunResult:
         output=c.episode.output if c.episode else None,
         step_credit=list(c.attempts.credit) if c.attempts else [],
         held_out=r.held_out,
+        branch=r.branch_id,
+        parent_branch=None if r.branch is None else r.branch.parent,
     )

@@ -108,14 +108,14 @@ async def close_group(
     """
     uow, key = s.uow, f"{task}/{outcome_class(passed)}"
     members = [Candidate.waiting(m, parked=False) for _, m in await uow.scan(Member, f"{key}/")]
-    if joined is not None and all(m.run.run_id != joined.run.run_id for m in members):
+    if joined is not None and all(m.run.graded_as != joined.run.graded_as for m in members):
         members.append(joined)
-    members.sort(key=lambda m: str(m.run.run_id))
+    members.sort(key=lambda m: m.run.graded_as)
     present = []
     for m in members:
         episode = await load_episode(uow, m.verified.episode)
         if episode is None:
-            s.finish(m, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
+            await s.finish(m, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
         else:
             present.append(Candidate(m.verified, episode, m.attempts, m.carried))
     bracket = await _bracket(s, present, seed=f"{uow.tenant}/{key}/{epoch}")
@@ -126,7 +126,7 @@ async def close_group(
             task_id=task,
             passed=passed,
             epoch=epoch,
-            runs=[m.run.run_id for m in members],
+            runs=[RunId(m.run.graded_as) for m in members],  # a fork's with its branch
             on_timeout=on_timeout,
             judge_calls=bracket.answered,
             judge_failures=bracket.failed,
@@ -144,16 +144,18 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
         few = len(present) < 2
         reason = UngradedReason.INSUFFICIENT_GROUP if few else UngradedReason.BUDGET_EXHAUSTED
         for m in present:
-            s.finish(m, Ungraded(reason=reason))
+            await s.finish(m, Ungraded(reason=reason))
         return _Bracket()
-    episodes = {m.run.run_id: m.episode for m in present if m.episode is not None}
-    workflow = WorkflowDef.model_validate(episodes[present[0].run.run_id].definition)
-    sinks = {run: meter.sink(run, JudgePurpose.TOURNAMENT) for run in episodes}
+    # Entrants are named as graded (`RunRef.graded_as`): two branches of a run are two.
+    episodes = {m.run.graded_as: m.episode for m in present if m.episode is not None}
+    runs = {m.run.graded_as: m.run.run_id for m in present}
+    workflow = WorkflowDef.model_validate(episodes[present[0].run.graded_as].definition)
+    sinks = {name: meter.sink(runs[name], JudgePurpose.TOURNAMENT) for name in episodes}
     outcome = await run_tournament(
         [
             Entrant(
-                name=str(m.run.run_id),
-                episode=episodes[m.run.run_id],
+                name=m.run.graded_as,
+                episode=episodes[m.run.graded_as],
                 control=m.run.role is Role.CURRENT,
             )
             for m in present
@@ -162,15 +164,16 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
         list(workflow.rubric),
         seed=seed,
         prior_precision=workflow.grading.precision,
-        on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
+        on_usage=lambda shown, usage: sinks[shown](usage),
     )
     for failure in outcome.failures:
-        meter.failed(RunId(failure.billed_to), JudgePurpose.TOURNAMENT, failure.reason)
+        billed = runs.get(failure.billed_to, RunId(failure.billed_to))
+        meter.failed(billed, JudgePurpose.TOURNAMENT, failure.reason)
     for bout in outcome.bouts:
         if bout.consistent is not None:
             meter.order_checked(consistent=bout.consistent)
     for m in present:
-        s.finish(m, outcome.scores[str(m.run.run_id)])
+        await s.finish(m, outcome.scores[m.run.graded_as])
     return _Bracket(outcome.answered, len(outcome.failures), outcome.inconsistent, outcome.anchored)
 
 

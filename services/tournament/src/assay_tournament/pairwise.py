@@ -48,7 +48,7 @@ async def grade_pairwise(s: Scoring, c: Candidate) -> None:
         )
     if r.role is Role.CURRENT:
         reason = UngradedReason.NO_REFERENCE if own is None else UngradedReason.BASELINE
-        s.finish(c, Ungraded(reason=reason))
+        await s.finish(c, Ungraded(reason=reason))
         await release_parked(s, c.verified)
         return
     baseline = r.baseline_version
@@ -60,7 +60,7 @@ async def grade_pairwise(s: Scoring, c: Candidate) -> None:
         uow.record(BranchKey.main(uow.tenant, f"task:{r.task_id}"), ChallengerParked(verified=kept))
         s.waiting(c.verified, "waiting for the reference run")
     else:
-        s.finish(c, Ungraded(reason=UngradedReason.NO_REFERENCE))
+        await s.finish(c, Ungraded(reason=UngradedReason.NO_REFERENCE))
 
 
 async def release_parked(s: Scoring, msg: RunVerified) -> None:
@@ -74,7 +74,7 @@ async def release_parked(s: Scoring, msg: RunVerified) -> None:
         episode = await load_episode(s.uow, parked.episode)
         c = Candidate.waiting(parked, episode, parked=True)
         if episode is None:
-            s.finish(c, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
+            await s.finish(c, Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
             continue
         if index is None:
             index = await _next_index(s, c.run.workflow_version)
@@ -84,7 +84,7 @@ async def release_parked(s: Scoring, msg: RunVerified) -> None:
 async def compare(s: Scoring, c: Candidate, reference: Reference, index: int) -> int:
     """Score one challenger episode against the reference; the next comparison index."""
     score, compared = await _against(s, c, reference, index)
-    s.finish(c, score, order_index=index if compared else None)
+    await s.finish(c, score, order_index=index if compared else None)
     return index + 1 if compared else index
 
 

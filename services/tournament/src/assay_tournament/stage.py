@@ -11,7 +11,8 @@ selection (`rollouts.py`).
 Every episode is screened for `Core` violations first (a capped episode leaves
 the bracket), and attempt tournaments run on its retries (§11.5). Judge calls
 are metered per tenant and purpose; a tenant at its daily ceiling is
-`Ungraded{BudgetExhausted}`.
+`Ungraded{BudgetExhausted}`. A branch cancelled while verified or graded gets no
+judge call from then on and a `cancelled` result (`cancels.py`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from assay_tournament.calibration import (
     on_calibration_due,
 )
 from assay_tournament.calibration_state import calibration_gauges
+from assay_tournament.cancels import on_grading_cancelled
 from assay_tournament.events import (
     TOURNAMENT_EVENTS,
     ChallengerParked,
@@ -53,7 +55,7 @@ from assay_tournament.grading import (
 from assay_tournament.groups import clock_ms, group_due, join_group, on_group_due
 from assay_tournament.pairwise import grade_pairwise, release_parked
 from assay_tournament.rollouts import on_rollout_closed, on_sibling
-from assay_tournament.state import Group, Scored, backlog_gauges, fold_tournament
+from assay_tournament.state import Group, Scored, Stopped, backlog_gauges, fold_tournament
 
 __all__ = [
     "TOURNAMENT_EVENTS",
@@ -65,6 +67,7 @@ __all__ = [
     "create_stage",
     "fold_tournament",
     "on_calibration_due",
+    "on_grading_cancelled",
     "on_group_due",
     "on_rollout_closed",
     "on_run_verified",
@@ -79,8 +82,8 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
         Refused: the episode's workflow does not validate, or its grading does not fit.
     """
     r = msg.run
-    if await uow.get(Scored, r.run_id) is not None:
-        return
+    if await uow.get(Scored, r.graded_as) or await uow.get(Stopped, r.graded_as):
+        return  # graded already, or its grading was cancelled: no judge call
     await keep_for_calibration(uow, msg)
     if r.rollout is not None:  # a sibling waits for its group's selection (§13)
         await on_sibling(msg, uow)
@@ -88,14 +91,14 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
     s = await Scoring.open(uow)
     episode = await load_episode(uow, msg.episode)
     if episode is None:
-        s.finish(Candidate(msg), Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
+        await s.finish(Candidate(msg), Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
         if r.role is Role.CURRENT:  # they waited for this run; do not strand them
             await release_parked(s, msg)
         return
     workflow = _workflow(episode, uow.deps)
     kept_out = await _screened_out(s, msg, episode, workflow)
     if kept_out is not None:
-        s.finish(Candidate(msg, episode), kept_out)
+        await s.finish(Candidate(msg, episode), kept_out)
         return
     spec = workflow.grading
     attempts = await s.rank_attempts(episode, spec, list(workflow.rubric))
@@ -142,7 +145,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
         name="tournament",
         events=TOURNAMENT_EVENTS,
         fold=fold_tournament,
-        handlers=routes(on_run_verified, on_group_due, on_rollout_closed, on_calibration_due),
+        handlers=routes(
+            on_run_verified,
+            on_group_due,
+            on_rollout_closed,
+            on_calibration_due,
+            on_grading_cancelled,
+        ),
         deps=judging,
         background=tuple(background),
         gauges=_gauges,

@@ -43,14 +43,17 @@ from assay_tournament.events import (
     METER_STREAM,
     ChallengerParked,
     GradingMetered,
+    GradingStopped,
     GroupClosed,
     GroupJoined,
     JudgeAnswered,
     ReferenceSet,
     ReplaySpent,
+    ResultIssued,
     RolloutSelected,
     RunScored,
     SiblingWaiting,
+    graded_key,
     outcome_class,
 )
 
@@ -69,8 +72,25 @@ class Reference(ReadModel):
     passed: bool
 
 
+class Stopped(ReadModel):
+    """A branch whose grading was cancelled. Keyed like its score."""
+
+    kind: ClassVar[str] = "stopped"
+    reason: str
+
+
+class LiveResult(ReadModel):
+    """The result that went out as the task's result of a run: its live branch's, so far.
+    Keyed by run id."""
+
+    kind: ClassVar[str] = "live-result"
+    branch: int
+    result: dict[str, Any]
+
+
 class Scored(ReadModel):
-    """A run whose grading ended, with its score."""
+    """A run whose grading ended, with its score. Keyed by run id, with `@<branch>` after
+    it for a fork."""
 
     kind: ClassVar[str] = "scored"
     score: Score
@@ -254,6 +274,8 @@ TOURNAMENT_STATE: tuple[type[ReadModel], ...] = (
     GradingMeter,
     ReplaySpend,
     JudgeAnswer,
+    LiveResult,
+    Stopped,
     *CALIBRATION_STATE,
 )
 """Every kind of document the tournament stage keeps, by its read model."""
@@ -267,15 +289,15 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
             ref = Reference(run_id=e.run_id, episode=e.episode, passed=e.passed)
             return [ref.put(t, f"{e.task_id}/{e.workflow_version}")]
         case ChallengerParked(verified=v):
-            return [Put(Parked.at(t, f"{v['run']['task_id']}/{v['run']['run_id']}"), v)]
+            return [Put(Parked.at(t, f"{v['run']['task_id']}/{graded_key(v['run'])}"), v)]
         case RunScored() as e:
             out: list[StateDelta] = [
-                Scored(score=e.score, judge_calls=e.judge_calls).put(t, e.run_id)
+                Scored(score=e.score, judge_calls=e.judge_calls).put(t, e.graded_as)
             ]
             if e.order_index is not None:
                 out.append(Comparisons(next=e.order_index + 1).put(t, e.workflow_version))
             if e.was_parked:
-                out.append(Delete(Parked.at(t, f"{e.task_id}/{e.run_id}")))
+                out.append(Delete(Parked.at(t, f"{e.task_id}/{e.graded_as}")))
             return out
         case GroupJoined() as e:
             group = f"{e.task_id}/{outcome_class(e.passed)}"
@@ -286,7 +308,7 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
                 quorum=e.quorum,
                 timeout_s=e.timeout_s,
             )
-            run = e.member["run"]["run_id"]
+            run = graded_key(e.member["run"])
             return [opened.put(t, group), Put(Member.at(t, f"{group}/{run}"), e.member)]
         case GroupClosed() as e:
             group = f"{e.task_id}/{outcome_class(e.passed)}"
@@ -308,6 +330,18 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
         case ReplaySpent() as e:
             spent = ReplaySpend(day=e.day, model_calls=e.model_calls, tokens=e.tokens)
             return [spent.put(t, e.run_id)]
+        case GradingStopped() as e:
+            key = e.graded_as
+            return [
+                Stopped(reason=e.reason).put(t, key),
+                Delete(Parked.at(t, f"{e.task_id}/{key}")),
+                *(
+                    Delete(Member.at(t, f"{e.task_id}/{outcome_class(p)}/{key}"))
+                    for p in (True, False)
+                ),
+            ]
+        case ResultIssued() as e:
+            return [LiveResult(branch=e.branch, result=e.result).put(t, e.run_id)]
         case JudgeAnswered() as e:
             answer = JudgeAnswer.model_validate(
                 {"verdict": e.verdict, "violations": e.violations or []}

@@ -7,14 +7,16 @@ unreadable episode, a verifier error or a timeout is a `Fail`, never a `Pass`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError
 
 from assay.bus.topics import RUN_STATUS, VERIFIED
 from assay.kernel import RunId, RunState
 from assay.messages import (
+    CancelGrading,
     Episode,
+    GradingCancelled,
     RunExecuted,
     RunStatusChanged,
     RunVerified,
@@ -27,31 +29,64 @@ from assay.workflow import WorkflowDef
 
 
 class RunVerdictRecorded(Event):
-    """The verifiers' outcome for one run."""
+    """The verifiers' outcome for one branch of a run.
+
+    Version 2 adds `branch`: a rewind's branch and a branch command's child are verified
+    like any run; a version 1 verdict is branch 0's.
+    """
 
     type: ClassVar[str] = "RunVerdictRecorded"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     run_id: RunId = Field(description="Run.")
     passed: bool = Field(description="Outcome class.")
     results: list[VerifierResult] = Field(description="Each verifier's result.")
+    branch: int = Field(0, ge=0, description="v2: the branch verified (0: the run as spawned).")
 
 
-VERIFY_EVENTS = EventRegistry([RunVerdictRecorded])
+class VerificationStopped(Event):
+    """A branch's grading was cancelled (`CancelGrading`): it is not verified from here on."""
+
+    type: ClassVar[str] = "VerificationStopped"
+    version: ClassVar[int] = 1
+    run_id: RunId = Field(description="Run.")
+    branch: int = Field(ge=0, description="The branch stopped (0: the run as spawned).")
+    reason: str = Field(description="Why, for people.")
+
+
+VERIFY_EVENTS = EventRegistry([RunVerdictRecorded, VerificationStopped])
+
+
+@VERIFY_EVENTS.upcaster("RunVerdictRecorded", 1)
+def _verdict_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 verified branch 0 only."""
+    return {**payload, "branch": 0}
 
 
 class Verdict(ReadModel):
-    """A run's verdict: its outcome class and each verifier's result."""
+    """A branch's verdict: its outcome class and each verifier's result. Keyed by run id
+    (branch 0) or `<run>@<branch>` (a fork)."""
 
     kind: ClassVar[str] = "verdict"
     passed: bool
     results: list[VerifierResult]
 
 
+class Stopped(ReadModel):
+    """A branch whose grading was cancelled. Keyed like its verdict."""
+
+    kind: ClassVar[str] = "stopped"
+    reason: str
+
+
 def fold_verify(record: LogRecord) -> list[StateDelta]:
-    """One verdict document per run."""
+    """One verdict document per branch; a stop document per cancelled branch."""
     match record.event:
         case RunVerdictRecorded() as e:
-            return [Verdict(passed=e.passed, results=e.results).put(record.key.tenant, e.run_id)]
+            key = e.run_id if e.branch == 0 else f"{e.run_id}@{e.branch}"
+            return [Verdict(passed=e.passed, results=e.results).put(record.key.tenant, key)]
+        case VerificationStopped() as e:
+            key = e.run_id if e.branch == 0 else f"{e.run_id}@{e.branch}"
+            return [Stopped(reason=e.reason).put(record.key.tenant, key)]
     return []
 
 
@@ -74,12 +109,17 @@ def _closed(reason: str) -> list[VerifierResult]:
 
 
 async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
-    """Verify the frozen episode (fail closed), record the verdict, hand it to grading."""
+    """Verify the frozen episode (fail closed), record the verdict, hand it to grading;
+    unless the branch's grading was cancelled first: then no verifier runs at all."""
+    if await uow.get(Stopped, msg.run.graded_as) is not None:
+        return  # its `GradingCancelled` went to tournament with the stop
     results = await _verify(msg, uow)
     passed = msg.succeeded and all(r.passed for r in results)
     uow.record(
         BranchKey.main(uow.tenant, f"run:{msg.run.run_id}"),
-        RunVerdictRecorded(run_id=msg.run.run_id, passed=passed, results=results),
+        RunVerdictRecorded(
+            run_id=msg.run.run_id, passed=passed, results=results, branch=msg.run.branch_id
+        ),
     )
     uow.emit(
         VERIFIED,
@@ -95,6 +135,25 @@ async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
     )
     state = RunState.VERIFIED_PASS if passed else RunState.VERIFIED_FAIL
     uow.emit(RUN_STATUS, RunStatusChanged(run=msg.run, state=state))
+
+
+async def on_cancel_grading(msg: CancelGrading, uow: VerifyUnitOfWork) -> None:
+    """Cancel means stop (§5.2): a branch cancelled after it executed is not verified from
+    here on (read apart from the episodes, so a queued one is never verified), and
+    tournament is told, keyed like its verdict, to end its grading as cancelled."""
+    r = msg.run
+    verdict = await uow.get(Verdict, r.graded_as)
+    if await uow.get(Stopped, r.graded_as) is None:
+        stopped = VerificationStopped(run_id=r.run_id, branch=r.branch_id, reason=msg.reason)
+        uow.record(BranchKey.main(uow.tenant, f"stop:{r.run_id}"), stopped)
+    cancelled = GradingCancelled(
+        run=r,
+        reason=msg.reason,
+        succeeded=msg.succeeded,
+        usage=msg.usage,
+        verified=verdict is not None,
+    )
+    uow.emit(VERIFIED, cancelled)
 
 
 async def _verify(msg: RunExecuted, uow: VerifyUnitOfWork) -> list[VerifierResult]:
@@ -118,6 +177,6 @@ def create_stage(deps: StageDeps) -> StageSpec:
         name="verify",
         events=VERIFY_EVENTS,
         fold=fold_verify,
-        handlers=routes(on_run_executed),
+        handlers=routes(on_run_executed, on_cancel_grading),
         deps=Verifying(registry=verifier_registry(deps.sandbox, deps.verifiers)),
     )

@@ -14,9 +14,11 @@ from assay.messages import (
     AttemptIndeterminate,
     BranchRun,
     CalibrationDue,
+    CancelGrading,
     CancelRollout,
     CancelRun,
     ChallengerRejected,
+    GradingCancelled,
     GroupDue,
     JudgeCalibrated,
     Promoted,
@@ -102,7 +104,7 @@ def _task_key(msg: Versioned) -> str:
         return f"{msg.tenant}:calibration"
     if isinstance(msg, GroupDue | RolloutClosed):
         return f"{msg.tenant}:{msg.task_id}"
-    assert isinstance(msg, RunVerified)
+    assert isinstance(msg, RunVerified | GradingCancelled)
     return f"{msg.run.tenant}:{msg.run.task_id}"
 
 
@@ -113,6 +115,13 @@ def _aggregate_key(msg: Versioned) -> str:
         return f"{msg.tenant}:calibration"
     assert isinstance(msg, VariantAggregate)
     return f"{msg.tenant}:{msg.workflow_id}"
+
+
+def _command_key(msg: Versioned) -> str:
+    if isinstance(msg, CancelGrading):
+        return f"{msg.run.tenant}:{msg.run.run_id}"
+    assert isinstance(msg, CancelRun | RewindRun | BranchRun | SignalRun)
+    return f"{msg.tenant}:{msg.run_id}"
 
 
 def _result_key(msg: Versioned) -> str:
@@ -147,7 +156,7 @@ TOPICS: dict[str, Topic] = {
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
         Topic(
             VERIFIED,
-            (RunVerified, GroupDue, RolloutClosed, CalibrationDue),
+            (RunVerified, GroupDue, RolloutClosed, CalibrationDue, GradingCancelled),
             _task_key,
             "tenant:task_id (CalibrationDue: tenant:calibration)",
         ),
@@ -165,8 +174,8 @@ TOPICS: dict[str, Topic] = {
         ),
         Topic(
             RUN_COMMANDS,
-            (CancelRun, RewindRun, BranchRun, SignalRun),
-            _k("tenant", "run_id"),
+            (CancelRun, RewindRun, BranchRun, SignalRun, CancelGrading),
+            _command_key,
             "tenant:run_id",
         ),
         Topic(

@@ -4,7 +4,8 @@ Where the log is: with `ASSAY_DATABASE_URL` set, the `execute` schema in Postgre
 (read as it is: nothing is migrated or written); otherwise the data directory's
 `execute.sqlite`, then `local-runs.sqlite` (the runs of `assay run`). Nothing is
 read from derived state or blobs; the view is `assay.engine.episode_view`'s. A run
-whose records were tiered (§8.6) is shown as its tombstone says: where the archive is.
+whose records were tiered (§8.6) is shown as its tombstone says — its state (`archived`)
+and where the archive is — and then, read back from that archive blob, as any run.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from assay.engine.episode_view import (
     build_run_view,
 )
 from assay.engine.events import WORK_EVENTS, Tiered, commands_stream, fold_work
-from assay.engine.lineage import BranchingView
-from assay.engine.retention import tiered_stream
+from assay.engine.lineage import BranchingChildView, BranchingView
+from assay.engine.retention import decode_archive, tiered_stream
 from assay.kernel.attempts import AttemptState
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import Lsn, TenantId
@@ -35,7 +36,9 @@ from assay.kernel.intents import IntentState
 from assay.messages.branching import BranchDelta
 from assay.messages.models import Usage
 from assay.record.events import BranchKey, LogRecord
+from assay.record.state import StateKey
 from assay.runtime.settings import AssaySettings
+from assay.store.fs_blobs import FsBlobStore
 from assay.store.ports import EventLog
 from assay.store.sqlite import SqliteEventLog
 
@@ -56,10 +59,14 @@ class RunNotFound(AssayError):
 class RunTiered(AssayError):
     """The run's records left the log for an archive blob (§8.6); its tombstone says where."""
 
-    def __init__(self, tenant: TenantId, tiered: Tiered, at_ms: int) -> None:
+    def __init__(
+        self, tenant: TenantId, tiered: Tiered, at_ms: int, grading: str | None = None
+    ) -> None:
         self.tenant = tenant
         self.tiered = tiered
         self.at_ms = at_ms
+        self.state = "cancelled" if grading == "cancelled" else "archived"
+        """Its lifecycle state: `archived` (§5.2), or `cancelled` for a stopped run."""
         super().__init__(
             f"run {tiered.run} was tiered: its {tiered.records} records are in archive blob "
             f"{tiered.archive} of tenant {tenant}"
@@ -70,6 +77,7 @@ class RunTiered(AssayError):
         return {
             "run_id": self.tiered.run,
             "tenant": str(self.tenant),
+            "state": self.state,
             "tiered": {
                 "archive": self.tiered.archive,
                 "records": self.tiered.records,
@@ -83,6 +91,7 @@ class RunTiered(AssayError):
         streams = ", ".join(f"{s.stream}@{s.branch} ({s.records})" for s in self.tiered.streams)
         return (
             f"run {self.tiered.run}  tenant {self.tenant}\n"
+            f"  state {self.state}\n"
             f"  tiered {_when(self.at_ms)}: {self.tiered.records} records moved to archive blob "
             f"{self.tiered.archive}\n"
             f"  streams {streams}\n"
@@ -112,10 +121,15 @@ async def show_command(
     try:
         view = await load_run(data_dir, run, only)
     except RunTiered as tiered:
+        archived = await read_archive(data_dir, tiered)  # §8.6: still reads back
         if as_json:
-            print(json.dumps(tiered.to_json(), indent=2))
+            doc = tiered.to_json()
+            doc["view"] = None if archived is None else archived.to_json()
+            print(json.dumps(doc, indent=2, ensure_ascii=False))
         else:
             print(tiered.render(), end="")
+            if archived is not None:
+                print(render_text(archived), end="")
         return 0
     if branch is not None and branch not in view.branch_ids:
         have = ", ".join(str(b) for b in view.branch_ids)
@@ -127,6 +141,42 @@ async def show_command(
     else:
         print(render_text(view), end="")
     return 0
+
+
+async def read_archive(data_dir: Path, tiered: RunTiered) -> RunView | None:
+    """The view of a tiered run read back from its archive blob — in the data directory's
+    blobs, or with `ASSAY_DATABASE_URL` set in the S3 bucket the settings name; None when
+    the blob cannot be read here (its tombstone still says where it is)."""
+    settings = AssaySettings.from_env()
+    if settings.database.url:
+        from assay.runtime.distributed import blob_store  # distributed only: kept lazy
+
+        store = blob_store(settings)
+        try:
+            await store.open()
+        except Exception:  # unreachable or misconfigured: the tombstone says where it is
+            return None
+        try:
+            raw = await store.get(tiered.tenant, tiered.tiered.archive)
+        finally:
+            await store.close()
+    else:
+        raw = await FsBlobStore(data_dir / "blobs").get(tiered.tenant, tiered.tiered.archive)
+    return None if raw is None else archive_view(tiered.tiered.run, raw)
+
+
+def archive_view(run: str, archive: bytes) -> RunView | None:
+    """The view of a run from its archive's bytes (`encode_archive`), or None if it holds
+    none of the run's records."""
+    records = decode_archive(archive, WORK_EVENTS)
+    branches: dict[int, list[LogRecord]] = {}
+    for r in records:
+        if r.key.stream == run:
+            branches.setdefault(r.key.branch, []).append(r)
+    if not branches:
+        return None
+    commands = [r for r in records if r.key.stream == commands_stream(run)]
+    return build_run_view(branches, commands)
 
 
 async def load_run(data_dir: Path, run: str, tenant: TenantId | None) -> RunView:
@@ -177,7 +227,9 @@ async def find_run(log: EventLog, run: str, tenant: TenantId | None) -> RunView 
     for key in tombstones:
         for record in await log.read(key):
             if isinstance(record.event, Tiered):
-                raise RunTiered(key.tenant, record.event, record.at_ms)
+                doc = await log.get(StateKey(key.tenant, "run", run))
+                grading = None if doc is None else doc.get("grading")
+                raise RunTiered(key.tenant, record.event, record.at_ms, grading)
     if not keys:
         return None
     commands = await read_branch(log, BranchKey.main(keys[0].tenant, commands_stream(run)))
@@ -234,8 +286,21 @@ def _branching(b: BranchingView) -> Iterable[str]:
         diverged = f"diverged at {c.diverged_at}: {c.why}" if c.diverged_at else "diverged nowhere"
         yield (
             f"    child {c.child}  branch {c.branch}  {' + '.join(c.deltas)}{label}"
-            f"  {_status(c.status, c.failed_step, False)}  {diverged}"
+            f"  {_status(c.status, c.failed_step, False)}  {_verified(c)}  {diverged}"
         )
+
+
+def _verified(c: BranchingChildView) -> str:
+    """A child's verifier outcome, beside its execution status."""
+    match c.verification:
+        case None:
+            return "verification pending"
+        case "fail" if c.failed_checks:
+            return f"verified fail ({', '.join(c.failed_checks)})"
+        case "cancelled":
+            return "grading cancelled"
+        case outcome:
+            return f"verified {outcome}"
 
 
 def _deltas(fields: dict[str, object]) -> str:

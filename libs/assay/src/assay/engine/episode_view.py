@@ -30,6 +30,7 @@ from assay.engine.events import (
     AttemptFinished,
     AttemptStarted,
     BranchTreeRecorded,
+    BranchVerified,
     Forked,
     Intent,
     RunFinished,
@@ -212,6 +213,10 @@ def build_run_view(
         raise ValueError(f"records of {len(keys)} runs given for one view")
     ((tenant, run_id),) = keys
     live = live_branch(present)
+    verdicts: dict[int, BranchVerified] = {}
+    for r in commands:
+        if isinstance(r.event, BranchVerified):
+            verdicts.setdefault(r.event.branch, r.event)
     views = tuple(_branch(b, present[b], live=b == live) for b in sorted(present))
     shown = next(v for v in views if v.live)
     refs = [
@@ -234,7 +239,9 @@ def build_run_view(
         episode=shown.episode,
         branches=views,
         branchings=tuple(
-            branching_view(r, r.event) for r in commands if isinstance(r.event, BranchTreeRecorded)
+            branching_view(r, r.event, verdicts)
+            for r in commands
+            if isinstance(r.event, BranchTreeRecorded)
         ),
     )
 

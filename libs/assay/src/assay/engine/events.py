@@ -9,6 +9,7 @@ from pydantic import Field
 from assay.engine.run_state import (
     AttemptView,
     BranchingDone,
+    BranchVerdict,
     CancelAsked,
     ForkPoint,
     GradingStatus,
@@ -247,6 +248,22 @@ class SandboxReleased(Event):
     wait: str = Field(description="The kind of wait it was released for (`model`, `human`).")
 
 
+class BranchVerified(Event):
+    """The result of one branch of a forked run came back (§8.5, DESIGN §13): its verifier
+    outcome, recorded on the run's commands stream beside its execution status, so a
+    branch command's children read as stages (executed, verified, graded), not as one
+    undifferentiated outcome. Recorded once per branch, for runs that have forks."""
+
+    type: ClassVar[str] = "BranchVerified"
+    version: ClassVar[int] = 1
+    branch: int = Field(ge=0, description="The branch whose result came back.")
+    status: GradingStatus = Field(description="How its grading ended.")
+    passed: bool = Field(description="Its verification outcome (False when cancelled).")
+    failed_checks: list[str] = Field(
+        default_factory=list, description="The verifiers it failed, by id."
+    )
+
+
 def commands_stream(run: str) -> str:
     """The stream that holds a run's operator commands."""
     return f"{run}/commands"
@@ -343,6 +360,7 @@ WORK_EVENTS = EventRegistry(
         Signalled,
         CancelRequested,
         BranchTreeRecorded,
+        BranchVerified,
         RunCancelled,
         RunFinished,
         GradingEnded,
@@ -449,6 +467,9 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
                 branches=[c.branch for c in tree.children],
             )
             return [done.put(t, f"{run.removesuffix('/commands')}/{tree.command}")]
+        case BranchVerified(branch=b, status=status, passed=passed, failed_checks=failed):
+            verdict = BranchVerdict(status=status, passed=passed, failed_checks=failed)
+            return [verdict.put(t, f"{run.removesuffix('/commands')}/{b}")]
         case CancelRequested(reason=reason):
             asked = CancelAsked(reason=reason, at_ms=record.at_ms)
             return [asked.put(t, run.removesuffix("/commands"))]

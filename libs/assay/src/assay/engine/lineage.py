@@ -8,7 +8,7 @@ one of them ran, is the stage the child diverged at; None when none differs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +17,7 @@ from assay.engine.events import (
     AttemptFinished,
     AttemptStarted,
     BranchTreeRecorded,
+    BranchVerified,
     Routed,
     RunCancelled,
     RunFinished,
@@ -156,6 +157,15 @@ class BranchingChildView(_LineageView):
     label: str = Field(description="Its label, as given.")
     deltas: tuple[str, ...] = Field(description="Its deltas, as short labels.")
     status: str = Field(description="How it ended: succeeded, failed or cancelled.")
+    verification: str | None = Field(
+        None,
+        description=(
+            "Its verifier outcome, once its result came back: `pass`, `fail` (then "
+            "`failed_checks` names the verifiers), or `cancelled` (grading was stopped); "
+            "None: not yet."
+        ),
+    )
+    failed_checks: tuple[str, ...] = Field((), description="The verifiers it failed.")
     failed_step: str | None = Field(description="The step whose attempts ran out.")
     diverged_at: str | None = Field(
         description="First step whose outcome differs from the parent's; None: none did."
@@ -178,9 +188,14 @@ class BranchingView(_LineageView):
     children: tuple[BranchingChildView, ...] = Field(description="The children, in order.")
 
 
-def branching_view(record: LogRecord, recorded: BranchTreeRecorded) -> BranchingView:
-    """The view of one recorded tree (`record` holds `recorded`)."""
-    tree = recorded.tree
+def branching_view(
+    record: LogRecord,
+    recorded: BranchTreeRecorded,
+    verdicts: Mapping[int, BranchVerified] | None = None,
+) -> BranchingView:
+    """The view of one recorded tree (`record` holds `recorded`), with each child's
+    verifier outcome from `verdicts` (by branch) where its result came back."""
+    tree, verdicts = recorded.tree, verdicts or {}
     return BranchingView(
         command=tree.command,
         lsn=record.lsn,
@@ -197,6 +212,8 @@ def branching_view(record: LogRecord, recorded: BranchTreeRecorded) -> Branching
                 label=c.label,
                 deltas=tuple(d.describe() for d in c.deltas),
                 status=c.outcome.status,
+                verification=_verification(verdicts.get(c.branch)),
+                failed_checks=tuple(v.failed_checks) if (v := verdicts.get(c.branch)) else (),
                 failed_step=c.outcome.failed_step,
                 diverged_at=c.diverged_at.step if c.diverged_at else None,
                 why=c.diverged_at.why if c.diverged_at else None,
@@ -205,3 +222,11 @@ def branching_view(record: LogRecord, recorded: BranchTreeRecorded) -> Branching
             for c in tree.children
         ),
     )
+
+
+def _verification(verdict: BranchVerified | None) -> str | None:
+    if verdict is None:
+        return None
+    if verdict.status == "cancelled":
+        return "cancelled"
+    return "pass" if verdict.passed else "fail"

@@ -116,6 +116,16 @@ class BranchingDone(ReadModel):
     branches: list[int]
 
 
+class BranchVerdict(ReadModel):
+    """A forked run's branch, once its result came back (`BranchVerified`). Keyed
+    `<run>/<branch>`."""
+
+    kind: ClassVar[str] = "branch-verdict"
+    status: GradingStatus
+    passed: bool
+    failed_checks: list[str]
+
+
 class TieringDue(ReadModel):
     """A reduced, untiered run: the queue tiering sweeps (§8.6). Keyed by run id."""
 
@@ -130,6 +140,7 @@ WORK_STATE: tuple[type[ReadModel], ...] = (
     Waiting,
     CancelAsked,
     BranchingDone,
+    BranchVerdict,
     TieringDue,
 )
 """Every kind of document `fold_work` stores, as its read model."""
@@ -137,6 +148,7 @@ WORK_STATE: tuple[type[ReadModel], ...] = (
 __all__ = [
     "WORK_STATE",
     "AttemptView",
+    "BranchVerdict",
     "BranchingDone",
     "CancelAsked",
     "ForkPoint",

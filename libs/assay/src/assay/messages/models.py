@@ -102,16 +102,34 @@ class WorkflowRegistered(Versioned):
     )
 
 
+class RunBranch(Versioned):
+    """Which fork of its run a message is about (§8.5, DESIGN §13): a rewind's new branch,
+    or a branch command's child. Branch 0, the run as spawned, carries none."""
+
+    type: ClassVar[str] = "RunBranch"
+    version: ClassVar[int] = 1
+    branch: int = Field(ge=1, description="The branch (1 and up: branch 0 is the run itself).")
+    parent: int = Field(ge=0, description="The branch it was forked from.")
+    child: int | None = Field(
+        None,
+        ge=1,
+        description="For a branch command's child: its number in the command (1-based); "
+        "None for a rewind.",
+    )
+
+
 class RunRef(Versioned):
     """Identity of one run and what it is for, carried by every run message.
 
     Version 2 adds `held_out`, with a default, so a version 1 reference (in a stored
     record or message) reads as a selection task — which every task then was.
-    Version 3 adds `RolloutRef.max_cost_usd`, left out unless set.
+    Version 3 adds `RolloutRef.max_cost_usd`, left out unless set. Version 4 adds
+    `branch`, left out unless set: a message about a fork of the run (a rewind, a branch
+    command's child) says which, and every earlier reference is about branch 0.
     """
 
     type: ClassVar[str] = "RunRef"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run (ULID).")
     task_id: TaskId = Field(description="Comparison group key of the task.")
@@ -136,6 +154,20 @@ class RunRef(Versioned):
     rollout: RolloutRef | None = Field(
         None, description="For a sibling of a rollout group: its group and index."
     )
+    branch: RunBranch | None = Field(
+        None,
+        description="v4: the fork of the run this is about, and its parent; None: branch 0.",
+    )
+
+    @property
+    def branch_id(self) -> int:
+        """The branch this is about: 0 for the run as spawned."""
+        return 0 if self.branch is None else self.branch.branch
+
+    @property
+    def graded_as(self) -> str:
+        """What grading keys this branch by: the run id, `@<branch>` after it for a fork."""
+        return self.run_id if self.branch is None else f"{self.run_id}@{self.branch.branch}"
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -144,6 +176,8 @@ class RunRef(Versioned):
         data: dict[str, Any] = handler(self)
         if data.get("rollout") is None:
             data.pop("rollout", None)
+        if data.get("branch") is None:
+            data.pop("branch", None)
         if data.get("held_out") is False:
             data.pop("held_out", None)
         return data
@@ -163,7 +197,7 @@ class RunSpawned(Versioned):
     """Ingest spawned a run: pinned version, role, purpose, and the task snapshot."""
 
     type: ClassVar[str] = "RunSpawned"
-    version: ClassVar[int] = 4
+    version: ClassVar[int] = 5
     run: RunRef = Field(description="The run.")
     definition: dict[str, Any] = Field(description="The pinned workflow IR.")
     input: dict[str, Any] = Field(description="The immutable task input.")
@@ -177,10 +211,13 @@ class RunSpawned(Versioned):
 
 
 class RunStatusChanged(Versioned):
-    """A lifecycle transition of a run (§5.2), reported by the stage that drove it."""
+    """A lifecycle transition of a run (§5.2), reported by the stage that drove it.
+
+    Version 4 carries `RunRef.branch`: the transition of a fork of the run says which.
+    """
 
     type: ClassVar[str] = "RunStatusChanged"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     run: RunRef = Field(description="The run.")
     state: RunState = Field(description="The state entered.")
     detail: str = Field("", description="Why, for people.")
@@ -194,7 +231,7 @@ class AttemptIndeterminate(Versioned):
     """
 
     type: ClassVar[str] = "AttemptIndeterminate"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     run: RunRef = Field(description="The run.")
     step: StepId = Field(description="Step of the attempt.")
     attempt: int = Field(ge=1, description="Attempt number.")
@@ -207,11 +244,13 @@ class RunExecuted(Versioned):
     """Execute finished a run; the frozen episode is a blob.
 
     Version 3 carries `RolloutRef.max_cost_usd` and adds `cost_usd`; a version 2
-    run reads as costing 0.0, as a `UsageRecorded` v1 call does.
+    run reads as costing 0.0, as a `UsageRecorded` v1 call does. Version 4 carries
+    `RunRef.branch`: a rewind's new branch and a branch command's child are verified and
+    graded like any run, and say which branch they are.
     """
 
     type: ClassVar[str] = "RunExecuted"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
     succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
@@ -244,10 +283,11 @@ class RunVerified(Versioned):
     """Verify's outcome for a run, keyed by task for the grading join.
 
     Version 3 carries `RolloutRef.max_cost_usd` and adds `cost_usd` (0.0 in a version 2).
+    Version 4 carries `RunRef.branch`.
     """
 
     type: ClassVar[str] = "RunVerified"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
     passed: bool = Field(description="Outcome class: every verifier passed.")
@@ -291,11 +331,12 @@ class RunGraded(Versioned):
     those that did not, each by `JudgePurpose`; a `Ranked` score says how many answered
     comparisons it rests on; attempts the judge answered nothing about are
     `unranked_attempts`, with the reason. A version 5 payload reads with no failure and no
-    breakdown (it did not say).
+    breakdown (it did not say). Version 7 carries `RunRef.branch`: a fork's grade says
+    which branch of the run it is, and its parent.
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 6
+    version: ClassVar[int] = 7
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
@@ -354,11 +395,13 @@ class RunResult(Versioned):
     adds `step_credit` and the score changes of RunGraded v2. Version 4 adds
     `held_out`: whether the task was in the held-out set (§12.5). Version 5 carries the
     answered comparisons a `Ranked` score rests on (RunGraded v6); a version 4 score
-    reads as it is.
+    reads as it is. Version 6 says which branch of the run the result is of (`branch`,
+    `parent_branch`) and, for a result the live branch replaced, which one
+    (`superseded_by`); a version 5 result is branch 0's and was never superseded.
     """
 
     type: ClassVar[str] = "RunResult"
-    version: ClassVar[int] = 5
+    version: ClassVar[int] = 6
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId = Field(description="The run that served the task.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -387,6 +430,26 @@ class RunResult(Versioned):
             "recorded before v4, which did not say."
         ),
     )
+    branch: int = Field(
+        0,
+        ge=0,
+        description=(
+            "v6: the branch of the run this is the result of: 0, the run as spawned; a "
+            "higher one for a rewind's branch or a branch command's child (§8.5)."
+        ),
+    )
+    parent_branch: int | None = Field(
+        None, ge=0, description="v6: the branch `branch` was forked from; None for branch 0."
+    )
+    superseded_by: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "v6: the task's result follows the live branch (the highest-numbered one graded); "
+            "set on a result a higher branch's result replaced, naming that branch. None: "
+            "this is the task's result."
+        ),
+    )
 
 
 class CancelRun(Versioned):
@@ -399,6 +462,39 @@ class CancelRun(Versioned):
     tenant: TenantId = Field(description="Tenant of the run.")
     run_id: RunId = Field(description="The run to stop.")
     reason: str = Field("", max_length=2000, description="Why, for people.")
+
+
+class CancelGrading(Versioned):
+    """The execute stage, to verify: a branch that finished executing was cancelled before
+    its grading ended (§5.2: cancel is legal from `Verifying` and `Grading`). No further
+    verifier command or judge call is made for it; its result is `cancelled`.
+
+    On `assay.run-commands`, beside the operator's `CancelRun` it answers, so that verify
+    reads it apart from the episodes waiting to be verified."""
+
+    type: ClassVar[str] = "CancelGrading"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run, and the branch (`run.branch`) to stop.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
+    succeeded: bool = Field(description="How its execution ended: every step succeeded.")
+    usage: Usage = Field(description="Model usage of its execution.")
+
+
+class GradingCancelled(Versioned):
+    """Verify, to tournament: grading of a run's branch was cancelled (`CancelGrading`).
+    Keyed by task like the branch's `RunVerified`, so tournament handles both in order;
+    whichever comes first, the branch gets a `cancelled` result and no judge call."""
+
+    type: ClassVar[str] = "GradingCancelled"
+    version: ClassVar[int] = 1
+    run: RunRef = Field(description="The run, and the branch (`run.branch`) stopped.")
+    reason: str = Field("", max_length=2000, description="Why, for people.")
+    succeeded: bool = Field(description="How its execution ended: every step succeeded.")
+    usage: Usage = Field(description="Model usage of its execution.")
+    verified: bool = Field(
+        description="Verify had verified it before the cancel reached it (its verdict "
+        "stands in the record; it is not graded)."
+    )
 
 
 class SignalRun(Versioned):
@@ -490,6 +586,18 @@ def run_graded_v5_to_v6(payload: dict[str, Any]) -> dict[str, Any]:
         "judge_failures_by_purpose": {},
         "unranked_attempts": [],
     }
+
+
+def run_result_v5_to_v6(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunResult v5 -> v6: before forks were graded every result was branch 0's, and
+    none was superseded."""
+    return {**payload, "branch": 0, "parent_branch": None, "superseded_by": None}
+
+
+def run_ref_v3_unchanged(payload: dict[str, Any]) -> dict[str, Any]:
+    """A message about a run, one version before `RunRef.branch`: it was about branch 0,
+    which the new version reads as it is."""
+    return dict(payload)
 
 
 def run_result_v4_to_v5(payload: dict[str, Any]) -> dict[str, Any]:

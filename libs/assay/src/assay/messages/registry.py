@@ -20,7 +20,9 @@ from assay.messages.loop import (
 )
 from assay.messages.models import (
     AttemptIndeterminate,
+    CancelGrading,
     CancelRun,
+    GradingCancelled,
     GroupDue,
     RewindRun,
     RunExecuted,
@@ -39,10 +41,12 @@ from assay.messages.models import (
     run_graded_v5_to_v6,
     run_ref_unchanged,
     run_ref_v2_unchanged,
+    run_ref_v3_unchanged,
     run_result_v1_to_v2,
     run_result_v2_to_v3,
     run_result_v3_to_v4,
     run_result_v4_to_v5,
+    run_result_v5_to_v6,
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
     task_submitted_v2_to_v3,
@@ -82,6 +86,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         RolloutClosed,
         RolloutResult,
         CancelRun,
+        CancelGrading,
+        GradingCancelled,
         RewindRun,
         BranchRun,
         SignalRun,
@@ -132,3 +138,13 @@ MESSAGES.upcaster("UsageRecorded", 3)(usage_recorded_v3_to_v4)
 MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
 MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
 MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
+MESSAGES.upcaster("RunResult", 5)(run_result_v5_to_v6)
+for _carrier, _before in (
+    ("RunSpawned", 4),
+    ("RunStatusChanged", 3),
+    ("AttemptIndeterminate", 3),
+    ("RunExecuted", 3),
+    ("RunVerified", 3),
+    ("RunGraded", 6),
+):
+    MESSAGES.upcaster(_carrier, _before)(run_ref_v3_unchanged)

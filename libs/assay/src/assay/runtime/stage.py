@@ -316,6 +316,14 @@ class UnitOfWork(Generic[D]):
         distinct facts — two model calls that cost the same — the first being 0 (whose
         id is the same as without it).
         """
+        entry = self.sealed(topic, msg, occurrence=occurrence)
+        self._touch()
+        self._pending.outbox.append(entry)
+        self._pending.messages.append(msg)
+
+    def sealed(self, topic: str, msg: Versioned, *, occurrence: int = 0) -> OutboxEntry:
+        """`msg` as `emit` would enqueue it, for a commit the handler makes itself with
+        `EventLog.commit` (one that must carry it atomically with what it writes)."""
         spec = topic_for(topic, msg)
         payload_hash = content_hash(msg.model_dump(mode="json"))
         parts = (self.stage, self.envelope.id, msg.type, payload_hash)
@@ -327,9 +335,7 @@ class UnitOfWork(Generic[D]):
             causation=self.envelope,
             traceparent=current_traceparent(),
         )
-        self._touch()
-        self._pending.outbox.append(OutboxEntry(topic, env.key, env.encode(), tuple(env.headers())))
-        self._pending.messages.append(msg)
+        return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
 
     def on_discard(self, undo: Callable[[], None]) -> None:
         """Call `undo` if the pending writes are dropped instead of committed (the handler
