@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -478,7 +479,13 @@ def test_dockerfile() -> None:
     # the first sync, the sources only after it.
     first_sync = instructions.index(("RUN", syncs[0]))
     copied_early = " ".join(a for k, a in instructions[:first_sync] if k == "COPY")
-    members = [p.relative_to(REPO).as_posix() for p in REPO.glob("*/*/pyproject.toml")]
+    workspace = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["uv"]["workspace"]
+    members = [
+        p.relative_to(REPO).as_posix()
+        for pattern in workspace["members"]
+        for p in REPO.glob(f"{pattern}/pyproject.toml")
+    ]
+    assert len(members) >= 8, members  # the library, six stages and the console
     for needed in ["pyproject.toml", "uv.lock", *members]:
         assert needed in copied_early.split(), needed
     assert "libs/assay libs/assay" not in copied_early
