@@ -124,6 +124,7 @@ from assay.record import (
     UnknownSchema,
     apply_delta,
 )
+from assay.record.compaction import Compacted, RestatedDocument
 from assay_aggregate import AGGREGATE_EVENTS
 from assay_aggregate.stage import FailuresKept, VersionTallied
 from assay_decide import DECIDE_EVENTS
@@ -737,6 +738,16 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     ),
 ]
 
+COMPACTED = Compacted(
+    dropped=3,
+    below_ms=1_700_000_000_000,
+    documents=[
+        RestatedDocument(kind="tally", key="v1", value={"runs": 3}),
+        RestatedDocument(kind="parked", key="t/r", value=None),
+    ],
+)
+"""Retention's checkpoint, which every stage with a compaction rule registers."""
+
 EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "work": (
         WORK_EVENTS,
@@ -811,6 +822,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "ingest": (
         INGEST_EVENTS,
         [
+            COMPACTED,
             WorkflowStored(
                 workflow_id=WF,
                 workflow_version=V2,
@@ -874,11 +886,12 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     ),
     "verify": (
         VERIFY_EVENTS,
-        [RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT])],
+        [RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT]), COMPACTED],
     ),
     "tournament": (
         TOURNAMENT_EVENTS,
         [
+            COMPACTED,
             ReferenceSet(
                 task_id=TASK, workflow_version=V1, run_id=RUN, episode="blob:abc", passed=True
             ),
@@ -928,6 +941,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "aggregate": (
         AGGREGATE_EVENTS,
         [
+            COMPACTED,
             VersionTallied(
                 run_id=RUN,
                 workflow_id=WF,

@@ -39,6 +39,7 @@ from assay.record import (
     StateDelta,
     TableColumn,
 )
+from assay.record.compaction import Compacted, with_compaction
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 
 
@@ -103,7 +104,7 @@ class ResultSeen(Event):
 
 
 CONSOLE_EVENTS = EventRegistry(
-    [RunSeen, StatusSeen, IndeterminateSeen, VerdictSeen, GradeSeen, ResultSeen]
+    [RunSeen, StatusSeen, IndeterminateSeen, VerdictSeen, GradeSeen, ResultSeen, Compacted]
 )
 
 
@@ -256,7 +257,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="console",
         events=CONSOLE_EVENTS,
-        fold=fold_console,
+        fold=with_compaction(fold_console),
         handlers=routes(
             on_run_spawned,
             on_status_changed,

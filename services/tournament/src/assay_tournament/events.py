@@ -9,6 +9,7 @@ from pydantic import Field
 from assay.kernel import RunId, TaskId, WorkflowVersion
 from assay.kernel.scores import Score
 from assay.record import Event, EventRegistry
+from assay.record.compaction import Compacted
 
 
 def outcome_class(passed: bool) -> str:
@@ -148,6 +149,7 @@ TOURNAMENT_EVENTS = EventRegistry(
         RolloutSelected,
         JudgeAnswered,
         ReplaySpent,
+        Compacted,
     ]
 )
 

@@ -21,6 +21,7 @@ from assay.grading.strategies import StrategyRefused, check_fits, profile
 from assay.kernel.errors import Refused
 from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
 from assay.messages import Episode, JudgePurpose, Role, RunVerified
+from assay.record.compaction import with_compaction
 from assay.runtime import StageDeps, StageSpec, routes
 from assay.runtime.timers import timer
 from assay.workflow import GradingSpec, WorkflowDef
@@ -108,7 +109,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="tournament",
         events=TOURNAMENT_EVENTS,
-        fold=fold_tournament,
+        fold=with_compaction(fold_tournament),
         handlers=routes(on_run_verified, on_group_due, on_rollout_closed),
         deps=judging,
         background=(timer(Group.kind, group_due, lambda: clock_ms() / 1000),),

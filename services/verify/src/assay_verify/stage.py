@@ -21,6 +21,7 @@ from assay.messages import (
     VerifierResult,
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, ReadModel, StateDelta
+from assay.record.compaction import Compacted, with_compaction
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 from assay.verification import Verifier, verifier_registry, verify_episode
 from assay.workflow import WorkflowDef
@@ -36,7 +37,7 @@ class RunVerdictRecorded(Event):
     results: list[VerifierResult] = Field(description="Each verifier's result.")
 
 
-VERIFY_EVENTS = EventRegistry([RunVerdictRecorded])
+VERIFY_EVENTS = EventRegistry([RunVerdictRecorded, Compacted])
 
 
 class Verdict(ReadModel):
@@ -117,7 +118,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="verify",
         events=VERIFY_EVENTS,
-        fold=fold_verify,
+        fold=with_compaction(fold_verify),
         handlers=routes(on_run_executed),
         deps=Verifying(registry=verifier_registry(deps.sandbox, deps.verifiers)),
     )

@@ -40,8 +40,9 @@ from assay.store.ports import (
     OutboxEntry,
     PendingOutbox,
     RebuildReport,
+    StaleBranch,
 )
-from assay.store.sqlite import decode_headers
+from assay.store.sqlite import COMPACTED, decode_headers
 
 _StateRow = tuple[str, str, str, bytes]
 """A derived document as `rebuild` compares it: (tenant, kind, key, bytes)."""
@@ -185,6 +186,29 @@ class PostgresEventLog:
                 f"{select} AND tenant = $2 ORDER BY tenant, branch", stream, tenant
             )
         return [BranchKey(tenant_id(t), stream, BranchId(b)) for t, b in rows]
+
+    async def stale_branches(self, pattern: str, before_ms: int, limit: int) -> list[StaleBranch]:
+        """See `EventLog.stale_branches`."""
+        like = "".join("\\" + c if c in "%_\\" else c for c in pattern).replace("*", "%")
+        rows = await self._db.fetch(
+            f"SELECT tenant, stream, branch, min(lsn), max(lsn) FROM {self._s}.log"
+            " WHERE stream LIKE $1 GROUP BY tenant, stream, branch"
+            " HAVING min(at_ms) FILTER (WHERE type <> $3) < $2"
+            " ORDER BY min(at_ms) LIMIT $4",
+            like,
+            before_ms,
+            COMPACTED,
+            limit,
+        )
+        return [
+            StaleBranch(BranchKey(tenant_id(t), st, BranchId(b)), Lsn(lo), Lsn(hi + 1))
+            for t, st, b, lo, hi in rows
+        ]
+
+    async def prune_inbox(self, before_ms: int) -> int:
+        """See `EventLog.prune_inbox`."""
+        status = await self._db.execute(f"DELETE FROM {self._s}.inbox WHERE at_ms < $1", before_ms)
+        return int(status.split()[-1])
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         """See `EventLog.put_checkpoint`."""
