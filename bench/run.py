@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import asyncpg
 from pipeline import pipeline_figures
+from soak import soak_figures
 
 from assay.devstack import InfraUnavailable
 from assay.devstack.postgres import create_database, drop_database, resolve_postgres
@@ -338,7 +339,7 @@ def bt_figures() -> dict[str, float]:
     }
 
 
-SECTIONS = ("eventlog", "demo", "postgres", "relay", "pipeline", "grading")
+SECTIONS = ("eventlog", "demo", "postgres", "relay", "pipeline", "grading", "soak")
 
 
 def measure(sections: set[str]) -> dict[str, float]:
@@ -361,6 +362,8 @@ def measure(sections: set[str]) -> dict[str, float]:
             figures.update(pipeline_figures(tmp / "pipeline"))
         if "grading" in sections:
             figures.update({**sprt_figures(), **bt_figures()})
+        if "soak" in sections:
+            figures.update(soak_figures(tmp / "soak"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return figures
@@ -386,6 +389,9 @@ def main() -> None:
         "sprt.ratio.p0.7": "<= 0.55",
         "bt.fit_s": "<= bt.choix_s",
         "bt.max_abs_diff": "<= 1e-3",
+        "soak.bytes_growth_last_half": "~ 0, << soak.bytes_growth_first_half",
+        "soak.results_missing": "== 0",
+        "soak.rebuild_check_ok": "== 1",
     }
     width = max(len(k) for k in figures)
     print(f"{'figure':<{width}}  {'value':>10}  target")

@@ -752,6 +752,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "work": (
         WORK_EVENTS,
         [
+            COMPACTED,
             RunStarted(run=REF),
             AttemptStarted(
                 step=StepId("solve"), attempt=AttemptNo(2), iteration=1, prompt="What is 2+2?"

@@ -23,6 +23,7 @@ from assay.kernel.intents import IntentState
 from assay.kernel.schema import Versioned
 from assay.messages.branching import BranchDelta, BranchTree
 from assay.messages.models import RunRef, Usage
+from assay.record.compaction import Compacted, fold_compacted
 from assay.record.events import Event, EventRegistry, LogRecord
 from assay.record.state import Delete, Patch, Put, StateDelta, StateKey
 
@@ -315,6 +316,7 @@ WORK_EVENTS = EventRegistry(
         GradingEnded,
         Reduced,
         Tiered,
+        Compacted,
     ]
 )
 
@@ -342,6 +344,8 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
     t, run, branch = record.key.tenant, record.key.stream, record.key.branch
     run_doc = RunView.at(t, run)
     match record.event:
+        case Compacted():  # retention's checkpoint (`assay.runtime.retention`)
+            return fold_compacted(record)
         case RunStarted(run=ref):
             started = {
                 "status": "running",
