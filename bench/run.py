@@ -1,7 +1,7 @@
 """Assay benchmarks: each figure beside its baseline, measured in the same run.
 
 Prints a table and writes `bench/results/latest.json` (flat: figure name -> number;
-names are stable across commits).
+names are stable across commits). A run of named sections replaces only their figures.
 """
 
 from __future__ import annotations
@@ -371,7 +371,8 @@ def measure(sections: set[str]) -> dict[str, float]:
 
 def main() -> None:
     """`run.py` measures every section and writes `latest.json`; `run.py pipeline relay`
-    measures only those sections and only prints them."""
+    measures only those sections and merges their figures into `latest.json` (the other
+    sections' figures stay as they were)."""
     chosen = set(sys.argv[1:]) or set(SECTIONS)
     if unknown := chosen - set(SECTIONS):
         sys.exit(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
@@ -397,9 +398,9 @@ def main() -> None:
     print(f"{'figure':<{width}}  {'value':>10}  target")
     for k, v in figures.items():
         print(f"{k:<{width}}  {v:>10}  {targets.get(k, '')}")
-    if chosen != set(SECTIONS):
-        return
     out = ROOT / "bench" / "results" / "latest.json"
+    if chosen != set(SECTIONS) and out.exists():  # a section run: its figures, the rest kept
+        figures = {**json.loads(out.read_text()), **figures}
     out.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
 

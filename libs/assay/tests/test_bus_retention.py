@@ -51,6 +51,9 @@ async def test_a_lagging_stage_keeps_what_it_has_not_handled(tmp_path: Path) -> 
     await _handled(slow, 10)
     assert await truncate_bus(bus, readers, [TOPIC], now_ms) == 6
     assert await _offsets(bus, TOPIC) == [9]  # the last record says where it ends
+    assert bus.reclaim_space()
+    assert (tmp_path / "bus.sqlite-wal").stat().st_size == 0
+    assert await _offsets(bus, TOPIC) == [9]
     await bus.close()
     reopened = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=1).open()
     assert await reopened.end_offsets(TOPIC) == {0: 10}

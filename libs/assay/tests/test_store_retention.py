@@ -8,12 +8,14 @@ where the stored position says it was.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import ClassVar
 
+import asyncpg
 import pytest
 
 from assay.devstack import Service
@@ -244,6 +246,59 @@ async def test_a_pruned_inbox_entry_whose_position_was_stored_is_not_handled_aga
     await store.prune_inbox(2**62)
     assert not await store.seen(t, MessageId("m1"))
     assert (await store.positions())[("assay.test", 0)] == 8
+
+
+async def test_reclaiming_space_leaves_what_the_store_holds_as_it_was(store: EventLog) -> None:
+    t = _tenant()
+    key = BranchKey.main(t, "task:a")
+    await _notes(store, key, ["r0", "r1"])
+    await store.commit(CommitBatch(records=[(key, Noted(run="r2", total=3, drop_note="r0"))]))
+    assert await store.reclaim_space() > 0  # SQLite: its WAL; Postgres: r0's tombstone
+    assert await store.get(StateKey(t, "scored", "r0")) is None
+    assert await store.get(StateKey(t, "scored", "r1")) == {"run": "r1"}
+    assert (await store.rebuild(keep=False)).identical
+    (lsn,) = await store.commit(CommitBatch(records=[(key, Noted(run="r0", total=4))]))
+    assert lsn == 3
+    assert await store.get(StateKey(t, "scored", "r0")) == {"run": "r0"}
+
+
+async def test_sqlite_truncates_its_wal_unless_another_connection_reads(tmp_path: Path) -> None:
+    path = tmp_path / "stage.sqlite"
+    log = await SqliteEventLog(path, REGISTRY, FOLD).open()
+    wal = tmp_path / "stage.sqlite-wal"
+    try:
+        await _notes(log, BranchKey.main(_tenant(), "task:a"), [f"r{i}" for i in range(50)])
+        reader = sqlite3.connect(path)
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM log").fetchone()  # holds a read snapshot
+        assert await log.reclaim_space() == 0  # does not wait for the reader
+        assert wal.stat().st_size > 0
+        reader.close()
+        assert await log.reclaim_space() > 0
+        assert wal.stat().st_size == 0
+    finally:
+        await log.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_tombstones_go_when_space_is_reclaimed(retention_database: str) -> None:
+    schema = f"retention_{uuid.uuid4().hex[:12]}"
+    log = await PostgresEventLog(retention_database, schema, REGISTRY, FOLD).open()
+    conn = await asyncpg.connect(retention_database)
+    try:
+        t = _tenant()
+        key = BranchKey.main(t, "task:a")
+        await _notes(log, key, ["r0", "r1", "r2"])
+        await log.commit(CommitBatch(records=[(key, Noted(run="r3", total=4, drop_note="r0"))]))
+        await log.commit(CommitBatch(records=[(key, Noted(run="r4", total=5, drop_note="r1"))]))
+        tombstones = f'SELECT count(*) FROM "{schema}".state WHERE value IS NULL'
+        assert await conn.fetchval(tombstones) == 2
+        assert await log.reclaim_space() == 2
+        assert await conn.fetchval(tombstones) == 0
+        assert (await log.rebuild(keep=False)).identical
+    finally:
+        await conn.close()
+        await log.close()
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 from assay.bus.partitioner import partition_for
 from assay.bus.transport import BusMessage, Handle, Positions
 from assay.store.ports import OutboxEntry
-from assay.store.sqlite import add_column, connect, decode_headers, encode_headers
+from assay.store.sqlite import add_column, connect, decode_headers, encode_headers, truncate_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -163,6 +163,11 @@ class EmbeddedBus:
             if tail and first is not None:
                 del tail[: max(0, first - tail[0].offset)]
         return deleted
+
+    def reclaim_space(self) -> bool:
+        """Checkpoint and truncate the bus file's write-ahead log (`truncate_wal`), so
+        the space `truncate` freed is what the file reuses; whether it was truncated."""
+        return truncate_wal(self._db)
 
     async def close(self) -> None:
         if self._conn is not None:

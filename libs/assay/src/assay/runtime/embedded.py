@@ -230,6 +230,7 @@ class Embedded:
         while not stop.is_set():
             try:
                 await self.truncate_bus()
+                self.bus.reclaim_space()
             except Exception:  # housekeeping: the pipeline goes on, the next round tries again
                 log.warning("truncating the embedded bus failed", exc_info=True)
             await sleep_or(stop, self.deps.retention.prune_interval_s)

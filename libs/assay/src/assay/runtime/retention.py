@@ -15,8 +15,13 @@ that name a stream pattern (`Kept.streams`): every `prune_interval_s` each stage
   --check` is still identical (from the checkpoints forward). A branch left with
   nothing to restate is deleted whole.
 
+Then the store gives back the space (`EventLog.reclaim_space`): SQLite's write-ahead
+log is checkpointed and truncated, so it holds only what was written since the last
+sweep; Postgres's tombstones of deleted documents go.
+
 Shipped outbox rows are deleted as the relay acknowledges them, and the embedded bus
-truncates each partition below what every stage reading it has handled (`truncate_bus`).
+truncates each partition below what every stage reading it has handled (`truncate_bus`),
+then truncates its own write-ahead log the same way.
 A document a compacted branch deletes (or forgets) must be written by that branch only;
 the rows below keep to that.
 """
@@ -229,6 +234,8 @@ class Swept:
     compacted: int = 0
     records: int = 0
     forgotten: int = 0
+    reclaimed: int = 0
+    """What the store gave back after (`EventLog.reclaim_space`)."""
 
 
 @dataclass
@@ -246,7 +253,7 @@ class StageRetention:
         self.rules = rules_for(self.stage)
 
     async def sweep(self, store: EventLog) -> Swept:
-        """Prune the inbox and compact every rule's stale branches, once."""
+        """Prune the inbox, compact every rule's stale branches and reclaim the space, once."""
         now_ms = int(self.clock() * 1000)
         swept = Swept(inbox=await store.prune_inbox(now_ms - int(self.policy.inbox_keep_s * 1000)))
         cutoff = now_ms - int(self.policy.records_keep_s * 1000)
@@ -257,6 +264,7 @@ class StageRetention:
                     await compact_branch(store, self.fold, rule, stale, cutoff, swept)
                 except StreamChanged as exc:  # written meanwhile: the next sweep again
                     log.info("retention: %s not compacted now: %s", stale.key.stream, exc)
+        swept.reclaimed = await store.reclaim_space()
         return swept
 
     async def run(self, store: EventLog, stop: asyncio.Event) -> None:

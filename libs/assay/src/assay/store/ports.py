@@ -243,6 +243,14 @@ class EventLog(Protocol):
         entries longer than any redelivery can come (`assay.runtime.retention`)."""
         ...
 
+    async def reclaim_space(self) -> int:
+        """Give back the space of what retention deleted, where the store needs telling;
+        how much went. SQLite checkpoints and truncates its write-ahead log (else it
+        keeps its largest size): the WAL's bytes, 0 while another connection reads
+        the file. Postgres deletes the tombstones of deleted documents (`state`
+        rows whose value is null; autovacuum reuses the freed pages): how many."""
+        ...
+
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         """Store a snapshot of `key` valid up to `upto`."""
         ...

@@ -44,6 +44,9 @@ from assay.store.ports import (
 )
 from assay.store.sqlite import COMPACTED, decode_headers
 
+TOMBSTONES_PER_DELETE = 5_000
+"""Tombstones one statement of `reclaim_space` deletes at most."""
+
 _StateRow = tuple[str, str, str, bytes]
 """A derived document as `rebuild` compares it: (tenant, kind, key, bytes)."""
 
@@ -209,6 +212,27 @@ class PostgresEventLog:
         """See `EventLog.prune_inbox`."""
         status = await self._db.execute(f"DELETE FROM {self._s}.inbox WHERE at_ms < $1", before_ms)
         return int(status.split()[-1])
+
+    async def reclaim_space(self) -> int:
+        """See `EventLog.reclaim_space`: the tombstones of deleted documents go, at most
+        `TOMBSTONES_PER_DELETE` per statement so no commit waits long; how many went.
+
+        A tombstone only makes a concurrent deleter of an absent document wait for its
+        inserter (`pg_schema`'s commit protocol): once committed it orders nothing, and
+        reads, `rebuild` and the document tables already treat it as absent. A writer
+        upserting one while it is deleted waits for the delete, then inserts; one that
+        wrote a value meanwhile keeps it (the delete re-checks `value IS NULL`)."""
+        total = 0
+        while True:
+            status = await self._db.execute(
+                f"DELETE FROM {self._s}.state WHERE ctid = ANY(ARRAY(SELECT ctid FROM"
+                f" {self._s}.state WHERE value IS NULL LIMIT {TOMBSTONES_PER_DELETE}))"
+                " AND value IS NULL"
+            )
+            n = int(status.split()[-1])
+            total += n
+            if n < TOMBSTONES_PER_DELETE:
+                return total
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         """See `EventLog.put_checkpoint`."""

@@ -113,6 +113,24 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def truncate_wal(conn: sqlite3.Connection) -> bool:
+    """Checkpoint the WAL of `conn`'s file into the database and truncate it to zero
+    bytes, unless another connection is reading it (then nothing waits: it is tried
+    again next time); whether it was truncated. Between two of these the WAL holds what
+    was written since, so retention's sweep bounds it as well as the tables: pages
+    freed by deletes stay in the file and are reused, the WAL would otherwise keep its
+    high-water mark (up to `WAL_SIZE_LIMIT`).
+
+    Call it outside a transaction, on the thread that writes through `conn`."""
+    (timeout,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    conn.execute("PRAGMA busy_timeout=0")  # a reader makes it busy: never block the loop
+    try:
+        (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={int(timeout)}")
+    return not busy
+
+
 class SqliteEventLog:
     """`EventLog` on one SQLite file (one per stage in embedded mode).
 
@@ -433,6 +451,13 @@ class SqliteEventLog:
             self._db.execute("BEGIN")
             cur = self._db.execute("DELETE FROM inbox WHERE at_ms < ?", (before_ms,))
         return cur.rowcount
+
+    async def reclaim_space(self) -> int:
+        """See `EventLog.reclaim_space`: the WAL is checkpointed and truncated
+        (`truncate_wal`); its bytes before."""
+        wal = self._path.with_name(self._path.name + "-wal")
+        size = wal.stat().st_size if wal.exists() else 0
+        return size if truncate_wal(self._db) else 0
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         with self._db:
