@@ -26,6 +26,7 @@ from assay.engine.events import (
     SnapshotDocument,
     Suspended,
     Tiered,
+    TieringQueued,
 )
 from assay.grading.ladder import Standing
 from assay.kernel import (
@@ -798,6 +799,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
             ),
             GradingEnded(status="ungraded"),
+            TieringQueued(),
             Reduced(
                 original="blob:abc",
                 summary="blob:def",

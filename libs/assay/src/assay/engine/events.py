@@ -259,6 +259,15 @@ class Reduced(Event):
     ceiling: int = Field(ge=1, description="The tenant's ceiling the episode was over.")
 
 
+class TieringQueued(Event):
+    """A run under its tenant's token ceiling joins the tiering queue (§8.6): it is
+    tiered `tier_after_s` after this record, without being reduced. Recorded with
+    `GradingEnded` (a run over the ceiling joins the queue by its `Reduced` instead)."""
+
+    type: ClassVar[str] = "TieringQueued"
+    version: ClassVar[int] = 1
+
+
 class ArchivedBranch(Versioned):
     """One branch of one stream whose records a `Tiered` archive holds."""
 
@@ -280,7 +289,7 @@ class SnapshotDocument(Versioned):
 
 
 class Tiered(Event):
-    """A terminal, reduced run's records moved to cold storage (§8.6).
+    """A terminal run's records moved to cold storage once grading ended (§8.6).
 
     Recorded on the run's tombstone stream (`<run>/tiered`) in the commit that
     deleted the records from the log, after `archive` was durably written. The run's
@@ -315,6 +324,7 @@ WORK_EVENTS = EventRegistry(
         RunFinished,
         GradingEnded,
         Reduced,
+        TieringQueued,
         Tiered,
         Compacted,
     ]
@@ -450,6 +460,8 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
             ]
         case GradingEnded(status=status):
             return [Patch(run_doc, {"grading": status})]
+        case TieringQueued():
+            return [TieringDue(reduced_ms=record.at_ms).put(t, run)]
         case Reduced(summary=summary, tokens_before=before, tokens_after=after):
             return [
                 Patch(

@@ -122,14 +122,10 @@ RETENTION: tuple[Kept, ...] = (
     Kept(
         "execute",
         "a run's records (each branch, its commands)",
-        "until reduced and `ASSAY_RETENTION_TIER_AFTER_S` later (runs over the token ceiling)",
-        "an archive blob and a `Tiered` tombstone (`<run>/tiered`)",
-    ),
-    Kept(
-        "execute",
-        "a run under the token ceiling",
-        "whole, for ever: never reduced, so never tiered (not bounded yet)",
-        "-",
+        "until grading ended and `ASSAY_RETENTION_TIER_AFTER_S` later (after the "
+        "reduction, for a run over the token ceiling)",
+        "an archive blob and a `Tiered` tombstone (`<run>/tiered`); the episode blob (or "
+        "its summary) stays",
     ),
     Kept(
         "execute",
