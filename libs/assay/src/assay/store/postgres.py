@@ -219,15 +219,16 @@ class PostgresEventLog:
 
         A tombstone only makes a concurrent deleter of an absent document wait for its
         inserter (`pg_schema`'s commit protocol): once committed it orders nothing, and
-        reads, `rebuild` and the document tables already treat it as absent. A writer
-        upserting one while it is deleted waits for the delete, then inserts; one that
-        wrote a value meanwhile keeps it (the delete re-checks `value IS NULL`)."""
+        reads, `rebuild` and the document tables already treat it as absent. Rows a
+        commit holds are skipped (left for the next sweep), so no commit waits for
+        this and no lock cycle can form; a writer upserting a row this holds waits for
+        the delete, then inserts."""
         total = 0
         while True:
             status = await self._db.execute(
                 f"DELETE FROM {self._s}.state WHERE ctid = ANY(ARRAY(SELECT ctid FROM"
-                f" {self._s}.state WHERE value IS NULL LIMIT {TOMBSTONES_PER_DELETE}))"
-                " AND value IS NULL"
+                f" {self._s}.state WHERE value IS NULL LIMIT {TOMBSTONES_PER_DELETE}"
+                " FOR UPDATE SKIP LOCKED))"
             )
             n = int(status.split()[-1])
             total += n
