@@ -2,7 +2,8 @@
 
 A fixed stream of tasks (the arithmetic examples, each sent again under a new
 idempotency key every cycle) runs through every stage for `SOAK_S` seconds while
-retention periods of a few seconds turn over many times. The data directory's
+retention periods of a few seconds turn over many times. The runs are under the
+token ceiling, so they are tiered unreduced as soon as their grading ended. The data directory's
 stores (every SQLite file: the stage logs and `bus.sqlite`, WAL included) are
 sampled once a second; `soak.bytes_growth_last_half` is their growth over the
 second half, beside `soak.bytes_growth_first_half`. Blobs are reported apart:
@@ -37,7 +38,6 @@ RETENTION = {
     "ASSAY_RETENTION_INBOX_KEEP_S": "3",
     "ASSAY_RETENTION_RECORDS_KEEP_S": "4",
     "ASSAY_RETENTION_PRUNE_INTERVAL_S": "1",
-    "ASSAY_RETENTION_TOKEN_CEILING": "1",
     "ASSAY_RETENTION_TIER_AFTER_S": "0",
     "ASSAY_RETENTION_SWEEP_INTERVAL_S": "0.5",
 }
