@@ -95,8 +95,9 @@ down:  ## stop what `make up` started; PURGE=1 also drops the database and roles
 schemas: sync  ## regenerate JSON Schemas of every message
 	$(VENV)/bin/assay schemas schemas
 
-config-docs: sync  ## regenerate docs/reference/configuration.md from the settings' descriptions
+config-docs: sync  ## regenerate docs/reference/configuration.md and docs/retention.md's table
 	$(VENV)/bin/assay settings reference --output docs/reference/configuration.md
+	$(VENV)/bin/python -c "import pathlib, assay.runtime.retention as r; p = pathlib.Path('docs/retention.md'); p.write_text(r.with_retention_table(p.read_text()))"
 
 clean:
 	rm -rf $(VENV) $(TOOLS) assay-data site .mypy_cache .ruff_cache .pytest_cache

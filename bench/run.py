@@ -1,7 +1,7 @@
 """Assay benchmarks: each figure beside its baseline, measured in the same run.
 
 Prints a table and writes `bench/results/latest.json` (flat: figure name -> number;
-names are stable across commits).
+names are stable across commits). A run of named sections replaces only their figures.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import asyncpg
 from engine import engine_figures
 from fleet import fleet_figures
 from pipeline import pipeline_figures
+from soak import soak_figures
 
 from assay.devstack import InfraUnavailable
 from assay.devstack.postgres import create_database, drop_database, resolve_postgres
@@ -355,7 +356,17 @@ def engine_section(workdir: Path) -> dict[str, float]:
         server.stop()
 
 
-SECTIONS = ("eventlog", "demo", "postgres", "relay", "engine", "pipeline", "grading", "fleet")
+SECTIONS = (
+    "eventlog",
+    "demo",
+    "postgres",
+    "relay",
+    "engine",
+    "pipeline",
+    "grading",
+    "fleet",
+    "soak",
+)
 FIGURES_OF = {
     "eventlog": ("eventlog.sqlite.",),
     "demo": ("demo.",),
@@ -365,6 +376,7 @@ FIGURES_OF = {
     "pipeline": ("pipeline.",),
     "grading": ("sprt.", "bt."),
     "fleet": ("fleet.",),
+    "soak": ("soak.",),
 }
 """The names each section's figures start with: `--write` replaces exactly those."""
 
@@ -393,6 +405,8 @@ def measure(sections: set[str]) -> dict[str, float]:
             figures.update({**sprt_figures(), **bt_figures()})
         if "fleet" in sections:
             figures.update(fleet_figures(tmp / "fleet"))
+        if "soak" in sections:
+            figures.update(soak_figures(tmp / "soak"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return figures
@@ -435,6 +449,9 @@ def main() -> None:
         "fleet.saving_ratio": "~ 1",
         "fleet.overhead_ratio": "~ 1",
         "fleet.wall_s": "<= 90",
+        "soak.bytes_growth_last_half": "~ 0, << soak.bytes_growth_first_half",
+        "soak.results_missing": "== 0",
+        "soak.rebuild_check_ok": "== 1",
     }
     width = max(len(k) for k in figures)
     print(f"{'figure':<{width}}  {'value':>10}  target")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from assay.bus import (
     BusMessage,
@@ -166,6 +167,23 @@ async def test_topics_are_created_with_the_configured_partition_count(kafka: Ser
     assert await ensure_topics(kafka.address, [a, b], partitions=5) == []  # idempotent
     with pytest.raises(TopicMismatch, match=a):
         await ensure_topics(kafka.address, [a], partitions=7)
+
+
+async def test_topics_are_created_with_the_retention_asked_for(kafka: Service) -> None:
+    """The broker takes `retention.ms` at creation (Kafka's own retention then deletes
+    old segments); a topic that exists keeps its own."""
+    a = unique("retained")
+    assert await ensure_topics(kafka.address, [a], partitions=2, retention_ms=3_600_000) == [a]
+    assert await ensure_topics(kafka.address, [a], partitions=2, retention_ms=60_000) == []
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.address)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, a)])
+    finally:
+        await admin.close()
+    (resource,) = described.resources
+    configs = {entry[0]: entry[1] for entry in resource[4]}
+    assert configs["retention.ms"] == "3600000"
 
 
 async def test_the_kafka_partition_of_a_key_is_partition_for(kafka: Service) -> None:

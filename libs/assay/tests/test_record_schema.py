@@ -30,6 +30,7 @@ from assay.engine.events import (
     SnapshotDocument,
     Suspended,
     Tiered,
+    TieringQueued,
 )
 from assay.grading.ladder import Standing
 from assay.kernel import (
@@ -133,6 +134,7 @@ from assay.record import (
     UnknownSchema,
     apply_delta,
 )
+from assay.record.compaction import Compacted, RestatedDocument
 from assay_aggregate import AGGREGATE_EVENTS
 from assay_aggregate.stage import FailuresKept, VersionTallied
 from assay_decide import DECIDE_EVENTS
@@ -782,10 +784,21 @@ MESSAGE_EXAMPLES: list[Versioned] = [
     CALIBRATED,
 ]
 
+COMPACTED = Compacted(
+    dropped=3,
+    below_ms=1_700_000_000_000,
+    documents=[
+        RestatedDocument(kind="tally", key="v1", value={"runs": 3}),
+        RestatedDocument(kind="parked", key="t/r", value=None),
+    ],
+)
+"""Retention's checkpoint, which every stage with a compaction rule registers."""
+
 EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "work": (
         WORK_EVENTS,
         [
+            COMPACTED,
             RunStarted(run=REF),
             AttemptStarted(
                 step=StepId("solve"), attempt=AttemptNo(2), iteration=1, prompt="What is 2+2?"
@@ -832,6 +845,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 succeeded=False, failed_step=StepId("solve"), episode="blob:abc", usage=USAGE
             ),
             GradingEnded(status="ungraded"),
+            TieringQueued(),
             Reduced(
                 original="blob:abc",
                 summary="blob:def",
@@ -862,6 +876,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "ingest": (
         INGEST_EVENTS,
         [
+            COMPACTED,
             WorkflowStored(
                 workflow_id=WF,
                 workflow_version=V2,
@@ -929,11 +944,13 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             RunVerdictRecorded(run_id=RUN, passed=False, results=[RESULT, RESULT]),
             RunVerdictRecorded(run_id=RUN, passed=True, results=[RESULT], branch=3),
             VerificationStopped(run_id=RUN, branch=1, reason="wrong input"),
+            COMPACTED,
         ],
     ),
     "tournament": (
         TOURNAMENT_EVENTS,
         [
+            COMPACTED,
             ReferenceSet(
                 task_id=TASK, workflow_version=V1, run_id=RUN, episode="blob:abc", passed=True
             ),
@@ -999,6 +1016,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
     "aggregate": (
         AGGREGATE_EVENTS,
         [
+            COMPACTED,
             VersionTallied(
                 run_id=RUN,
                 workflow_id=WF,

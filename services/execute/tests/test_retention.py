@@ -28,7 +28,14 @@ from assay.engine import (
     ToolError,
     fold_work,
 )
-from assay.engine.events import GradingEnded, Reduced, RunStarted, Tiered, commands_stream
+from assay.engine.events import (
+    GradingEnded,
+    Reduced,
+    RunStarted,
+    Tiered,
+    TieringQueued,
+    commands_stream,
+)
 from assay.engine.retention import (
     RetentionPolicy,
     decode_archive,
@@ -424,23 +431,49 @@ async def test_a_crash_before_the_reduced_commit_leaves_only_a_summary_blob_writ
     assert await blobs.get(SMALL, original) is None
 
 
-async def test_a_run_under_its_ceiling_is_left_whole(
+async def test_a_run_under_its_ceiling_is_left_whole_until_it_is_due(
     store: EventLog, blobs: FsBlobStore, tmp_path: Path
 ) -> None:
     msg = spawned(LARGE)
-    async with harness(store, blobs, tmp_path / "h", policy(tier_after_s=0.0)) as stage:
+    async with harness(store, blobs, tmp_path / "h", policy()) as stage:
         await stage.deliver(RUNS, msg, LARGE)
         before = await everything(store, LARGE, msg.run.run_id)
         await stage.deliver(RESULTS, result_of(msg, "graded"), LARGE)
     after = await everything(store, LARGE, msg.run.run_id)
     assert after[: len(before)] == before
-    assert [type(r.event) for r in after[len(before) :]] == [GradingEnded]
+    assert [type(r.event) for r in after[len(before) :]] == [GradingEnded, TieringQueued]
     doc = await run_doc(store, msg)
     assert doc["grading"] == "graded"
     assert "reduced" not in doc
     assert "tiered" not in doc
     assert await blobs.get(LARGE, doc["episode"]) is not None
+    (queued,) = await store.scan(LARGE, TIERING_QUEUE)  # due once `tier_after_s` has passed
+    assert queued[0] == msg.run.run_id
+
+
+async def test_a_run_under_its_ceiling_is_tiered_unreduced_and_keeps_its_episode(
+    store: EventLog, blobs: FsBlobStore, tmp_path: Path
+) -> None:
+    msg = spawned(LARGE)
+    run = msg.run.run_id
+    async with harness(store, blobs, tmp_path / "h", policy(tier_after_s=0.0)) as stage:
+        await stage.deliver(RUNS, msg, LARGE)
+        before = await everything(store, LARGE, run)
+        episode = (await run_doc(store, msg))["episode"]
+        await stage.deliver(RESULTS, result_of(msg, "graded"), LARGE)  # due at once
+    assert await everything(store, LARGE, run) == []
+    (tomb,) = await store.read(BranchKey.main(LARGE, tiered_stream(run)))
+    assert isinstance(tomb.event, Tiered)
+    archive = await blobs.get(LARGE, tomb.event.archive)
+    assert archive is not None
+    archived = decode_archive(archive, WORK_EVENTS)
+    assert archived[: len(before)] == before
+    assert [type(r.event) for r in archived[len(before) :]] == [GradingEnded, TieringQueued]
+    doc = await run_doc(store, msg)
+    assert (doc["tiered"], doc["episode"], doc.get("reduced")) == (True, episode, None)
+    assert await blobs.get(LARGE, episode) is not None  # the only copy of it: it stays
     assert await store.scan(LARGE, TIERING_QUEUE) == []
+    assert (await store.rebuild(keep=False)).identical
 
 
 class CountingBlobs(FsBlobStore):
@@ -497,7 +530,7 @@ async def test_a_cancelled_run_has_ended_grading_too(
     store: EventLog, blobs: FsBlobStore, tmp_path: Path
 ) -> None:
     msg = spawned(SMALL)
-    async with harness(store, blobs, tmp_path / "h", policy(tier_after_s=0.0)) as stage:
+    async with harness(store, blobs, tmp_path / "h", policy()) as stage:
         await stage.deliver(RUN_COMMANDS, CancelRun(tenant=SMALL, run_id=msg.run.run_id), SMALL)
         await stage.deliver(RUNS, msg, SMALL)
         (result,) = [m for m in await stage.emitted(RESULTS) if isinstance(m, RunResult)]

@@ -28,6 +28,7 @@ from assay.kernel.scores import Capped, WinRecord
 from assay.messages import RunGraded, VariantAggregate
 from assay.messages.proposals import FAILURES_KEPT, FailureEvidence, as_evidence
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, StateDelta
+from assay.record.compaction import Compacted, with_compaction
 from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork, routes
 from assay.store import EventLog
 from assay_aggregate.tallies import Failures, HeldOutTallies, RankedSums, Tally
@@ -87,7 +88,7 @@ class FailuresKept(Event):
     )
 
 
-AGGREGATE_EVENTS = EventRegistry([VersionTallied, FailuresKept])
+AGGREGATE_EVENTS = EventRegistry([VersionTallied, FailuresKept, Compacted])
 
 
 @AGGREGATE_EVENTS.upcaster("VersionTallied", 1)
@@ -179,7 +180,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="aggregate",
         events=AGGREGATE_EVENTS,
-        fold=fold_aggregate,
+        fold=with_compaction(fold_aggregate),
         handlers=routes(on_run_graded),
         gauges=held_out_gauges,
     )

@@ -41,6 +41,7 @@ from assay.record import (
     StateDelta,
     TableColumn,
 )
+from assay.record.compaction import Compacted, with_compaction
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 from assay_console.ladder import LADDER_EVENTS, LADDER_HANDLERS, fold_ladder
 
@@ -106,7 +107,16 @@ class ResultSeen(Event):
 
 
 CONSOLE_EVENTS = EventRegistry(
-    [RunSeen, StatusSeen, IndeterminateSeen, VerdictSeen, GradeSeen, ResultSeen, *LADDER_EVENTS]
+    [
+        RunSeen,
+        StatusSeen,
+        IndeterminateSeen,
+        VerdictSeen,
+        GradeSeen,
+        ResultSeen,
+        *LADDER_EVENTS,
+        Compacted,
+    ]
 )
 
 
@@ -266,7 +276,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="console",
         events=CONSOLE_EVENTS,
-        fold=fold_console,
+        fold=with_compaction(fold_console),
         handlers=routes(
             on_run_spawned,
             on_status_changed,

@@ -15,14 +15,16 @@ commit), so its redelivery finds the run reduced and deletes the original then;
 tiering deletes it again before it moves a run, in case the message never came
 back. Deleting a blob that is gone is a no-op.
 
-**Tiering.** A reduced run is tiered once `tier_after_s` has passed since its
-reduction. A sweep of the tenant's queue of reduced, untiered runs follows every
-result the stage handles (at most once per `sweep_interval_s` per tenant, at most
-`sweep_limit` runs). Tiering writes every record of the run — each branch of the
-run's stream and of its commands stream — to an archive blob (`encode_archive`),
-reads it back, and then, in one commit, deletes those rows from the log and
-appends `Tiered{archive, records, streams, documents}` to the run's tombstone
-stream (`<run>/tiered`), which stays. `documents` restates what the moved
+**Tiering.** Every run is tiered once `tier_after_s` has passed since its reduction
+or, under the ceiling, since its grading ended (`TieringQueued`, recorded with
+`GradingEnded`), so a run's records are bounded whatever its size; a run never
+reduced keeps its episode blob as it is. A sweep of the tenant's queue of untiered
+runs follows every result the stage handles (at most once per `sweep_interval_s` per
+tenant, at most `sweep_limit` runs). Tiering writes every record of the run — each
+branch of the run's stream and of its commands stream — to an archive blob
+(`encode_archive`), reads it back, and then, in one commit, deletes those rows from
+the log and appends `Tiered{archive, records, streams, documents}` to the run's
+tombstone stream (`<run>/tiered`), which stays. `documents` restates what the moved
 records had folded to, so re-folding the log without them is still byte-identical.
 A graded or ungraded run thereby reaches `Archived` (§5.2): its `RunStatusChanged`
 rides in the same commit (a cancelled run stays `Cancelled`), and the archive
@@ -51,6 +53,7 @@ from assay.engine.events import (
     RunStarted,
     SnapshotDocument,
     Tiered,
+    TieringQueued,
     commands_stream,
     fold_work,
 )
@@ -126,6 +129,8 @@ class Retention:
         if doc.episode is not None and not doc.reduced:
             reduction = await self._reduction(uow, doc.episode)
             events += [reduction] if reduction is not None else []
+        if not doc.grading and reduction is None and not doc.reduced:
+            events.append(TieringQueued())  # under the ceiling: tiered unreduced, later
         if events:
             key = BranchKey.for_run(uow.tenant, run, BranchId(doc.branch))
             async with uow.step():  # `Reduced` is durable before the original goes
@@ -192,9 +197,9 @@ async def tier_run(
     run: RunId,
     announce: Callable[[RunStatusChanged], OutboxEntry] | None = None,
 ) -> Tiered | None:
-    """Move a terminal, reduced run's records to an archive blob (see the module's
-    docstring); the `Tiered` record committed, or None if the run is not eligible
-    (unknown, grading not ended, not reduced, already tiered).
+    """Move a terminal run's records to an archive blob (see the module's docstring);
+    the `Tiered` record committed, or None if the run is not eligible (unknown, grading
+    not ended, already tiered).
 
     A graded or ungraded run reaches `Archived` (§5.2): with `announce`, its
     `RunStatusChanged` is sealed into the tiering commit, so the status goes out if
@@ -206,10 +211,11 @@ async def tier_run(
     """
     stored = await log_.get(RunView.at(tenant, run))
     doc = None if stored is None else RunView.model_validate(stored)
-    if doc is None or doc.tiered or not doc.reduced or doc.grading is None:
+    if doc is None or doc.tiered or doc.grading is None:
         return None
-    # Completes a reduction whose delete a crash interrupted (a no-op otherwise).
-    if doc.episode is not None:
+    # Completes a reduction whose delete a crash interrupted (a no-op otherwise); an
+    # episode never reduced is the run's only copy of it, and stays.
+    if doc.reduced and doc.episode is not None:
         await blobs.delete(tenant, doc.episode)
     keys = [*await log_.branches(run, tenant), *await log_.branches(commands_stream(run), tenant)]
     branches = {key: await _read_all(log_, key) for key in keys}
@@ -280,12 +286,13 @@ async def _documents(
 
 
 async def backlog_gauges(log: EventLog) -> list[Gauge]:
-    """§15's reduction backlog, per tenant: reduced runs whose records wait to be tiered."""
+    """§15's retention backlog, per tenant: finished runs whose records wait to be tiered."""
     due = Counter(str(tenant) for tenant, _, _ in await log.scan_kind(TieringDue.kind))
     return [
         Gauge(
             "assay_retention_tiering_due",
-            "Finished runs reduced and waiting to be tiered (their records moved to blobs), "
+            "Finished runs whose grading ended, waiting to be tiered (their records moved to "
+            "blobs), "
             "per tenant.",
             ("tenant",),
             tuple(((tenant,), float(n)) for tenant, n in sorted(due.items())),

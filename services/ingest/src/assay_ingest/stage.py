@@ -50,6 +50,7 @@ from assay.messages import (
     WorkflowRegistered,
 )
 from assay.record import BranchKey
+from assay.record.compaction import with_compaction
 from assay.runtime import Gauge, StageDeps, StageSpec, routes
 from assay.runtime.admission import CapacityRefused
 from assay.runtime.timers import timer
@@ -296,7 +297,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="ingest",
         events=INGEST_EVENTS,
-        fold=fold_ingest,
+        fold=with_compaction(fold_ingest),
         handlers={
             **routes(on_task, on_rollout_progress, on_cancel_rollout, on_workflow, on_allocation),
             **deps.admission.handlers(),  # run-status lets admitted KV go (§14.2)

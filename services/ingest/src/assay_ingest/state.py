@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from assay.kernel import RunId, TaskId, WorkflowId, WorkflowVersion
 from assay.messages import Purpose, Role, Rung
 from assay.record import Event, EventRegistry, LogRecord, Put, ReadModel, StateDelta
+from assay.record.compaction import Compacted
 from assay_ingest.replay import REPLAY_EVENTS, CutRun, ReplayMeter, fold_replay
 from assay_ingest.rollouts import ROLLOUT_EVENTS, RolloutGroup, RolloutInput, fold_rollout
 from assay_ingest.routing import Allocation
@@ -106,7 +107,14 @@ class AcceptedTask(ReadModel):
 
 
 INGEST_EVENTS = EventRegistry(
-    [WorkflowStored, AllocationApplied, TaskAccepted, *REPLAY_EVENTS, *ROLLOUT_EVENTS]
+    [
+        WorkflowStored,
+        AllocationApplied,
+        TaskAccepted,
+        *REPLAY_EVENTS,
+        *ROLLOUT_EVENTS,
+        Compacted,
+    ]
 )
 
 

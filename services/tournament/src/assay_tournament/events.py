@@ -9,6 +9,7 @@ from pydantic import Field
 from assay.kernel import RunId, TaskId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import Score
 from assay.record import Event, EventRegistry
+from assay.record.compaction import Compacted
 
 
 def outcome_class(passed: bool) -> str:
@@ -223,6 +224,7 @@ TOURNAMENT_EVENTS = EventRegistry(
         CalibrationRan,
         ResultIssued,
         GradingStopped,
+        Compacted,
     ]
 )
 

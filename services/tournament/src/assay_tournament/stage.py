@@ -26,6 +26,7 @@ from assay.kernel.errors import Refused
 from assay.kernel.ids import TenantId
 from assay.kernel.scores import Capped, Score, Ungraded, UngradedReason
 from assay.messages import Episode, JudgePurpose, Role, RunVerified
+from assay.record.compaction import with_compaction
 from assay.runtime import Gauge, StageDeps, StageSpec, routes
 from assay.runtime.timers import timer
 from assay.store import EventLog
@@ -144,7 +145,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="tournament",
         events=TOURNAMENT_EVENTS,
-        fold=fold_tournament,
+        fold=with_compaction(fold_tournament),
         handlers=routes(
             on_run_verified,
             on_group_due,

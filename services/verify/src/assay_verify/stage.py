@@ -23,6 +23,7 @@ from assay.messages import (
     VerifierResult,
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, ReadModel, StateDelta
+from assay.record.compaction import Compacted, with_compaction
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 from assay.verification import Verifier, verifier_registry, verify_episode
 from assay.workflow import WorkflowDef
@@ -53,7 +54,7 @@ class VerificationStopped(Event):
     reason: str = Field(description="Why, for people.")
 
 
-VERIFY_EVENTS = EventRegistry([RunVerdictRecorded, VerificationStopped])
+VERIFY_EVENTS = EventRegistry([RunVerdictRecorded, VerificationStopped, Compacted])
 
 
 @VERIFY_EVENTS.upcaster("RunVerdictRecorded", 1)
@@ -176,7 +177,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
     return StageSpec(
         name="verify",
         events=VERIFY_EVENTS,
-        fold=fold_verify,
+        fold=with_compaction(fold_verify),
         handlers=routes(on_run_executed, on_cancel_grading),
         deps=Verifying(registry=verifier_registry(deps.sandbox, deps.verifiers)),
     )

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections import defaultdict
 from pathlib import Path
 
 from assay.bus.partitioner import partition_for
 from assay.bus.transport import BusMessage, Handle, Positions
 from assay.store.ports import OutboxEntry
-from assay.store.sqlite import connect, decode_headers, encode_headers
+from assay.store.sqlite import add_column, connect, decode_headers, encode_headers, truncate_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     key TEXT NOT NULL, value BLOB NOT NULL, headers BLOB NOT NULL,
+    at_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (topic, partition, offset)
 ) WITHOUT ROWID;
 """
@@ -54,6 +56,7 @@ class EmbeddedBus:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self._path)
         self._conn.executescript(_SCHEMA)
+        add_column(self._conn, "records", "at_ms INTEGER NOT NULL DEFAULT 0")  # files of before
         rows = self._conn.execute(
             "SELECT r.topic, r.partition, r.offset, r.key, r.value, r.headers FROM records r "
             "JOIN (SELECT topic, partition, MAX(offset) AS hi FROM records "
@@ -78,12 +81,13 @@ class EmbeddedBus:
             nxt[(e.topic, part)] = off + 1
             staged.append(BusMessage(e.topic, part, off, e.key, e.value, e.headers))
         db = self._db
+        now = int(time.time() * 1000)
         db.execute("BEGIN")
         try:
             db.executemany(
-                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (m.topic, m.partition, m.offset, m.key, m.value, encode_headers(m.headers))
+                    (m.topic, m.partition, m.offset, m.key, m.value, encode_headers(m.headers), now)
                     for m in staged
                 ],
             )
@@ -121,8 +125,49 @@ class EmbeddedBus:
         ).fetchall()
         return [BusMessage(topic, partition, o, k, v, decode_headers(h)) for o, k, v, h in rows]
 
+    def topics(self) -> list[str]:
+        """Every topic a record was ever published to (in this process or before)."""
+        return sorted({topic for topic, _ in self._next})
+
     async def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: self._next.get((topic, p), 0) for p in range(self.partitions)}
+
+    async def truncate(self, floors: dict[tuple[str, int], int], older_than_ms: int) -> int:
+        """Delete each partition's records below its floor that were published before
+        `older_than_ms` (ms since the epoch); the records deleted. A partition's last
+        record always stays: on reopening, it says where the partition ends."""
+        cuts = [
+            (topic, p, min(floor, self._next.get((topic, p), 0) - 1), older_than_ms)
+            for (topic, p), floor in floors.items()
+        ]
+        cuts = [c for c in cuts if c[2] > 0]
+        if not cuts:
+            return 0
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            before = db.total_changes
+            db.executemany(
+                "DELETE FROM records WHERE topic=? AND partition=? AND offset<? AND at_ms<?", cuts
+            )
+            deleted = db.total_changes - before
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        for topic, p, _, _ in cuts:
+            first = db.execute(
+                "SELECT MIN(offset) FROM records WHERE topic=? AND partition=?", (topic, p)
+            ).fetchone()[0]
+            tail = self._tail.get((topic, p))
+            if tail and first is not None:
+                del tail[: max(0, first - tail[0].offset)]
+        return deleted
+
+    def reclaim_space(self) -> bool:
+        """Checkpoint and truncate the bus file's write-ahead log (`truncate_wal`), so
+        the space `truncate` freed is what the file reuses; whether it was truncated."""
+        return truncate_wal(self._db)
 
     async def close(self) -> None:
         if self._conn is not None:

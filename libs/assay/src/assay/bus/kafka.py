@@ -53,12 +53,18 @@ class PublishFailed(AssayError):
 
 
 async def ensure_topics(
-    bootstrap: str, names: Iterable[str], partitions: int = 12, replication: int = 1
+    bootstrap: str,
+    names: Iterable[str],
+    partitions: int = 12,
+    replication: int = 1,
+    retention_ms: int | None = None,
 ) -> list[str]:
     """Create the missing topics with `partitions` partitions; check the existing ones.
 
     Topics are always created here, never by a broker's auto-creation (which
     picks its own partition count, and with it other partitions for every key).
+    With `retention_ms`, a topic created here keeps records that long (its
+    `retention.ms`); an existing topic keeps the retention it has.
 
     Returns:
         The topics this call created.
@@ -75,8 +81,9 @@ async def ensure_topics(
         missing = [n for n in wanted if n not in existing]
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # another process won the race
+                configs = None if retention_ms is None else {"retention.ms": str(retention_ms)}
                 response = await admin.create_topics(
-                    [NewTopic(n, partitions, replication) for n in missing]
+                    [NewTopic(n, partitions, replication, topic_configs=configs) for n in missing]
                 )
                 for entry in response.topic_errors:
                     topic, code = entry[0], entry[1]

@@ -24,6 +24,7 @@ from assay.kernel.intents import IntentState
 from assay.kernel.schema import Versioned
 from assay.messages.branching import BranchDelta, BranchTree
 from assay.messages.models import RunRef, Usage
+from assay.record.compaction import Compacted, fold_compacted
 from assay.record.events import Event, EventRegistry, LogRecord
 from assay.record.state import Delete, Patch, Put, StateDelta, StateKey
 
@@ -308,6 +309,15 @@ class Reduced(Event):
     ceiling: int = Field(ge=1, description="The tenant's ceiling the episode was over.")
 
 
+class TieringQueued(Event):
+    """A run under its tenant's token ceiling joins the tiering queue (§8.6): it is
+    tiered `tier_after_s` after this record, without being reduced. Recorded with
+    `GradingEnded` (a run over the ceiling joins the queue by its `Reduced` instead)."""
+
+    type: ClassVar[str] = "TieringQueued"
+    version: ClassVar[int] = 1
+
+
 class ArchivedBranch(Versioned):
     """One branch of one stream whose records a `Tiered` archive holds."""
 
@@ -329,7 +339,7 @@ class SnapshotDocument(Versioned):
 
 
 class Tiered(Event):
-    """A terminal, reduced run's records moved to cold storage (§8.6).
+    """A terminal run's records moved to cold storage once grading ended (§8.6).
 
     Recorded on the run's tombstone stream (`<run>/tiered`) in the commit that
     deleted the records from the log, after `archive` was durably written. The run's
@@ -365,10 +375,12 @@ WORK_EVENTS = EventRegistry(
         RunFinished,
         GradingEnded,
         Reduced,
+        TieringQueued,
         Tiered,
         SandboxStarted,
         SandboxCheckpointed,
         SandboxReleased,
+        Compacted,
     ]
 )
 
@@ -396,6 +408,8 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
     t, run, branch = record.key.tenant, record.key.stream, record.key.branch
     run_doc = RunView.at(t, run)
     match record.event:
+        case Compacted():  # retention's checkpoint (`assay.runtime.retention`)
+            return fold_compacted(record)
         case RunStarted(run=ref):
             started = {
                 "status": "running",
@@ -503,6 +517,8 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
             ]
         case GradingEnded(status=status):
             return [Patch(run_doc, {"grading": status})]
+        case TieringQueued():
+            return [TieringDue(reduced_ms=record.at_ms).put(t, run)]
         case Reduced(summary=summary, tokens_before=before, tokens_after=after):
             return [
                 Patch(

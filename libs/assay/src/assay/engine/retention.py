@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assay.kernel.canonical import canonical_bytes
 from assay.kernel.ids import BranchId, Lsn, TenantId, tenant_id
@@ -39,15 +39,21 @@ ceiling says otherwise."""
 CHARS_PER_TOKEN = 4
 """The measure's estimate: characters per token."""
 DAY_S = 86_400.0
+KAFKA_DEFAULT_RETENTION_S = 7 * DAY_S
+"""Kafka's own default topic retention (`log.retention.hours=168`), which the deployment
+files set explicitly."""
 
 
 class RetentionPolicy(BaseModel):
-    """When runs are reduced and tiered (`ASSAY_RETENTION_*`). The defaults are the design's.
+    """How long every store keeps what (`ASSAY_RETENTION_*`); the table of what each stage
+    keeps is `assay.runtime.retention.RETENTION`. The defaults are the design's.
 
     `ceilings` overrides `token_ceiling` per tenant (written `<tenant-uuid>=<tokens>,...`
     in the environment). A run is tiered once it is reduced and `tier_after_s` has
     passed since; the sweep that tiers runs goes at most once per `sweep_interval_s`
-    per tenant, and tiers at most `sweep_limit` runs each time.
+    per tenant, and tiers at most `sweep_limit` runs each time. Inbox entries and
+    finished records must be kept longer than the bus keeps the messages that could
+    deliver them again (`topic_retention_s`): anything else is refused.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,6 +82,55 @@ class RetentionPolicy(BaseModel):
         description="Least seconds between two tiering sweeps of one tenant.",
     )
     sweep_limit: int = Field(16, ge=1, description="Runs one tiering sweep tiers at most.")
+    topic_retention_s: float = Field(
+        KAFKA_DEFAULT_RETENTION_S,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "How long the bus keeps a message, in seconds: the topics' `retention.ms` that "
+            "Assay creates Kafka topics with (distributed mode), and how long the embedded "
+            "bus keeps a record every stage has read (embedded mode)."
+        ),
+    )
+    inbox_keep_s: float = Field(
+        KAFKA_DEFAULT_RETENTION_S + DAY_S,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds a stage remembers a handled message's id (its inbox entry); must exceed "
+            "the topic retention, so no copy of the message can still be delivered."
+        ),
+    )
+    records_keep_s: float = Field(
+        30 * DAY_S,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds finished records stay in a stage's log before they are dropped or "
+            "folded into a `Compacted` checkpoint (the retention table says which); must "
+            "exceed the topic retention."
+        ),
+    )
+    prune_interval_s: float = Field(
+        300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds between two retention sweeps of a stage (inbox and records).",
+    )
+    prune_limit: int = Field(
+        500, ge=1, description="Branches one retention sweep compacts at most, per rule."
+    )
+
+    @model_validator(mode="after")
+    def _beyond_the_topic_retention(self) -> RetentionPolicy:
+        for name in ("inbox_keep_s", "records_keep_s"):
+            if getattr(self, name) <= self.topic_retention_s:
+                raise ValueError(
+                    f"ASSAY_RETENTION_{name.upper()}={getattr(self, name):g} must exceed "
+                    f"ASSAY_RETENTION_TOPIC_RETENTION_S={self.topic_retention_s:g}: a copy of "
+                    "a message could still be delivered after what handled it was forgotten"
+                )
+        return self
 
     @field_validator("ceilings", mode="before")
     @classmethod

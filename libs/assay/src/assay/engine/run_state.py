@@ -127,10 +127,14 @@ class BranchVerdict(ReadModel):
 
 
 class TieringDue(ReadModel):
-    """A reduced, untiered run: the queue tiering sweeps (§8.6). Keyed by run id."""
+    """A run whose grading ended and that is not tiered yet: the queue tiering sweeps
+    (§8.6). Keyed by run id."""
 
     kind: ClassVar[str] = "tiering"
     reduced_ms: int
+    """Since when the run is due (ms since the epoch): its reduction (`Reduced`), or for
+    a run under the ceiling the end of its grading (`TieringQueued`); the stored name
+    predates runs tiered unreduced."""
 
 
 WORK_STATE: tuple[type[ReadModel], ...] = (

@@ -25,6 +25,7 @@ from assay.kernel.schema import UnknownSchema, one_line
 from assay.kernel.waiting import sleep_or
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
+from assay.runtime.retention import StageRetention
 from assay.runtime.signals import Signals
 from assay.runtime.stage import Background, Handler, StageSpec, UnitOfWork
 from assay.runtime.tracing import handling
@@ -114,8 +115,11 @@ class StageRunner:
         source: Source | None = None,
         vitals: Vitals | None = None,
         signals: Signals | None = None,
+        retention: StageRetention | None = None,
     ) -> None:
         self.spec = spec
+        self.retention = retention
+        """The stage's retention sweep (inbox, records), run beside the consumers."""
         self.signals = signals if signals is not None else Signals()
         """The process's §15 signals (shared by every runner of an embedded process)."""
         self.vitals = vitals or Vitals(unready_after_s=15.0, exit_after_s=0.0)
@@ -143,9 +147,12 @@ class StageRunner:
             raise RuntimeError(f"stage {self.spec.name} has no source to consume from")
         crash_point(self._started)
         relay = asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")
+        background = [*self.spec.background]
+        if self.retention is not None:
+            background.append(self.retention.run)
         chores = [
             asyncio.create_task(self._keep(task, stop), name=f"{self.spec.name}-background")
-            for task in self.spec.background
+            for task in background
         ]
         try:
             await self.source.consume(self.spec.topics, self.handle, self.log.positions, stop)

@@ -26,6 +26,7 @@ from assay.runtime.consumer import StageRunner
 from assay.runtime.embedded import STAGES, discover_stages
 from assay.runtime.http import StatusServer
 from assay.runtime.metrics import StageCollector, stage_registry
+from assay.runtime.retention import StageRetention
 from assay.runtime.settings import AssaySettings
 from assay.runtime.vitals import Vitals
 from assay.store.postgres import PgAdvisoryLeader, PostgresEventLog, listen_for_outbox
@@ -50,7 +51,10 @@ async def create_topics(settings: AssaySettings) -> list[str]:
     settings.require("kafka.bootstrap")
     assert settings.kafka.bootstrap is not None
     names = all_topics(list(STAGES))
-    await ensure_topics(settings.kafka.bootstrap, names, settings.partitions)
+    retention_ms = int(settings.retention.topic_retention_s * 1000)
+    await ensure_topics(
+        settings.kafka.bootstrap, names, settings.partitions, retention_ms=retention_ms
+    )
     return names
 
 
@@ -103,7 +107,8 @@ async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> Non
             exit_after_s=settings.exit_after_s,
             relay=relay.health,
         )
-        runner = StageRunner(spec, event_log, blobs, relay, source, vitals)
+        retention = StageRetention(stage, spec.fold, deps.retention)
+        runner = StageRunner(spec, event_log, blobs, relay, source, vitals, retention=retention)
 
         def health() -> dict[str, object]:
             return {

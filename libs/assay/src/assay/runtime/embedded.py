@@ -26,15 +26,17 @@ from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError, Refused
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
+from assay.kernel.waiting import sleep_or
 from assay.messages.envelope import open_envelope
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
+from assay.runtime.retention import StageRetention, truncate_bus
 from assay.runtime.sections import PIPELINE_STAGES
 from assay.runtime.settings import AssaySettings
 from assay.runtime.signals import Signals
 from assay.runtime.stage import StageDeps, StageFactory, StageSpec
 from assay.store.fs_blobs import FsBlobStore
-from assay.store.ports import OutboxEntry
+from assay.store.ports import EventLog, OutboxEntry
 from assay.store.sqlite import SqliteEventLog
 
 if TYPE_CHECKING:
@@ -170,8 +172,9 @@ class Embedded:
             relay = OutboxRelay(name, log, self.bus, FileLock(self.data_dir / f"{name}.relay.lock"))
             self.logs[name] = log
             source = EmbeddedSource(self.bus)
+            retention = StageRetention(name, spec.fold, self.deps.retention)
             self.runners[name] = StageRunner(
-                spec, log, self.blobs, relay, source, signals=self.signals
+                spec, log, self.blobs, relay, source, signals=self.signals, retention=retention
             )
         return self
 
@@ -215,8 +218,31 @@ class Embedded:
         """Start every stage's consumers and relay in the background."""
         self._stop.clear()
         self._task = asyncio.ensure_future(
-            asyncio.gather(*(r.run(self._stop) for r in self.runners.values()))
+            asyncio.gather(
+                *(r.run(self._stop) for r in self.runners.values()), self._keep_bus(self._stop)
+            )
         )
+
+    async def truncate_bus(self) -> int:
+        """Delete the bus records every stage reading their topic has handled and that are
+        older than the topic retention (`assay.runtime.retention.truncate_bus`); how many."""
+        readers: dict[str, list[EventLog]] = {}
+        for name, runner in self.runners.items():
+            for topic in runner.spec.topics:
+                readers.setdefault(topic, []).append(self.logs[name])
+        policy = self.deps.retention
+        older_than_ms = int((time.time() - policy.topic_retention_s) * 1000)
+        return await truncate_bus(self.bus, readers, self.bus.topics(), older_than_ms)
+
+    async def _keep_bus(self, stop: asyncio.Event) -> None:
+        """Truncate the bus every `prune_interval_s` until `stop` is set."""
+        while not stop.is_set():
+            try:
+                await self.truncate_bus()
+                self.bus.reclaim_space()
+            except Exception:  # housekeeping: the pipeline goes on, the next round tries again
+                log.warning("truncating the embedded bus failed", exc_info=True)
+            await sleep_or(stop, self.deps.retention.prune_interval_s)
 
     async def stop(self) -> None:
         """Stop consuming; relays drain what was committed."""

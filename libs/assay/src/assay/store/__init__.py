@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from assay.store.ports import (
         BlobStore,
         BranchDeletion,
+        BranchTruncation,
         Checkpoint,
         CommitBatch,
         ConsumerPosition,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         OutboxEntry,
         PendingOutbox,
         RebuildReport,
+        StaleBranch,
         StaleFence,
         StreamChanged,
     )
@@ -39,6 +41,7 @@ else:
             "assay.store.ports": [
                 "BlobStore",
                 "BranchDeletion",
+                "BranchTruncation",
                 "Checkpoint",
                 "CommitBatch",
                 "ConsumerPosition",
@@ -49,6 +52,7 @@ else:
                 "OutboxEntry",
                 "PendingOutbox",
                 "RebuildReport",
+                "StaleBranch",
                 "StaleFence",
                 "StreamChanged",
             ],
@@ -64,6 +68,7 @@ __all__ = [
     "BadBlobRef",
     "BlobStore",
     "BranchDeletion",
+    "BranchTruncation",
     "Checkpoint",
     "CommitBatch",
     "ConsumerPosition",
@@ -80,6 +85,7 @@ __all__ = [
     "RebuildReport",
     "S3BlobStore",
     "SqliteEventLog",
+    "StaleBranch",
     "StaleFence",
     "StreamChanged",
     "check_ref",

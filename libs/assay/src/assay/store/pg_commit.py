@@ -112,7 +112,7 @@ class GroupCommitter:
         # one that expects branches to end somewhere (checked just before its
         # statement). A fenced batch joins the group: its fence is checked in its own
         # savepoint, so a stale one fails alone (§9.4).
-        alone = bool(batch.deletions) or bool(batch.expect)
+        alone = batch.removes or bool(batch.expect)
         self._queue.append(_Pending(batch, fut, self._order, alone=alone))
         return await fut
 
@@ -148,7 +148,7 @@ class GroupCommitter:
     # -- one batch, nothing else in flight --------------------------------------
 
     async def _alone(self, batch: CommitBatch) -> list[Lsn]:
-        if batch.deletions:
+        if batch.removes:
             return await self._deleting(batch)
         view = self._view
         f: Folded | None = None

@@ -1,11 +1,12 @@
 """A Postgres commit that deletes branches: the general path, one explicit transaction.
 
 The tuned commit (`pg_commit`, `pg_batch_sql`) appends and never deletes. A batch
-with `deletions` (tiering, §8.6) is rare, so it takes this slower path instead: one
-transaction that first locks `state` then `log` against writers (the order every
-commit takes their row locks in, so a commit in flight finishes first and none
-deadlocks with this one; reads go on), checks the fence and the inbox, checks that
-each branch to delete still ends where the caller read it and deletes it, then folds
+with `deletions` (tiering, §8.6), `truncations` or `forget` (retention's compaction)
+is rare, so it takes this slower path instead: one transaction that first locks
+`state` then `log` against writers (the order every commit takes their row locks in,
+so a commit in flight finishes first and none deadlocks with this one; reads go on),
+checks the fence and the inbox, checks that each branch to delete (or truncate)
+still ends where the caller read it and deletes it, forgets documents, then folds
 and writes the batch's records as the other paths do: document rows before log rows,
 a deleted document kept as a tombstone, the same canonical bytes.
 """
@@ -22,6 +23,7 @@ from assay.store.pg_fold import apply_to
 from assay.store.pg_schema import Connection
 from assay.store.ports import (
     BranchDeletion,
+    BranchTruncation,
     CommitBatch,
     DuplicateMessage,
     StaleFence,
@@ -66,6 +68,15 @@ async def commit_deleting(
                 raise DuplicateMessage(f"message {batch.inbox[1]} was already handled")
         for deletion in batch.deletions:
             await _delete_branch(conn, s, deletion)
+        for cut in batch.truncations:
+            await _truncate_branch(conn, s, cut)
+        for at in batch.forget:  # outright, not as a tombstone: the log is locked
+            await conn.execute(
+                f"DELETE FROM {s}.state WHERE tenant = $1 AND kind = $2 AND key = $3",
+                at.tenant,
+                at.kind,
+                at.key,
+            )
         lsns, logs, docs = await _fold(conn, s, fold, batch)
         for at in sorted(docs):  # documents first, then the log rows (`pg_schema`)
             await conn.execute(
@@ -117,6 +128,23 @@ async def _delete_branch(conn: Connection, s: str, deletion: BranchDeletion) -> 
     await conn.execute(f"DELETE FROM {s}.checkpoints {where}", key.tenant, key.stream, key.branch)
 
 
+async def _truncate_branch(conn: Connection, s: str, cut: BranchTruncation) -> None:
+    key = cut.key
+    where = "WHERE tenant = $1 AND stream = $2 AND branch = $3"
+    top = await conn.fetchval(
+        f"SELECT max(lsn) FROM {s}.log {where}", key.tenant, key.stream, key.branch
+    )
+    if top is None or top != cut.end - 1:
+        raise StreamChanged(
+            f"stream {key.stream} branch {key.branch}: ends at "
+            f"{0 if top is None else top + 1}, not at {cut.end} where it was read"
+        )
+    await conn.execute(
+        f"DELETE FROM {s}.log {where} AND lsn < $4", key.tenant, key.stream, key.branch, cut.below
+    )
+    await conn.execute(f"DELETE FROM {s}.checkpoints {where}", key.tenant, key.stream, key.branch)
+
+
 async def _fold(
     conn: Connection, s: str, fold: Fold, batch: CommitBatch
 ) -> tuple[list[Lsn], list[tuple[Any, ...]], dict[StateKey, bytes | None]]:
@@ -127,16 +155,21 @@ async def _fold(
     logs: list[tuple[Any, ...]] = []
     lsns: list[Lsn] = []
     now = int(time.time() * 1000)
-    for key, event in batch.records:
+    placed = [(cut.key, Lsn(0), cut.head) for cut in batch.truncations if cut.head is not None]
+    for cut in batch.truncations:
+        branch = (cut.key.tenant, cut.key.stream, cut.key.branch)
+        next_lsn[branch] = cut.end if cut.below < cut.end else int(cut.head is not None)
+    for key, at_lsn, event in [*placed, *((k, None, e) for k, e in batch.records)]:
         branch = (key.tenant, key.stream, key.branch)
-        lsn = next_lsn.get(branch)
+        lsn = at_lsn if at_lsn is not None else next_lsn.get(branch)
         if lsn is None:
             top = await conn.fetchval(
                 f"SELECT max(lsn) FROM {s}.log WHERE tenant = $1 AND stream = $2 AND branch = $3",
                 *branch,
             )
             lsn = 0 if top is None else top + 1
-        next_lsn[branch] = lsn + 1
+        if at_lsn is None:
+            next_lsn[branch] = lsn + 1
         payload = event.model_dump_json().encode()
         logs.append((*branch, lsn, event.type, event.version, now, payload))
         for delta in fold(LogRecord(key, Lsn(lsn), event.version, now, event)):
@@ -148,5 +181,6 @@ async def _fold(
                     delta.at.key,
                 )
             apply_to(docs, delta)
-        lsns.append(Lsn(lsn))
+        if at_lsn is None:
+            lsns.append(Lsn(lsn))
     return lsns, logs, docs

@@ -338,7 +338,28 @@ END
 $fn$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_TABLES, _COMMIT, _LEASES, _FENCED_GROUPS)
+# Retention (`assay.runtime.retention`): when each inbox entry was committed, so that
+# entries older than any redelivery can be pruned. Rows of before take the migration's
+# time; a commit's insert names two values and takes the server clock for the third.
+_INBOX_TIME = """
+ALTER TABLE {s}.inbox ADD COLUMN at_ms bigint NOT NULL
+    DEFAULT (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+"""
+
+# Retention: the tombstones a deleting commit leaves in `state` (see the commit protocol
+# above) are pruned by `reclaim_space`; this index finds them without a scan of `state`.
+_TOMBSTONES = """
+CREATE INDEX state_tombstones ON {s}.state (tenant) WHERE value IS NULL;
+"""
+
+MIGRATIONS: tuple[str, ...] = (
+    _TABLES,
+    _COMMIT,
+    _LEASES,
+    _FENCED_GROUPS,
+    _INBOX_TIME,
+    _TOMBSTONES,
+)
 """The event log's migrations, in order: version n is `MIGRATIONS[n - 1]`."""
 
 

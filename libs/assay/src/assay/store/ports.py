@@ -93,6 +93,34 @@ class BranchDeletion:
     """The branch's next LSN as the caller saw it: how many records it holds."""
 
 
+@dataclass(frozen=True)
+class BranchTruncation:
+    """Delete the records of one branch below LSN `below` (and its checkpoints), keeping
+    the rest — which must end at `end`: nothing may have been appended since the caller
+    read the branch — and write `head`, if given, at LSN 0 in their place (folded like
+    any record). Retention's compaction (`assay.runtime.retention`) puts its checkpoint
+    there, so LSN 0 stays taken: a writer that takes an unknown branch to be new (next
+    LSN 0) is refused and learns where it ends. A branch truncated whole without a
+    head starts over at LSN 0, like a deleted one."""
+
+    key: BranchKey
+    below: Lsn
+    end: Lsn
+    """The branch's next LSN as the caller saw it."""
+    head: Event | None = None
+
+
+@dataclass(frozen=True)
+class StaleBranch:
+    """A branch whose oldest record was committed before a cut-off (`EventLog.stale_branches`)."""
+
+    key: BranchKey
+    first: Lsn
+    """Its lowest LSN still in the log."""
+    end: Lsn
+    """Its next LSN."""
+
+
 @dataclass
 class CommitBatch:
     """Everything one commit writes, all or nothing (§8.3).
@@ -118,6 +146,15 @@ class CommitBatch:
     to be written again: if it is, its writer starts it over at LSN 0 (a replica that
     still caches where it ended may go on from there). Rare: an adapter may take a
     slower path for such a batch."""
+    truncations: list[BranchTruncation] = field(default_factory=list)
+    """Branches whose oldest records leave the log in this commit (retention's
+    compaction), before `records` are appended; like `deletions`, the fold is not run
+    backwards. A branch that moved on since it was read refuses the batch
+    (`StreamChanged`). Rare: an adapter may take a slower path for such a batch."""
+    forget: list[StateKey] = field(default_factory=list)
+    """Documents removed outright (not through the fold), after the deletions and
+    truncations and before `records`: the documents of records this batch deletes that
+    no record left in the log folds to, so that `rebuild` stays identical."""
     expect: list[tuple[BranchKey, Lsn]] = field(default_factory=list)
     """Compare-and-swap: each branch must end at this LSN (hold exactly that many
     records) when the batch commits, else `StreamChanged` and nothing is written. The
@@ -126,7 +163,20 @@ class CommitBatch:
     that must have one writer at a time (decide's allocation of a workflow)."""
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.position or self.inbox or self.outbox or self.deletions)
+        return bool(
+            self.records
+            or self.position
+            or self.inbox
+            or self.outbox
+            or self.deletions
+            or self.truncations
+            or self.forget
+        )
+
+    @property
+    def removes(self) -> bool:
+        """Whether the batch deletes records or documents outside the fold (a slow path)."""
+        return bool(self.deletions or self.truncations or self.forget)
 
     def check_expect(self) -> None:
         """Raise `ValueError` unless the batch appends to every branch it `expect`s."""
@@ -178,6 +228,27 @@ class EventLog(Protocol):
         same name is not there); without it, every tenant's — which finds whose a
         stream is, at the cost of a scan of the log. Empty when no record exists.
         """
+        ...
+
+    async def stale_branches(self, pattern: str, before_ms: int, limit: int) -> list[StaleBranch]:
+        """Branches of every tenant whose stream matches `pattern` (`*` matches any
+        characters, nothing else is special) holding a record committed before
+        `before_ms` (milliseconds since the epoch) that is not of type `Compacted`; at
+        most `limit`, oldest first. For retention's sweep, never for a tenant's query."""
+        ...
+
+    async def prune_inbox(self, before_ms: int) -> int:
+        """Forget inbox entries committed before `before_ms`; how many went. A message
+        handled before then and delivered again is handled again: the caller keeps
+        entries longer than any redelivery can come (`assay.runtime.retention`)."""
+        ...
+
+    async def reclaim_space(self) -> int:
+        """Give back the space of what retention deleted, where the store needs telling;
+        how much went. SQLite checkpoints and truncates its write-ahead log (else it
+        keeps its largest size): the WAL's bytes, 0 while another connection reads
+        the file. Postgres deletes the tombstones of deleted documents (`state`
+        rows whose value is null; autovacuum reuses the freed pages): how many."""
         ...
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:

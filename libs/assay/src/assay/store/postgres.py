@@ -40,8 +40,12 @@ from assay.store.ports import (
     OutboxEntry,
     PendingOutbox,
     RebuildReport,
+    StaleBranch,
 )
-from assay.store.sqlite import decode_headers
+from assay.store.sqlite import COMPACTED, decode_headers
+
+TOMBSTONES_PER_DELETE = 5_000
+"""Tombstones one statement of `reclaim_space` deletes at most."""
 
 _StateRow = tuple[str, str, str, bytes]
 """A derived document as `rebuild` compares it: (tenant, kind, key, bytes)."""
@@ -185,6 +189,51 @@ class PostgresEventLog:
                 f"{select} AND tenant = $2 ORDER BY tenant, branch", stream, tenant
             )
         return [BranchKey(tenant_id(t), stream, BranchId(b)) for t, b in rows]
+
+    async def stale_branches(self, pattern: str, before_ms: int, limit: int) -> list[StaleBranch]:
+        """See `EventLog.stale_branches`."""
+        like = "".join("\\" + c if c in "%_\\" else c for c in pattern).replace("*", "%")
+        rows = await self._db.fetch(
+            f"SELECT tenant, stream, branch, min(lsn), max(lsn) FROM {self._s}.log"
+            " WHERE stream LIKE $1 GROUP BY tenant, stream, branch"
+            " HAVING min(at_ms) FILTER (WHERE type <> $3) < $2"
+            " ORDER BY min(at_ms) LIMIT $4",
+            like,
+            before_ms,
+            COMPACTED,
+            limit,
+        )
+        return [
+            StaleBranch(BranchKey(tenant_id(t), st, BranchId(b)), Lsn(lo), Lsn(hi + 1))
+            for t, st, b, lo, hi in rows
+        ]
+
+    async def prune_inbox(self, before_ms: int) -> int:
+        """See `EventLog.prune_inbox`."""
+        status = await self._db.execute(f"DELETE FROM {self._s}.inbox WHERE at_ms < $1", before_ms)
+        return int(status.split()[-1])
+
+    async def reclaim_space(self) -> int:
+        """See `EventLog.reclaim_space`: the tombstones of deleted documents go, at most
+        `TOMBSTONES_PER_DELETE` per statement so no commit waits long; how many went.
+
+        A tombstone only makes a concurrent deleter of an absent document wait for its
+        inserter (`pg_schema`'s commit protocol): once committed it orders nothing, and
+        reads, `rebuild` and the document tables already treat it as absent. Rows a
+        commit holds are skipped (left for the next sweep), so no commit waits for
+        this and no lock cycle can form; a writer upserting a row this holds waits for
+        the delete, then inserts."""
+        total = 0
+        while True:
+            status = await self._db.execute(
+                f"DELETE FROM {self._s}.state WHERE ctid = ANY(ARRAY(SELECT ctid FROM"
+                f" {self._s}.state WHERE value IS NULL LIMIT {TOMBSTONES_PER_DELETE}"
+                " FOR UPDATE SKIP LOCKED))"
+            )
+            n = int(status.split()[-1])
+            total += n
+            if n < TOMBSTONES_PER_DELETE:
+                return total
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         """See `EventLog.put_checkpoint`."""

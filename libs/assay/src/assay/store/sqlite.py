@@ -19,9 +19,10 @@ from typing import Any
 
 from assay.kernel.canonical import document_bytes
 from assay.kernel.ids import BranchId, Lsn, MessageId, TenantId, tenant_id
-from assay.record.events import BranchKey, EventRegistry, LogRecord
+from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import Delete, DocumentTable, Fold, Patch, Put, StateDelta, StateKey
 from assay.store.ports import (
+    BranchTruncation,
     Checkpoint,
     CommitBatch,
     DuplicateMessage,
@@ -30,6 +31,7 @@ from assay.store.ports import (
     OutboxEntry,
     PendingOutbox,
     RebuildReport,
+    StaleBranch,
     StaleFence,
     StreamChanged,
 )
@@ -51,7 +53,7 @@ CREATE TABLE IF NOT EXISTS positions (
     PRIMARY KEY (topic, partition)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox (
-    tenant TEXT NOT NULL, message_id TEXT NOT NULL,
+    tenant TEXT NOT NULL, message_id TEXT NOT NULL, at_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, message_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox (
@@ -111,6 +113,24 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def truncate_wal(conn: sqlite3.Connection) -> bool:
+    """Checkpoint the WAL of `conn`'s file into the database and truncate it to zero
+    bytes, unless another connection is reading it (then nothing waits: it is tried
+    again next time); whether it was truncated. Between two of these the WAL holds what
+    was written since, so retention's sweep bounds it as well as the tables: pages
+    freed by deletes stay in the file and are reused, the WAL would otherwise keep its
+    high-water mark (up to `WAL_SIZE_LIMIT`).
+
+    Call it outside a transaction, on the thread that writes through `conn`."""
+    (timeout,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    conn.execute("PRAGMA busy_timeout=0")  # a reader makes it busy: never block the loop
+    try:
+        (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={int(timeout)}")
+    return not busy
+
+
 class SqliteEventLog:
     """`EventLog` on one SQLite file (one per stage in embedded mode).
 
@@ -149,6 +169,7 @@ class SqliteEventLog:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self._path)
         self._conn.executescript(_SCHEMA)
+        add_column(self._conn, "inbox", "at_ms INTEGER NOT NULL DEFAULT 0")  # files of before
         for table in self._tables:
             self._conn.executescript(document_table_ddl(table))
         self._cursor = self._conn.cursor()
@@ -275,12 +296,22 @@ class SqliteEventLog:
         if batch.inbox is not None:
             tenant, mid = batch.inbox
             try:
-                db.execute("INSERT INTO inbox VALUES (?, ?)", (_t(tenant), mid))
+                db.execute(
+                    "INSERT INTO inbox VALUES (?, ?, ?)", (_t(tenant), mid, int(time.time() * 1000))
+                )
             except sqlite3.IntegrityError as exc:
                 raise DuplicateMessage(f"message {mid} was already handled") from exc
         for deletion in batch.deletions:
             _delete_branch(db, deletion.key, deletion.end)
             next_lsn[(_t(deletion.key.tenant), deletion.key.stream, deletion.key.branch)] = 0
+        for cut in batch.truncations:
+            cut_row: _Row = (_t(cut.key.tenant), cut.key.stream, cut.key.branch)
+            _truncate_branch(db, cut)
+            if cut.head is not None:
+                self._append(db, cut.key, Lsn(0), cut.head, int(time.time() * 1000))
+            next_lsn[cut_row] = cut.end if cut.below < cut.end else int(cut.head is not None)
+        for at in batch.forget:
+            _apply(db, Delete(at))
         if batch.expect:
             batch.check_expect()
             for key, end in batch.expect:  # the file's own records, never the cached guess
@@ -331,6 +362,25 @@ class SqliteEventLog:
                 (e.topic, e.key, e.value, encode_headers(e.headers)),
             )
         return lsns
+
+    def _append(self, db: sqlite3.Cursor, key: BranchKey, lsn: Lsn, event: Event, now: int) -> None:
+        """Insert one record at `lsn` and apply its fold."""
+        db.execute(
+            "INSERT INTO log (tenant, stream, branch, lsn, type, schema_version, at_ms,"
+            " payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                _t(key.tenant),
+                key.stream,
+                key.branch,
+                lsn,
+                event.type,
+                event.version,
+                now,
+                event.model_dump_json().encode(),
+            ),
+        )
+        for delta in self._fold(LogRecord(key, lsn, event.version, now, event)):
+            _apply(db, delta)
 
     # -- leases -----------------------------------------------------------------
 
@@ -396,6 +446,32 @@ class SqliteEventLog:
                 (_t(tenant), stream),
             ).fetchall()
         return [BranchKey(tenant_id(t), stream, BranchId(b)) for t, b in rows]
+
+    async def stale_branches(self, pattern: str, before_ms: int, limit: int) -> list[StaleBranch]:
+        rows = self._db.execute(
+            "SELECT tenant, stream, branch, MIN(lsn), MAX(lsn) FROM log WHERE stream GLOB ? "
+            "GROUP BY tenant, stream, branch "
+            "HAVING MIN(CASE WHEN type <> ? THEN at_ms END) < ? "
+            "ORDER BY MIN(at_ms) LIMIT ?",
+            (_glob(pattern), COMPACTED, before_ms, limit),
+        ).fetchall()
+        return [
+            StaleBranch(BranchKey(tenant_id(t), s, BranchId(b)), Lsn(lo), Lsn(hi + 1))
+            for t, s, b, lo, hi in rows
+        ]
+
+    async def prune_inbox(self, before_ms: int) -> int:
+        with self._db:
+            self._db.execute("BEGIN")
+            cur = self._db.execute("DELETE FROM inbox WHERE at_ms < ?", (before_ms,))
+        return cur.rowcount
+
+    async def reclaim_space(self) -> int:
+        """See `EventLog.reclaim_space`: the WAL is checkpointed and truncated
+        (`truncate_wal`); its bytes before."""
+        wal = self._path.with_name(self._path.name + "-wal")
+        size = wal.stat().st_size if wal.exists() else 0
+        return size if truncate_wal(self._db) else 0
 
     async def put_checkpoint(self, key: BranchKey, upto: Lsn, state: bytes) -> None:
         with self._db:
@@ -519,6 +595,40 @@ def _delete_branch(db: sqlite3.Cursor, key: BranchKey, end: int) -> None:
         )
     db.execute("DELETE FROM log WHERE tenant=? AND stream=? AND branch=?", row)
     db.execute("DELETE FROM checkpoints WHERE tenant=? AND stream=? AND branch=?", row)
+
+
+def _truncate_branch(db: sqlite3.Cursor, cut: BranchTruncation) -> None:
+    """Delete a branch's records below `cut.below` if it still ends at `cut.end`."""
+    row = (_t(cut.key.tenant), cut.key.stream, cut.key.branch)
+    (top,) = db.execute(
+        "SELECT MAX(lsn) FROM log WHERE tenant=? AND stream=? AND branch=?", row
+    ).fetchone()
+    if top is None or top != cut.end - 1:
+        raise StreamChanged(
+            f"stream {cut.key.stream} branch {cut.key.branch}: ends at "
+            f"{0 if top is None else top + 1}, not at {cut.end} where it was read"
+        )
+    db.execute(
+        "DELETE FROM log WHERE tenant=? AND stream=? AND branch=? AND lsn<?", (*row, cut.below)
+    )
+    db.execute("DELETE FROM checkpoints WHERE tenant=? AND stream=? AND branch=?", row)
+
+
+COMPACTED = "Compacted"
+"""The type of retention's compaction record (`assay.record.compaction`): a branch holding
+only one is not compacted again."""
+
+
+def _glob(pattern: str) -> str:
+    """`pattern` (`*` the only wildcard) as a SQLite GLOB pattern."""
+    return "".join(f"[{c}]" if c in "?[]" else c for c in pattern)
+
+
+def add_column(conn: sqlite3.Connection, table: str, column: str) -> None:
+    """Add `column` (its DDL) to `table` unless a file of an earlier version lacks it."""
+    name = column.split()[0]
+    if all(row[1] != name for row in conn.execute(f"PRAGMA table_info({table})")):
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
 
 def _differences(before: list[Any], after: list[Any]) -> list[str]:
