@@ -7,10 +7,7 @@ Each test installs a real distribution: a `*.dist-info` directory with an
 
 from __future__ import annotations
 
-import textwrap
 import uuid
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -31,33 +28,7 @@ from assay.runtime.plugins import PluginInvalid, load_tools, load_verifiers
 from assay.sandbox import NetworkPolicy
 from assay.verification import verifier_registry, verify_episode
 from assay.workflow import VerifierSpec, WorkflowDef, WorkflowInvalid, validate
-
-Install = Callable[[str, dict[str, list[str]]], str]
-"""install(module source, {group: ["name = {module}:attr", ...]}) -> the module's name."""
-
-
-@pytest.fixture
-def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Install:
-    """Install a throwaway distribution whose module holds `source`."""
-
-    def do(source: str, groups: dict[str, list[str]]) -> str:
-        module = f"assay_plugin_{uuid.uuid4().hex[:12]}"
-        site = tmp_path / module
-        site.mkdir()
-        (site / f"{module}.py").write_text(textwrap.dedent(source))
-        dist = site / f"{module}-0.1.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
-        lines = []
-        for group, entries in groups.items():
-            lines.append(f"[{group}]")
-            lines.extend(e.format(module=module) for e in entries)
-        (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
-        monkeypatch.syspath_prepend(str(site))
-        return module
-
-    return do
-
+from libs.assay.tests.plugin_install import Install
 
 TOOLS_MODULE = """
 from assay.engine import Idempotent, Pure, Tool, Unsafe
