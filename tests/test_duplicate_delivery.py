@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import sqlite3
 import time
 import uuid
@@ -56,10 +57,14 @@ so the promotion of v2 lands mid-workload and later waves are routed by the new 
 REDELIVERY_RATE = 0.3
 SEED = "duplicate-delivery"
 
-WALL_CLOCK_FIELDS = {("execute", "run"): ("started_ms", "finished_ms")}
+WALL_CLOCK_FIELDS = {
+    ("execute", "run"): ("started_ms", "finished_ms"),
+    ("execute", "tiering"): ("reduced_ms",),
+}
 """Derived fields left out of the comparison, by (stage, document kind): execute's run
 documents copy the commit time of a log record (`at_ms`, which the store stamps from
-`time.time()`). They are the only wall-clock readings in any stage's state."""
+`time.time()`), and so does its tiering queue (when the wait before tiering began).
+They are the only wall-clock readings in any stage's state."""
 
 
 class CatchUpSource:
@@ -249,22 +254,48 @@ def dump_store(path: Path) -> dict[str, list[Any]]:
             ).fetchall(),
             "state": state,
             "positions": db.execute("SELECT * FROM positions ORDER BY 1, 2").fetchall(),
-            "inbox": db.execute("SELECT * FROM inbox ORDER BY 1, 2").fetchall(),
-            "outbox": db.execute("SELECT * FROM outbox ORDER BY seq").fetchall(),
+            # `at_ms`, when an entry was committed (retention prunes by it), is wall-clock
+            "inbox": db.execute("SELECT tenant, message_id FROM inbox ORDER BY 1, 2").fetchall(),
+            "outbox": [untraced(r) for r in db.execute("SELECT * FROM outbox ORDER BY seq")],
             "checkpoints": db.execute("SELECT * FROM checkpoints ORDER BY 1, 2, 3, 4").fetchall(),
         }
 
 
+TRACEPARENT = re.compile(rb"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+TRACEPARENT_TEXT = re.compile(TRACEPARENT.pattern.decode())
+"""A W3C `traceparent`. Its span id is random whenever this process records spans (a
+tracer provider is set once per process, for good: `tests/test_traces.py` sets one, and
+a pytest worker runs other modules after it), so it is left out of the comparison: it
+identifies a span, it is not state."""
+
+
+def untraced(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` with every traceparent in its byte values replaced by a placeholder."""
+    return tuple(
+        TRACEPARENT.sub(b"00-traceparent", v)
+        if isinstance(v, bytes)
+        else TRACEPARENT_TEXT.sub("00-traceparent", v)
+        if isinstance(v, str)
+        else v
+        for v in row
+    )
+
+
 def dump_bus(path: Path) -> list[tuple[Any, ...]]:
-    """Every record of every topic, by topic, partition and offset."""
+    """Every record of every topic, by topic, partition and offset (traceparents apart)."""
     with contextlib.closing(sqlite3.connect(path)) as db:
-        return db.execute("SELECT * FROM records ORDER BY topic, partition, offset").fetchall()
+        rows = db.execute(  # not `at_ms`: when the record was appended (retention cuts by it)
+            "SELECT topic, partition, offset, key, value, headers FROM records "
+            "ORDER BY topic, partition, offset"
+        ).fetchall()
+    return [untraced(r) for r in rows]
 
 
 def differences(a: Outcome, b: Outcome) -> list[str]:
     """Where two outcomes differ: per table and topic, the row count and the first difference.
 
-    Tables: log (`at_ms` left out), state (`WALL_CLOCK_FIELDS` left out), positions, inbox,
+    Tables: log (`at_ms` left out), state (`WALL_CLOCK_FIELDS` left out), positions, inbox
+    (`at_ms` left out),
     outbox and checkpoints of every stage. Topics: every record, `assay.results` and
     `assay.decisions` among them, by partition and offset. Blobs: every ref.
     """
