@@ -19,6 +19,7 @@ once (`crash_processes`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -42,7 +43,8 @@ from assay.crash import CRASH_AT_ENV, CRASH_TRACE_ENV
 from assay.devstack import Service
 from assay.devstack.base import free_port
 from assay.devstack.deployment import Deployment, deploy
-from assay.kernel import WorkflowId, tenant_id
+from assay.engine.driver import MAX_INTERRUPTED
+from assay.kernel import TenantId, WorkflowId, tenant_id
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.workflow import load_workflow
 from tests.crash_checks import POINTS, ExecuteLog, check_recovery
@@ -200,6 +202,42 @@ def test_sqlite_sigkill_at(point: str, workload: Workload, tmp_path: Path) -> No
     )
 
 
+@pytest.mark.timeout(300)
+def test_sqlite_a_pure_step_that_kills_every_worker_ends_the_run_failed(
+    workload: Workload, tmp_path: Path
+) -> None:
+    """A Pure call that SIGKILLs its worker every time it runs is a poison pill only while
+    nothing of it is on record. Every restart dies in it again; the first death leaves
+    nothing, each later one an attempt whose start was written ahead, closed as
+    interrupted on the next restart: after MAX_INTERRUPTED of them the step fails, the
+    run ends failed, and the process finishes."""
+    data, sink, output = tmp_path / "data", tmp_path / "sink.jsonl", tmp_path / "output"
+    one = dataclasses.replace(workload, tasks=tmp_path / "one.jsonl")
+    one.tasks.write_text(json.dumps({"idempotency_key": "poison", "input": {"item": "fig"}}) + "\n")
+    deaths = 0
+    while True:
+        trace = tmp_path / f"trace-{deaths}"
+        crash = {CRASH_AT_ENV: "execute.tool.sink_price.during:1", CRASH_TRACE_ENV: str(trace)}
+        proc = _demo(one, data, _demo_env(sink, **crash), output)
+        if proc.exitcode == 0:
+            break
+        _assert_killed_at("execute.tool.sink_price.during", proc, trace, output)
+        deaths += 1
+        assert deaths <= MAX_INTERRUPTED + 1, "the Pure step is re-run without bound"
+    assert deaths == MAX_INTERRUPTED + 1  # the first death leaves nothing on record
+
+    final, _ = _sqlite_log(data / "execute.sqlite")
+    ((run, records),) = final.runs().items()
+    ends = [r.doc for r in records if r.type == "AttemptFinished"]
+    assert [(d["step"], d["attempt"], d["state"], d["interrupted"]) for d in ends] == [
+        ("price", n, "failed", True) for n in range(1, MAX_INTERRUPTED + 1)
+    ]
+    assert run in final.finished()
+    assert read_sink(sink) == []  # the steps after it never ran
+    results = _sqlite_results(data / "bus.sqlite")
+    assert set(results) == {"poison"}
+
+
 def test_every_crash_point_is_reached_in_a_clean_run(workload: Workload, tmp_path: Path) -> None:
     """The trace of an uncrashed run names every point the tests crash at (20 at least)."""
     trace, output = tmp_path / "trace", tmp_path / "output"
@@ -342,6 +380,21 @@ async def _pg_log(d: Deployment, tenant: str) -> ExecuteLog:
     )
 
 
+async def _register(d: Deployment, workload: Workload, t: TenantId) -> None:
+    """Register the workload's workflow for tenant `t` and wait for its allocation."""
+    wf = load_workflow(workload.v1)
+    registered = WorkflowRegistered(tenant=t, definition=wf.model_dump(mode="json", by_alias=True))
+    await _produce(d.bootstrap, [(WORKFLOWS, registered, t, wf.version)])
+
+    async def allocated() -> bool:
+        rows = await d.query(
+            "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'", t
+        )
+        return bool(rows)
+
+    await _until("the workflow's allocation", allocated, 30)
+
+
 @pytest.mark.postgres
 @pytest.mark.kafka
 @pytest.mark.s3
@@ -358,17 +411,7 @@ async def test_postgres_sigkill_at(
 
     tenant = str(uuid.uuid4())
     t = tenant_id(tenant)
-    wf = load_workflow(workload.v1)
-    registered = WorkflowRegistered(tenant=t, definition=wf.model_dump(mode="json", by_alias=True))
-    await _produce(d.bootstrap, [(WORKFLOWS, registered, t, wf.version)])
-
-    async def allocated() -> bool:
-        rows = await d.query(
-            "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'", t
-        )
-        return bool(rows)
-
-    await _until("the workflow's allocation", allocated, 30)
+    await _register(d, workload, t)
     tasks = [
         TaskSubmitted(
             tenant=t,
@@ -405,3 +448,53 @@ async def test_postgres_sigkill_at(
         restarted_ms=_started_ms(restart),
         ttl_s=LEASE_TTL_S,
     )
+
+
+@pytest.mark.postgres
+@pytest.mark.kafka
+@pytest.mark.s3
+@pytest.mark.timeout(300)
+async def test_postgres_a_pure_step_that_kills_every_worker_ends_the_run_failed(
+    execute_stage: ExecuteStage, workload: Workload, tmp_path: Path
+) -> None:
+    """As on SQLite: every execute process dies in the Pure step, until MAX_INTERRUPTED
+    attempts of it are closed as interrupted; then the run ends failed and the stage,
+    still started with the crash variable, lives on and publishes the run's result."""
+    execute = execute_stage
+    d = execute.deployment
+    sink, output, point = (
+        tmp_path / "sink.jsonl",
+        tmp_path / "output",
+        "execute.tool.sink_price.during",
+    )
+    tenant = str(uuid.uuid4())
+    t = tenant_id(tenant)
+    await _register(d, workload, t)
+    task = TaskSubmitted(
+        tenant=t, workflow_id=WorkflowId("sink"), idempotency_key="poison", input={"item": "fig"}
+    )
+    for death in range(MAX_INTERRUPTED + 1):  # the first death leaves nothing on record
+        trace = tmp_path / f"trace-{death}"
+        crash = {SINK_ENV: str(sink), CRASH_AT_ENV: f"{point}:1", CRASH_TRACE_ENV: str(trace)}
+        crashing = execute.start(crash, output)
+        if death == 0:
+            await _produce(d.bootstrap, [(TASKS, task, t, task.idempotency_key)])
+        await asyncio.to_thread(crashing.join, 60)
+        _assert_killed_at(point, crashing, trace, output)
+        await _await_disconnected(d)
+
+    last = tmp_path / "trace-last"
+    crash = {SINK_ENV: str(sink), CRASH_AT_ENV: f"{point}:1", CRASH_TRACE_ENV: str(last)}
+    surviving = execute.start(crash, output)
+    results = await _pg_results(d.bootstrap, tenant, 1)
+    assert set(results) == {"poison"}, "the run never ended"
+    assert surviving.exitcode is None
+    assert point not in _traced(last)
+    final = await _pg_log(d, tenant)
+    ((run, records),) = final.runs().items()
+    ends = [r.doc for r in records if r.type == "AttemptFinished"]
+    assert [(e["step"], e["attempt"], e["state"], e["interrupted"]) for e in ends] == [
+        ("price", n, "failed", True) for n in range(1, MAX_INTERRUPTED + 1)
+    ]
+    assert run in final.finished()
+    assert read_sink(sink) == []

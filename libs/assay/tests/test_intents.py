@@ -32,6 +32,7 @@ from assay.engine import (
     ToolError,
     Unsafe,
 )
+from assay.engine.driver import MAX_INTERRUPTED
 from assay.engine.events import Intent
 from assay.engine.tools import EffectClass, idempotency_key
 from assay.kernel import (
@@ -428,6 +429,43 @@ async def test_a_finished_attempt_is_never_recovered_again(work_logs: WorkLogs) 
     await Driver(StubModel(), toolset(sink, Behaviour())).drive(spec, LogJournal(reopened))
     assert [r.event for r in await reopened.read(spec.key)] == before
     assert len(sink.calls) == 1
+
+
+async def test_a_pure_call_that_kills_every_worker_ends_failed_as_interrupted(
+    work_logs: WorkLogs,
+) -> None:
+    """A Pure step's first death leaves nothing on record; every restart after it writes
+    the step's start ahead, so each later death is on record and closed as interrupted
+    (appended, never edited): after MAX_INTERRUPTED of them the step fails and the run
+    ends, as an Unsafe step's would."""
+    calls = 0
+
+    async def poison(call: ToolCall) -> str:
+        nonlocal calls
+        calls += 1
+        raise ProcessKilled("the call killed the worker")
+
+    tools = {"poison": Tool("poison", poison, Pure(), "kills its worker")}
+    spec = spec_for(one_tool_workflow("poison", max_attempts=10))
+    written: list[list[Event]] = []
+    for _ in range(MAX_INTERRUPTED + 1):
+        log = await work_logs.open()
+        with pytest.raises(ProcessKilled):
+            await Driver(StubModel(), tools).drive(spec, LogJournal(log))
+        events = [r.event for r in await log.read(spec.key)]
+        assert events[: len(written[-1]) if written else 0] == (written[-1] if written else [])
+        written.append(events)
+    assert [e.type for e in written[0]] == ["RunStarted"]  # the first death: no trace
+    log = await work_logs.open()
+    episode = await Driver(StubModel(), tools).drive(spec, LogJournal(log))
+
+    assert not episode.succeeded
+    assert episode.failed_step == "act"
+    assert calls == MAX_INTERRUPTED + 1
+    events = [r.event for r in await log.read(spec.key)]
+    assert finished(events) == [(n, F) for n in range(1, MAX_INTERRUPTED + 1)]
+    assert all(e.interrupted for e in events if isinstance(e, AttemptFinished))
+    assert all(events[: len(w)] == w for w in written)  # nothing recorded was edited
 
 
 def test_attempt_started_records_the_arguments_recovery_needs() -> None:

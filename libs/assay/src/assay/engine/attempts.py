@@ -2,7 +2,11 @@
 
 An attempt's start is committed before the call (write-ahead), except for a
 `Pure` tool's: a Pure call can simply run again after a crash, so its start
-commits with its end, in one commit (§8.4). A tool call with an effect is
+commits with its end, in one commit (§8.4). Not in a drive that resumed a
+stopped run, until one of its live attempts has ended: a worker that died in a
+Pure call left nothing on record, so the call runs again written ahead, and a
+call that kills every worker is closed as interrupted like any other
+(`MAX_INTERRUPTED`, after at most one unrecorded death). A tool call with an effect is
 wrapped in a write-ahead intent — Pending, Dispatched, Committed, each durable
 before the next — and recovered after a crash by the last committed state and
 the tool's effect class. A cancelled attempt is `Cancelled` unless an intent
@@ -100,6 +104,7 @@ class AttemptRunner:
                     f"attempt {step.id}", functools.partial(_span_attributes, run, step.id, n)
                 ):
                     started, finished = await self._attempt(run, step, n, iteration)
+                run.resumed = False  # a live attempt ended: this worker got past the step
             if finished.workspace is not None:
                 run.workspace_ref = finished.workspace
             run.totals.attempts.append(_view(started, finished, iteration))
@@ -210,7 +215,7 @@ class AttemptRunner:
         started = AttemptStarted(
             step=step.id, attempt=n, iteration=iteration, prompt=prompt, args=args
         )
-        if self._pure(step):  # nothing to recover but a re-run: the start commits with the end
+        if self._pure(step) and not run.resumed:  # a re-run is the recovery: one commit
             run.unwritten[step.id] = started
         else:
             await run.record_and_commit(started)

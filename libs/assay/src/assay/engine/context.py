@@ -243,6 +243,10 @@ class RunContext:
     unwritten: dict[StepId, Event] = field(default_factory=dict)
     """Starts of Pure attempts in flight, by step: each rides with its attempt's end
     (shared by the run's parallel branches, which run different steps)."""
+    resumed: bool = False
+    """This drive found the stream's records on the log (it was stopped before): until
+    one of its live attempts ends, a Pure attempt's start is committed ahead of the call,
+    so a call that keeps killing the worker is on record and bounded (`MAX_INTERRUPTED`)."""
     depth: int = 0
     """How deep in sub-workflows this stream is (the run itself: 0)."""
 

@@ -173,6 +173,7 @@ class Driver:
             run = RunContext(
                 spec, journal, Replay([r.event for r in history]), cancel or CancelScope()
             )
+            run.resumed = bool(history)
             if run.replay.take(RunStarted) is None:
                 definition = wf.model_dump(mode="json", by_alias=True)
                 children = {
@@ -275,6 +276,7 @@ class Driver:
             return None
         after = await journal.history_after(spec.key, cp.upto)
         run = RunContext(spec, journal, Replay([r.event for r in after]), CancelScope())
+        run.resumed = True
         run.outputs.update(state["outputs"])
         run.succeeded.update(state["succeeded"])
         run.timed_out.update(state["timed_out"])
