@@ -1,5 +1,6 @@
 """The §15 signals in embedded mode: one `/metrics` for the process, read as Prometheus
-reads it, while a backlog builds and drains."""
+reads it, while a backlog builds and drains, and after a scheduled calibration round
+measured the judge against the verifier."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from assay.kernel import tenant_id
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.record import StateKey
 from assay.runtime import Embedded
+from assay.runtime.settings import AssaySettings
 from assay.workflow import from_document
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -44,6 +46,26 @@ WORKFLOW = from_document(
         ],
     }
 )
+
+CALIBRATED = from_document(
+    {
+        "id": "calibrated",
+        "steps": [
+            {
+                "id": "answer",
+                "kind": "tool",
+                "tool": "extract_number",
+                "args": {"text": "the number is {{ task.number }}"},
+            }
+        ],
+        "verifiers": [
+            {"id": "correct", "kind": "exact", "step": "answer", "expected": "{{ task.answer }}"}
+        ],
+    }
+)
+"""A workflow whose verdict the task decides (no model): one task run with the right
+answer and with a wrong one makes the tenant's calibration pair."""
+CALIBRATION = {"ASSAY_CALIBRATION_INTERVAL_S": "3600"}
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -90,7 +112,8 @@ EXPORTED: set[str] = set()
 
 
 async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path: Path) -> None:
-    async with Embedded(tmp_path / "data", partitions=4) as rt:
+    settings = AssaySettings.from_env(CALIBRATION)
+    async with Embedded(tmp_path / "data", partitions=4, settings=settings) as rt:
         status = await rt.serve_status(0)
         try:
             rt.start()
@@ -128,6 +151,7 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
 
             await until(drained, "every stage's lag to drain")
             after = await scrape(status.port)
+            calibrated = await calibration_round(rt, status.port)
         finally:
             await status.close()
 
@@ -146,6 +170,43 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     assert e2e == TASK_COUNT
     assert total(after, "assay_task_to_result_seconds_sum", tenant=str(TENANT)) > 0
     assert not any("run_id" in dict(ls) for _, ls in after), "no run ids in labels"
+    # The stub judge cannot tell the pair's two episodes apart: a draw both ways.
+    judge = {"tenant": str(TENANT)}
+    assert total(calibrated, "assay_judge_verifier_agreement", **judge) == 0.0
+    assert total(calibrated, "assay_judge_calibration_orderings", **judge) == 2
+
+
+async def calibration_round(rt: Embedded, port: int) -> Samples:
+    """Run one task of `CALIBRATED` right and wrong; scrape once the round that pair
+    falls due for has been measured."""
+    definition = CALIBRATED.model_dump(mode="json", by_alias=True)
+    registered = WorkflowRegistered(tenant=TENANT, definition=definition)
+    await rt.publish(WORKFLOWS, registered, TENANT, idem=CALIBRATED.version)
+
+    async def routed() -> bool:
+        return (
+            await rt.logs["ingest"].get(StateKey(TENANT, "allocation", CALIBRATED.id)) is not None
+        )
+
+    await until(routed, "the calibrated workflow to be routed")
+    for n, answer in enumerate(("5", "6")):  # one task: a pass, then a fail
+        task = TaskSubmitted(
+            tenant=TENANT,
+            workflow_id=CALIBRATED.id,
+            idempotency_key=f"calibrate-{n}",
+            input={"number": "5", "answer": answer},
+            task_key="five",
+        )
+        await rt.publish(TASKS, task, TENANT, idem=f"calibrate-{n}")
+    found: Samples = {}
+
+    async def measured() -> bool:
+        nonlocal found
+        found = await scrape(port)
+        return any(name == "assay_judge_verifier_agreement" for name, _ in found)
+
+    await until(measured, "the calibration round's agreement on /metrics")
+    return found
 
 
 # -- the dashboard and the alerts name only what is exported --------------------------------

@@ -309,3 +309,30 @@ async def seed_ladder(data_dir: Path) -> None:
             await rt.publish_many([(topic, msg, tenant, f"ladder:{n}")])
         rt.start()
         await until_folded(rt)
+
+
+OPEN_PROPOSAL = "00000000000000b1"
+"""Tenant B's proposal that waits for an operator (the browser rejects it)."""
+
+
+async def seed_open_proposal(data_dir: Path) -> None:
+    """Propose a gated version of tenant B's workflow, with a hostile rationale."""
+    b = TENANT_B
+    message = ProposalRequested(
+        tenant=b,
+        workflow_id=WorkflowId("secret"),
+        proposal_id=OPEN_PROPOSAL,
+        workflow_version=WorkflowVersion("b1" * 32),
+        parent=WorkflowVersion("b0" * 32),
+        after=WorkflowVersion("b2" * 32),
+        definition={"id": "secret"},
+        rationale=HOSTILE,
+        proposer="catalog",
+        evidence=[],
+        usage=Usage(),
+        gated=True,
+    )
+    async with Embedded(data_dir, stages=("console",), partitions=4) as rt:
+        await rt.publish_many([(DECISIONS, message, b, "open-proposal")])
+        rt.start()
+        await until_folded(rt)

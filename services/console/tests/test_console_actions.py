@@ -299,11 +299,13 @@ async def test_a_rollout_group_is_cancelled_only_for_its_tenant(console: Console
 
 @pytest.mark.parametrize("verb", ["approve", "reject"])
 async def test_an_unknown_proposal_answers_404(console: Console, verb: str) -> None:
-    # decide keeps proposals per tenant: another tenant's is unknown here the same way
+    # the console's own record answers: nothing reaches decide
     body = {"workflow_id": "gate", "reason": HOSTILE}
+    before = await console.rt.bus.end_offsets(WORKFLOWS)
     answer = await post(console, f"/api/proposals/0123456789abcdef/{verb}", body, A)
     assert answer.status_code == 404, answer.text
     assert answer.json() == {"detail": "no such proposal"}
+    assert await console.rt.bus.end_offsets(WORKFLOWS) == before
 
 
 async def test_a_waiting_runs_page_offers_its_actions_escaped(console: Console) -> None:

@@ -31,11 +31,13 @@ from assay.grading.sprt import SprtPolicy
 from services.console.tests.console_seed import HOSTILE, TENANT_A, TENANT_B, run_ref, seed
 from services.console.tests.ladder_seed import (
     HELD_OUT_STRENGTH,
+    OPEN_PROPOSAL,
     STRENGTH,
     TOURNEY,
     V,
     expected_path,
     seed_ladder,
+    seed_open_proposal,
 )
 
 ASSAY = str(Path(sys.executable).parent / "assay")
@@ -62,6 +64,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, seed(data, {DEMO_TENANT: 3, TENANT_B: 2})).result()
         pool.submit(asyncio.run, seed_ladder(data)).result()
+        pool.submit(asyncio.run, seed_open_proposal(data)).result()
     return data
 
 
@@ -318,3 +321,35 @@ def test_a_live_challengers_ladder_refreshes_itself(page_a: Page, served: str) -
     assert page_a.evaluate("window.__pwned") is None
     page_a.goto(f"{served}workflows/arith")  # no live challenger: nothing to refresh
     assert page_a.locator("#ladder").get_attribute("data-poll") is None
+
+
+def test_rejecting_an_open_proposal_from_its_page_takes_effect(
+    browser: Browser, served: str, shots: Path
+) -> None:
+    b = {"authorization": "Bearer token-b"}
+    context = browser.new_context(extra_http_headers=b)
+    tab = context.new_page()
+    asked: list[str] = []
+
+    def confirm(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    tab.on("dialog", confirm)
+    try:
+        tab.goto(f"{served}?tenant={TENANT_B}")
+        tab.click("a.proposals")
+        tab.wait_for_url("**/proposals?**")
+        row = tab.locator(f"tr.proposal[data-proposal='{OPEN_PROPOSAL}']")
+        expect(row.locator("td.rationale")).to_have_text(HOSTILE)
+        row.locator("button[data-verb='reject']").click()
+        expect(row.locator(".outcome")).to_contain_text("reject: applied (rejected)")
+        tab.screenshot(path=shots / "proposals.png", full_page=True)
+        assert asked == ["Reject this proposal? The proposer is asked for the next one."]
+        assert tab.evaluate("window.__pwned") is None
+    finally:
+        context.close()
+    with httpx.Client(base_url=served, headers=b) as client:
+        seen = client.get(f"/api/proposals/{OPEN_PROPOSAL}").json()
+        assert (seen["status"], seen["review"]) == ("rejected", "from the console")
+        assert client.get("/api/proposals").json() == {"proposals": []}

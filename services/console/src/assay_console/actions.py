@@ -34,9 +34,11 @@ from assay.kernel import RunState
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import one_line
 from assay_console.access import Access
-from assay_console.app import NOT_FOUND, Endpoint, Problem, _run_id, _tenant
+from assay_console.app import NO_PROPOSAL, NOT_FOUND, Endpoint, Problem, _run_id, _tenant
 from assay_console.outbox import Outbox
 from assay_console.reads import MAX_LIMIT, ConsoleReads, RunDetail, RunFilters, RunSummary
+from assay_console.workflow_views import ProposalView
+from assay_console.workflows import proposal_view
 
 DEFAULT_WAIT_S = 10.0
 MAX_WAIT_S = 30.0
@@ -91,6 +93,7 @@ class ActionOutcome(BaseModel):
     command: str = Field(description="The command's message id.")
     poll: str = Field(description="Where to look for its effect.")
     run: RunSummary | None = Field(None, description="The run as it is now (run actions).")
+    proposal: ProposalView | None = Field(None, description="The proposal as it is now (reviews).")
 
 
 BODIES: dict[str, type[BaseModel]] = {
@@ -280,34 +283,45 @@ def action_routes(
             )
         except CommandInvalid as exc:
             raise Problem(400, str(exc)) from exc
-        try:
-            await settle(publishing(), command, _never, wait_s(request))
-        except Problem as exc:
-            if "no proposal" in exc.detail:  # decide knows no such proposal of this tenant
-                raise Problem(404, "no such proposal") from exc
-            raise
-        return _answer(request, command, False, f"/api/proposals/{proposal}", None)
+        row = await reads.proposal(tenant, proposal)
+        if row is None or row.workflow_id != given.workflow_id:
+            raise Problem(404, NO_PROPOSAL)  # the console's own record, in either mode
+        if not row.open:
+            status = proposal_view(row).status
+            raise Problem(409, f"proposal {proposal} is not waiting for review ({status})")
+
+        async def reviewed() -> bool:
+            now = await reads.proposal(tenant, proposal)
+            return now is not None and now.approve is not None
+
+        done = await settle(publishing(), command, reviewed, wait_s(request))
+        after = await reads.proposal(tenant, proposal)
+        view = proposal_view(after) if after is not None else None
+        return _answer(request, command, done, f"/api/proposals/{proposal}", None, view)
 
     async def script(request: Request) -> Response:
-        text = files("assay_console").joinpath("static", "actions.js").read_text()
+        name = "proposals.js" if request.url.path.endswith("proposals.js") else "actions.js"
+        text = files("assay_console").joinpath("static", name).read_text()
         return Response(
             text, media_type="text/javascript", headers={"cache-control": "max-age=300"}
         )
 
     return [
         Route("/static/actions.js", script),
+        Route("/static/proposals.js", script),
         Route("/api/runs/{run_id}/{verb}", guarded(run_action), methods=["POST"]),
         Route("/api/rollouts/{group}/cancel", guarded(rollout_cancel), methods=["POST"]),
         Route("/api/proposals/{proposal}/{verb}", guarded(review), methods=["POST"]),
     ]
 
 
-async def _never() -> bool:
-    return False
-
-
 def _answer(
-    request: Request, command: Command, done: bool, poll: str, run: RunDetail | None
+    request: Request,
+    command: Command,
+    done: bool,
+    poll: str,
+    run: RunDetail | None,
+    proposal: ProposalView | None = None,
 ) -> Response:
     tenant = request.query_params.get("tenant")
     where = f"{poll}{'&' if '?' in poll else '?'}tenant={tenant}" if tenant else poll
@@ -316,6 +330,7 @@ def _answer(
         command=command_id(command),
         poll=where,
         run=run.run if run is not None else None,
+        proposal=proposal,
     )
     return JSONResponse(outcome.model_dump(mode="json"), status_code=200 if done else 202)
 

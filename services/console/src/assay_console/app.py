@@ -8,6 +8,7 @@ token (or an open loopback console) names the tenant with `?tenant=`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from importlib.resources import files
 from typing import Any
@@ -27,6 +28,7 @@ from assay_console.access import Access
 from assay_console.charts import dag_chart, forest_chart, sprt_chart
 from assay_console.outbox import Outbox
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+from assay_console.workflows import proposal_view
 
 FILTERS = frozenset(RunFilters.model_fields)
 PAGING = frozenset({"cursor", "limit", "tenant"})
@@ -44,7 +46,9 @@ class Problem(Exception):
 
 NOT_FOUND = "no such run"
 NO_WORKFLOW = "no such workflow"
+NO_PROPOSAL = "no such proposal"
 MAX_WORKFLOW_ID = 256
+PROPOSAL_ID = re.compile(r"[0-9a-f]{16}")
 
 
 def _tenant(request: Request, access: Access) -> TenantId:
@@ -98,6 +102,13 @@ def _workflow_id(request: Request) -> str:
     if not workflow_id or len(workflow_id) > MAX_WORKFLOW_ID:
         raise Problem(400, f"workflow id: between 1 and {MAX_WORKFLOW_ID} characters")
     return workflow_id
+
+
+def _proposal_id(request: Request) -> str:
+    proposal = str(request.path_params["proposal"])
+    if not PROPOSAL_ID.fullmatch(proposal):
+        raise Problem(400, f"proposal id {proposal!r} is not 16 hex digits")
+    return proposal
 
 
 def _only_tenant(request: Request) -> None:
@@ -166,6 +177,19 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
             raise Problem(404, NO_WORKFLOW)
         return Response(detail.model_dump_json(), media_type="application/json")
 
+    async def api_proposals(request: Request) -> Response:
+        _only_tenant(request)
+        listed = await reads.proposals(_tenant(request, access))
+        return Response(listed.model_dump_json(), media_type="application/json")
+
+    async def api_proposal(request: Request) -> Response:
+        _only_tenant(request)
+        proposal = _proposal_id(request)
+        row = await reads.proposal(_tenant(request, access), proposal)
+        if row is None:
+            raise Problem(404, NO_PROPOSAL)
+        return Response(proposal_view(row).model_dump_json(), media_type="application/json")
+
     async def api_openapi(request: Request) -> Response:
         from assay_console.openapi import document
 
@@ -232,6 +256,12 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         template = "workflow_body.html" if polled else "workflow.html"
         return render(template, d=detail, tenant=tenant, charts=charts, dag=dag)
 
+    async def page_proposals(request: Request) -> Response:
+        _only_tenant(request)
+        tenant = _tenant(request, access)
+        listed = await reads.proposals(tenant)
+        return render("proposals.html", listed=listed, tenant=tenant)
+
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in ("console.js", "console.css"):
@@ -249,11 +279,14 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         Route("/api/overview", guarded(api_overview)),
         Route("/api/workflows", guarded(api_workflows)),
         Route("/api/workflows/{workflow_id:path}", guarded(api_workflow)),
+        Route("/api/proposals", guarded(api_proposals)),
+        Route("/api/proposals/{proposal}", guarded(api_proposal)),
         Route("/api/openapi.json", api_openapi),
         Route("/", guarded(page_overview, html=True)),
         Route("/runs", guarded(page_runs, html=True)),
         Route("/runs/{run_id}", guarded(page_run, html=True)),
         Route("/workflows", guarded(page_workflows, html=True)),
+        Route("/proposals", guarded(page_proposals, html=True)),
         Route("/workflows/{workflow_id:path}", guarded(page_workflow, html=True)),
         Route("/static/{name}", guarded(static, html=True)),
         Route("/healthz", healthz),

@@ -158,6 +158,32 @@ class WorkflowRow(ReadModel):
     updated: str | None = None
 
 
+class ProposalRow(ReadModel):
+    """One proposal of the slow loop and its review, for the list of open proposals.
+    Built by patches: a review may be folded before its proposal (`gated` is None until
+    the proposal is)."""
+
+    kind: ClassVar[str] = "console_proposal"
+    proposal_id: str = ""
+    workflow_id: str = ""
+    workflow_version: str | None = None
+    parent: str | None = None
+    after: str | None = None
+    rationale: str = ""
+    proposer: str = ""
+    evidence: int = 0
+    gated: bool | None = None
+    proposed_at: str | None = None
+    approve: bool | None = None
+    review: str | None = None
+    reviewed_at: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """Proposed, waiting for an operator, and not reviewed yet."""
+        return self.gated is True and self.approve is None
+
+
 def workflow_stream(tenant: Any, workflow_id: str) -> BranchKey:
     """The console's stream of one workflow."""
     return BranchKey.main(tenant, f"workflow:{workflow_id}")
@@ -170,9 +196,12 @@ def fold_ladder(record: LogRecord) -> list[StateDelta]:
         return []
     workflow = record.key.stream.removeprefix("workflow:")
     fields: dict[str, Any] = {"workflow_id": workflow, "updated": event.at.isoformat()}
+    deltas: list[StateDelta] = []
     match event:
         case VersionSeen(workflow_version=v):
             fields["latest"] = v
+        case ProposalSeen() | ReviewSeen():
+            deltas.append(_proposal_patch(record.key.tenant, workflow, event))
         case AllocationSeen() as a:
             fields |= {
                 "current": a.current,
@@ -181,7 +210,26 @@ def fold_ladder(record: LogRecord) -> list[StateDelta]:
                 "share": a.share,
                 "generation": a.generation,
             }
-    return [Patch(WorkflowRow.at(record.key.tenant, workflow), fields)]
+    return [Patch(WorkflowRow.at(record.key.tenant, workflow), fields), *deltas]
+
+
+def _proposal_patch(tenant: Any, workflow: str, event: ProposalSeen | ReviewSeen) -> Patch:
+    fields: dict[str, Any] = {"proposal_id": event.proposal_id, "workflow_id": workflow}
+    match event:
+        case ProposalSeen() as p:
+            fields |= {
+                "workflow_version": p.workflow_version,
+                "parent": p.parent,
+                "after": p.after,
+                "rationale": p.rationale,
+                "proposer": p.proposer,
+                "evidence": p.evidence,
+                "gated": p.gated,
+                "proposed_at": p.at.isoformat(),
+            }
+        case ReviewSeen() as r:
+            fields |= {"approve": r.approve, "review": r.reason, "reviewed_at": r.at.isoformat()}
+    return Patch(ProposalRow.at(tenant, event.proposal_id), fields)
 
 
 def _record(uow: LadderUnitOfWork, workflow: str, event: Event) -> None:

@@ -14,7 +14,12 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
-from assay_console.workflow_views import WorkflowDetail, WorkflowsList
+from assay_console.workflow_views import (
+    ProposalsList,
+    ProposalView,
+    WorkflowDetail,
+    WorkflowsList,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -36,7 +41,10 @@ def _errors() -> dict[str, Any]:
         for code, text in [
             (400, "Bad input: the detail names the parameter."),
             (401, "No bearer token, or an unknown one."),
-            (404, "No such run, workflow or tenant, or another tenant's (the same answer)."),
+            (
+                404,
+                "No such run, workflow, proposal or tenant, or another tenant's (the same answer).",
+            ),
         ]
     }
 
@@ -46,7 +54,15 @@ def document() -> dict[str, Any]:
     _, defs = models_json_schema(
         [
             (m, "serialization")
-            for m in (RunsPage, RunDetail, Overview, WorkflowsList, WorkflowDetail)
+            for m in (
+                RunsPage,
+                RunDetail,
+                Overview,
+                WorkflowsList,
+                WorkflowDetail,
+                ProposalsList,
+                ProposalView,
+            )
         ],
         ref_template=REF,
     )
@@ -89,6 +105,7 @@ def document() -> dict[str, Any]:
         {"type": "string"},
         where="path",
     )
+    proposal = _param("proposal", "The proposal (16 hex digits).", {"type": "string"}, "path")
     from assay_console.actions import openapi_paths
 
     actions, action_schemas = openapi_paths(REF, _errors())
@@ -139,6 +156,20 @@ def document() -> dict[str, Any]:
                     ),
                     "parameters": [workflow_id, tenant],
                     "responses": ok("WorkflowDetail", "The workflow."),
+                }
+            },
+            "/api/proposals": {
+                "get": {
+                    "summary": "A tenant's open proposals: waiting for review, oldest first.",
+                    "parameters": [tenant],
+                    "responses": ok("ProposalsList", "The open proposals."),
+                }
+            },
+            "/api/proposals/{proposal}": {
+                "get": {
+                    "summary": "One proposal and where its review stands.",
+                    "parameters": [proposal, tenant],
+                    "responses": ok("ProposalView", "The proposal."),
                 }
             },
             **actions,

@@ -28,6 +28,7 @@ from assay.kernel.scores import Score
 from assay.messages import Usage, VerifierResult
 from assay.store.pg_schema import quoted
 from assay.store.ports import EventLog
+from assay_console.ladder import ProposalRow
 from assay_console.stage import (
     GradeSeen,
     IndeterminateSeen,
@@ -38,8 +39,8 @@ from assay_console.stage import (
     VerdictSeen,
     run_stream,
 )
-from assay_console.workflow_views import WorkflowDetail, WorkflowsList
-from assay_console.workflows import list_workflows, workflow_detail
+from assay_console.workflow_views import ProposalsList, WorkflowDetail, WorkflowsList
+from assay_console.workflows import list_workflows, open_proposals, proposal_row, workflow_detail
 
 MAX_LIMIT = 200
 """The largest page the server returns, whatever `limit` asks."""
@@ -131,6 +132,7 @@ class Overview(BaseModel):
     indeterminate: int = Field(description="Runs with an Indeterminate attempt.")
     graded: int = Field(description="Results that carry a score.")
     ungraded: dict[str, int] = Field(description="Ungraded results by reason.")
+    open_proposals: int = Field(0, description="Proposals waiting for an operator's review.")
 
 
 def encode_cursor(filters: RunFilters, after: str) -> str:
@@ -327,6 +329,14 @@ class ConsoleReads:
         """One workflow's ladder; None when the tenant has no such workflow."""
         return await workflow_detail(self._log, tenant, workflow_id)
 
+    async def proposals(self, tenant: TenantId) -> ProposalsList:
+        """The tenant's open proposals, oldest first."""
+        return await open_proposals(self._log, tenant)
+
+    async def proposal(self, tenant: TenantId, proposal_id: str) -> ProposalRow | None:
+        """One proposal of the tenant; None when the console has seen no such one."""
+        return await proposal_row(self._log, tenant, proposal_id)
+
     async def tenants(self) -> list[TenantId]:
         """Tenants with a run (for an administrator's overview)."""
         rows = await self._table.fetch("SELECT DISTINCT tenant FROM console_runs ORDER BY 1", ())
@@ -364,6 +374,7 @@ class ConsoleReads:
             indeterminate=indeterminate,
             graded=graded,
             ungraded=dict(sorted(ungraded.items())),
+            open_proposals=len((await self.proposals(tenant)).proposals),
         )
 
 

@@ -173,3 +173,26 @@ class WorkflowDetail(BaseModel):
     challengers: list[Challenger] = Field(description="Every challenger's evidence, oldest first.")
     decisions: list[DecisionEntry] = Field(description="Rollbacks, rejections and promotions.")
     proposals: list[ProposalEntry] = Field(description="The slow loop's proposals.")
+
+
+class ProposalView(BaseModel):
+    """A proposal of the slow loop, and where its review stands."""
+
+    proposal_id: str = Field(description="The proposal (16 hex digits).")
+    workflow_id: str = Field(description="Its workflow.")
+    at: datetime | None = Field(description="When it was proposed (None: not seen yet).")
+    version: str | None = Field(description="The proposed version.")
+    parent: str | None = Field(description="The version it derives from.")
+    after: str | None = Field(description="The challenger whose end triggered it.")
+    rationale: str = Field(description="Why the proposer expects it to do better.")
+    proposer: str = Field(description="Which proposer drafted it.")
+    evidence: int = Field(description="Failures it read.")
+    status: Literal["pending", "approved", "rejected"] = Field(description="Where it stands.")
+    review: str | None = Field(description="The reviewer's reason.")
+    reviewed_at: datetime | None = Field(description="When it was reviewed.")
+
+
+class ProposalsList(BaseModel):
+    """A tenant's open proposals: waiting for an operator's review, oldest first."""
+
+    proposals: list[ProposalView] = Field(description="The open proposals.")

@@ -20,6 +20,7 @@ from assay_console.ladder import (
     AllocationSeen,
     DecisionSeen,
     EvidenceSeen,
+    ProposalRow,
     ProposalSeen,
     ReviewSeen,
     VersionSeen,
@@ -31,6 +32,8 @@ from assay_console.workflow_views import (
     DecisionEntry,
     HeldOut,
     ProposalEntry,
+    ProposalsList,
+    ProposalView,
     RungEntry,
     SprtPath,
     SprtPoint,
@@ -328,3 +331,45 @@ async def workflow_detail(
         decisions=decisions,
         proposals=proposals,
     )
+
+
+def _when(at: str | None) -> datetime | None:
+    return datetime.fromisoformat(at) if at else None
+
+
+def proposal_view(row: ProposalRow) -> ProposalView:
+    """A proposal as the API shows it, from its document."""
+    status: Literal["pending", "approved", "rejected"] = "pending" if row.gated else "approved"
+    if row.approve is not None:
+        status = "approved" if row.approve else "rejected"
+    return ProposalView(
+        proposal_id=row.proposal_id,
+        workflow_id=row.workflow_id,
+        at=_when(row.proposed_at),
+        version=row.workflow_version,
+        parent=row.parent,
+        after=row.after,
+        rationale=row.rationale,
+        proposer=row.proposer,
+        evidence=row.evidence,
+        status=status,
+        review=row.review,
+        reviewed_at=_when(row.reviewed_at),
+    )
+
+
+async def proposal_row(log: EventLog, tenant: TenantId, proposal_id: str) -> ProposalRow | None:
+    """The tenant's proposal; None when the console has seen no such proposal of it."""
+    doc = await log.get(ProposalRow.at(tenant, proposal_id))
+    row = ProposalRow.model_validate(doc) if doc is not None else None
+    return row if row is not None and row.gated is not None else None
+
+
+async def open_proposals(log: EventLog, tenant: TenantId) -> ProposalsList:
+    """The tenant's proposals waiting for an operator's review, oldest first."""
+    found = await log.scan(tenant, ProposalRow.kind)
+    rows = [ProposalRow.model_validate(doc) for _, doc in found]
+    waiting = sorted(
+        (r for r in rows if r.open), key=lambda r: (r.proposed_at or "", r.proposal_id)
+    )
+    return ProposalsList(proposals=[proposal_view(r) for r in waiting])
