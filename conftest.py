@@ -140,16 +140,3 @@ async def work_log(work_logs: WorkLogs) -> EventLog:
     """One open execute-stage log, in each mode."""
     log: EventLog = await work_logs.open()
     return log
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with slow tests first, the longest-known first. Under `pytest -n 2 --dist
-    loadfile` a file is one unit of work: starting the long end-to-end files early leaves
-    the short unit-test files to fill the other core, instead of one long file finishing
-    alone at the end."""
-    weight: dict[str, int] = {}
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        weight[path] = weight.get(path, 0) + (1 if item.get_closest_marker("slow") else 0)
-    order = {path: n for n, path in enumerate(sorted(weight, key=lambda p: -weight[p]))}
-    items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])
