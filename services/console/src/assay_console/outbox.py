@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from assay.bus.commands import Command
-from assay.bus.embedded import EmbeddedBus
+from assay.bus.embedded import DeadLetterWatch, EmbeddedBus
 from assay.bus.kafka import KafkaTransport
 from assay.bus.topics import dlq
 from assay.messages.envelope import open_envelope
@@ -44,18 +44,14 @@ class _Unwatched:
 
 
 class _DeadLetters:
-    """Watches a stage's dead-letter topic, from where it ended at sending, for one id."""
+    """The stage's refusal of one command, from its dead-letter topic."""
 
-    def __init__(self, bus: EmbeddedBus, topic: str, since: dict[int, int], message: str) -> None:
-        self._bus, self._topic, self._since, self._message = bus, topic, since, message
+    def __init__(self, watch: DeadLetterWatch) -> None:
+        self._watch = watch
 
     async def refused(self) -> str | None:
-        for p, offset in self._since.items():
-            for m in await self._bus.fetch(self._topic, p, offset, 1000, 0.0):
-                self._since[p] = m.offset + 1
-                if open_envelope(m.value).id == self._message:
-                    return dict(m.headers).get("assay-dlq-reason", b"").decode() or "refused"
-        return None
+        reason = await self._watch.refused()
+        return None if reason is None else reason or "refused"
 
 
 class EmbeddedOutbox:
@@ -65,10 +61,10 @@ class EmbeddedOutbox:
         self._bus = bus
 
     async def send(self, command: Command) -> Sent:
-        topic = dlq(command.stage)
-        since = await self._bus.end_offsets(topic)
+        message = open_envelope(command.entry.value).id
+        watch = await DeadLetterWatch.opened(self._bus, dlq(command.stage), message)
         await self._bus.publish([command.entry])
-        return _DeadLetters(self._bus, topic, since, open_envelope(command.entry.value).id)
+        return _DeadLetters(watch)
 
     async def close(self) -> None:
         return None

@@ -204,3 +204,28 @@ class EmbeddedSource:
                     offset = m.offset + 1
 
         await asyncio.gather(*(partition(t, p) for t in topics for p in range(self.bus.partitions)))
+
+
+class DeadLetterWatch:
+    """Whether one message was dead-lettered: reads a dead-letter topic from where it
+    ended before the message was published (`opened` is called before publishing)."""
+
+    def __init__(self, bus: EmbeddedBus, topic: str, since: dict[int, int], message: str) -> None:
+        self._bus, self._topic, self._since, self._message = bus, topic, since, message
+
+    @classmethod
+    async def opened(cls, bus: EmbeddedBus, topic: str, message: str) -> DeadLetterWatch:
+        """Watch `topic` for `message` (an envelope id) from its end now."""
+        return cls(bus, topic, await bus.end_offsets(topic), message)
+
+    async def refused(self) -> str | None:
+        """The reason the stage gave (possibly empty), once the message is among its dead
+        letters; None: not (yet)."""
+        from assay.messages.envelope import open_envelope
+
+        for p, offset in self._since.items():
+            for m in await self._bus.fetch(self._topic, p, offset, 1000, 0.0):
+                self._since[p] = m.offset + 1
+                if open_envelope(m.value).id == self._message:
+                    return dict(m.headers).get("assay-dlq-reason", b"").decode()
+        return None

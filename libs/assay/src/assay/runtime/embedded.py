@@ -15,7 +15,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from assay.bus.embedded import EmbeddedBus, EmbeddedSource
+from assay.bus.embedded import DeadLetterWatch, EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import dlq, producer_entry
 from assay.engine.models import Model
@@ -266,18 +266,14 @@ class Embedded:
             Refused: `stage` dead-lettered the entry (with the reason it gave).
             TimeoutError: no outcome within `timeout_s`.
         """
-        refusals = dlq(stage)
-        since = await self.bus.end_offsets(refusals)
         message = open_envelope(entry.value).id
+        watch = await DeadLetterWatch.opened(self.bus, dlq(stage), message)
         self.start()
         await self.bus.publish([entry])
         deadline = time.monotonic() + timeout_s
         while (found := await outcome()) is None:
-            for p, offset in since.items():
-                for m in await self.bus.fetch(refusals, p, offset, 1000, 0.0):
-                    since[p] = m.offset + 1
-                    if open_envelope(m.value).id == message:
-                        raise Refused(dict(m.headers).get("assay-dlq-reason", b"").decode())
+            if (reason := await watch.refused()) is not None:
+                raise Refused(reason)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no outcome of {message} within {timeout_s:g}s")
             await asyncio.sleep(poll_s)
