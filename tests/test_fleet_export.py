@@ -31,7 +31,14 @@ from assay.engine import (
     StubModel,
     fold_work,
 )
-from assay.engine.events import RunCancelled, Signalled, Suspended
+from assay.engine.events import (
+    RunCancelled,
+    SandboxCheckpointed,
+    SandboxReleased,
+    SandboxStarted,
+    Signalled,
+    Suspended,
+)
 from assay.fleet import WaitKind, parse_trace
 from assay.fleet.export import Resources, trace_of_run
 from assay.kernel import (
@@ -201,6 +208,34 @@ def test_overlapping_attempts_busy_wins_then_the_earliest_wait() -> None:
         ("wait_started", 200, "tool"),
         ("wait_finished", 300, "tool"),
         ("run_finished", 300, "cancelled"),
+    ]
+
+
+def test_a_resume_is_taken_out_of_the_clock_the_release_changes_nothing() -> None:
+    """A really suspended run exports the workload an always-on run of it has: the
+    resume (generation 2's restore, start and verification) is the policy's cost,
+    which the simulator charges itself; the first generation's start is the run's."""
+    r = ref(DEFINITION)
+    log = records(
+        r,
+        (5, SandboxStarted(generation=1, identity="g1", start_ms=5)),
+        (10, AttemptStarted(step=StepId("plan"), attempt=AttemptNo(1), iteration=0)),
+        (60, SandboxCheckpointed(generation=1, workspace="ws")),
+        (70, SandboxReleased(generation=1, wait="model")),
+        *attempt("plan", 10, 110)[1:],
+        (150, SandboxStarted(generation=2, identity="g2", restored_from="ws", start_ms=40)),
+        *attempt("build", 150, 400),
+        (410, RunFinished(succeeded=True, episode="e", usage=NO_USAGE)),
+    )
+    trace = trace_of_run(log, Resources(1, 1))
+    assert trace is not None
+    assert edges(trace.to_jsonl()) == [
+        ("run_started", 0, ""),
+        ("wait_started", 10, "model"),
+        ("wait_finished", 110, "model"),
+        ("busy_started", 110, ""),
+        ("busy_finished", 360, ""),
+        ("run_finished", 370, "succeeded"),
     ]
 
 

@@ -9,7 +9,13 @@ What becomes what:
   while the sandbox itself is idle;
 - an `await` step's suspension (Suspended → Signalled, or the run's cancellation) is a
   `human` wait;
-- `RunStarted` and `RunFinished` / `RunCancelled` bound the run.
+- `RunStarted` and `RunFinished` / `RunCancelled` bound the run;
+- a resident sandbox's resume (a `SandboxStarted` of generation 2 or later: restore,
+  start and verification, its `start_ms`) is the suspension policy's cost, not the
+  workload's, so it is taken out of the trace's clock: the trace of a run that was
+  really suspended describes the same workload as an always-on run of it, and
+  simulating a policy on it charges resume cost once, not twice. Checkpoint and
+  release happen inside the wait they were made for and change nothing.
 
 Parallel branches can overlap. Busy time wins over any wait it overlaps (the sandbox
 is not idle), and where waits overlap each other the one that began first names the
@@ -33,6 +39,7 @@ from assay.engine.events import (
     RunCancelled,
     RunFinished,
     RunStarted,
+    SandboxStarted,
     Signalled,
     Suspended,
 )
@@ -91,10 +98,14 @@ def trace_of_run(
     open_attempts: dict[tuple[str, int], tuple[int, Label, int]] = {}
     suspended_at: int | None = None
     now = 0
+    resumed_ms = 0  # resume time so far: taken out of the clock (see the module's text)
     finished: RunFinishedEvent | None = None
     for record in records[1:]:
-        before, now = now, max(now, record.at_ms - origin)
+        before, now = now, max(now, record.at_ms - origin - resumed_ms)
         match record.event:
+            case SandboxStarted(generation=g, start_ms=took) if g > 1:
+                resumed_ms += took
+                now = max(before, now - took)
             case AttemptStarted(step=step, attempt=n):
                 open_attempts[(step, n)] = (now, kinds.get(step, "busy"), before)
             case AttemptFinished(step=step, attempt=n, duration_ms=took):
