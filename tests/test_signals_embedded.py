@@ -174,6 +174,9 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     judge = {"tenant": str(TENANT)}
     assert total(calibrated, "assay_judge_verifier_agreement", **judge) == 0.0
     assert total(calibrated, "assay_judge_calibration_orderings", **judge) == 2
+    # the hold's thresholds, exported so the alert compares against decide's settings
+    assert total(calibrated, "assay_judge_calibration_min_agreement") == 0.7
+    assert total(calibrated, "assay_judge_calibration_min_judged") == 4
 
 
 async def calibration_round(rt: Embedded, port: int) -> Samples:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.kernel import RunId
 from assay.kernel.ids import TenantId
 from assay.messages import JudgeCalibrated
@@ -123,8 +124,10 @@ async def due_rounds(
     return due
 
 
-async def calibration_gauges(log: EventLog) -> list[Gauge]:
-    """Judge health from the last calibration of each tenant and judge model (§15)."""
+async def calibration_gauges(log: EventLog, policy: CalibrationPolicy) -> list[Gauge]:
+    """Judge health from the last calibration of each tenant and judge model (§15), and
+    the thresholds below which decide holds promotion (the same settings decide reads),
+    so that an alert compares the two instead of repeating the settings' values."""
     found = [
         (str(who), JudgeAgreement.model_validate(doc))
         for who, _, doc in await log.scan_kind(JudgeAgreement.kind)
@@ -152,5 +155,18 @@ async def calibration_gauges(log: EventLog) -> list[Gauge]:
             "assay_judge_calibration_orderings",
             "Orderings the judge's last scheduled calibration judged (its agreement's sample).",
             {(t, a.judge): float(a.judged) for t, a in found},
+        ),
+        Gauge(
+            "assay_judge_calibration_min_agreement",
+            "Agreement below which promotion is held (ASSAY_CALIBRATION_MIN_AGREEMENT).",
+            (),
+            (((), policy.min_agreement),),
+        ),
+        Gauge(
+            "assay_judge_calibration_min_judged",
+            "Orderings a calibration needs before its agreement can hold promotion "
+            "(ASSAY_CALIBRATION_MIN_JUDGED).",
+            (),
+            (((), float(policy.min_judged)),),
         ),
     ]

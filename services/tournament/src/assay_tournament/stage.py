@@ -17,8 +17,11 @@ judge call from then on and a `cancelled` result (`cancels.py`).
 
 from __future__ import annotations
 
+import functools
+
 from pydantic import ValidationError
 
+from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.calibration_set import read_calibration_set
 from assay.grading.judges import JudgeFailed
 from assay.grading.strategies import StrategyRefused, check_fits, profile, strategy_named
@@ -155,13 +158,13 @@ def create_stage(deps: StageDeps) -> StageSpec:
         ),
         deps=judging,
         background=tuple(background),
-        gauges=_gauges,
+        gauges=functools.partial(_gauges, policy=calibration),
     )
 
 
-async def _gauges(log: EventLog) -> list[Gauge]:
+async def _gauges(log: EventLog, policy: CalibrationPolicy) -> list[Gauge]:
     """The grading backlog and the judge's calibrated health."""
-    return [*await backlog_gauges(log), *await calibration_gauges(log)]
+    return [*await backlog_gauges(log), *await calibration_gauges(log, policy)]
 
 
 def _workflow(episode: Episode, judging: Judging) -> WorkflowDef:
