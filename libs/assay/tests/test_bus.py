@@ -68,6 +68,7 @@ from assay.messages import (
     CancelRun,
     ChallengerRejected,
     Envelope,
+    EpisodeReduced,
     GradingCancelled,
     GroupDue,
     JudgeCalibrated,
@@ -693,6 +694,12 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
         (CancelGrading(run=ref, succeeded=True, usage=Usage()), f"{t}:{RUN}"),
         (
             GradingCancelled(run=ref, succeeded=True, usage=Usage(), verified=False),
+            f"{t}:{TASK}",
+        ),
+        (
+            EpisodeReduced(
+                tenant=TENANT, run_id=RunId(RUN), task_id=ref.task_id, original="a", summary="b"
+            ),
             f"{t}:{TASK}",
         ),
         (RewindRun(tenant=TENANT, run_id=RunId(RUN), at=2), f"{t}:{RUN}"),

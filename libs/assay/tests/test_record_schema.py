@@ -73,6 +73,7 @@ from assay.messages import (
     CancelRollout,
     CancelRun,
     ChallengerRejected,
+    EpisodeReduced,
     FailureEvidence,
     GradingCancelled,
     GroupDue,
@@ -154,6 +155,7 @@ from assay_tournament.events import (
     CalibrationEpisodeKept,
     CalibrationRan,
     ChallengerParked,
+    EpisodeSummarised,
     GradingMetered,
     GradingStopped,
     GroupClosed,
@@ -638,6 +640,13 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         usage=USAGE,
     ),
     GradingCancelled(run=REF, reason="wrong input", succeeded=False, usage=USAGE, verified=True),
+    EpisodeReduced(
+        tenant=REF.tenant,
+        run_id=REF.run_id,
+        task_id=REF.task_id,
+        original="blob:abc",
+        summary="blob:def",
+    ),
     RewindRun(tenant=REF.tenant, run_id=REF.run_id, at=3, branch=None, reason="retry"),
     BranchRun(
         tenant=REF.tenant,
@@ -955,6 +964,7 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 task_id=TASK, workflow_version=V1, run_id=RUN, episode="blob:abc", passed=True
             ),
             ChallengerParked(verified=VERIFIED.model_dump(mode="json")),
+            EpisodeSummarised(original="blob:abc", summary="blob:def"),
             *[
                 RunScored(
                     run_id=RUN,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from assay.bus import RESULTS, RUN_COMMANDS, RUN_STATUS, RUNS
+from assay.bus import RESULTS, RUN_COMMANDS, RUN_STATUS, RUNS, VERIFIED
 from assay.cli.runs import RunTiered, archive_view, find_run
 from assay.devstack.base import Service
 from assay.devstack.postgres import scratch_database
@@ -48,6 +48,7 @@ from assay.kernel.scores import Ungraded, UngradedReason
 from assay.messages import (
     CancelRun,
     Episode,
+    EpisodeReduced,
     Purpose,
     ReducedEpisode,
     Role,
@@ -271,11 +272,22 @@ async def test_a_run_is_reduced_only_once_its_grading_has_ended(
         assert events(await store.read(key(msg)), Reduced) == []
 
         await stage.deliver(RESULTS, result_of(msg), SMALL)
+        told = await stage.emitted(VERIFIED)
 
     records = await store.read(key(msg))
     assert [type(r.event) for r in records[-2:]] == [GradingEnded, Reduced]
     (reduced,) = events(records, Reduced)
     assert (reduced.original, reduced.ceiling) == (original, CEILING)
+    # tournament hears which blob stands for the episode, keyed by the run's task
+    assert told == [
+        EpisodeReduced(
+            tenant=SMALL,
+            run_id=msg.run.run_id,
+            task_id=msg.run.task_id,
+            original=original,
+            summary=reduced.summary,
+        )
+    ]
     assert await blobs.get(SMALL, original) is None  # the original body is gone
     raw_summary = await blobs.get(SMALL, reduced.summary)
     assert raw_summary is not None

@@ -13,6 +13,7 @@ import pytest
 import assay_tournament.groups as groups_module
 from assay.bus import RESULTS, TASKS, dlq
 from assay.cli.health import merged
+from assay.engine.retention import reduce_episode
 from assay.grading.judges import JudgeFailed
 from assay.grading.strategies import GradingPolicy
 from assay.kernel import AttemptState, RunState, WorkflowVersion
@@ -26,7 +27,15 @@ from assay.kernel.scores import (
     UngradedReason,
     Verdict,
 )
-from assay.messages import MESSAGES, GroupDue, Purpose, RunRef, open_envelope
+from assay.messages import (
+    MESSAGES,
+    Episode,
+    EpisodeReduced,
+    GroupDue,
+    Purpose,
+    RunRef,
+    open_envelope,
+)
 from assay.record import StateKey
 from assay_tournament.state import backlog_gauges
 from services.tournament.tests.tournament_harness import (
@@ -248,6 +257,43 @@ async def test_challenger_waits_for_its_reference_run_and_is_graded_when_it_arri
     score = (await stage.verified(challenger(t2))).score_of(challenger(t2))
     assert isinstance(score, Relative)
     assert score.position == "b"
+
+
+async def test_a_reference_reduced_by_retention_is_compared_through_its_summary(
+    stage: Stage,
+) -> None:
+    """Execute deletes an episode over the token ceiling once its grading ended and says
+    so (`EpisodeReduced`); a later challenger on the task reads the reference's summary,
+    and is judged, instead of going ungraded for want of the original."""
+    t = task_id(1)
+    cur = current(t)
+    original = await stage.episode(cur, output="5 " + "x" * 5_000)
+    await stage.verified(cur, episode=original)
+    raw = await stage.blobs.get(TENANT, original)
+    assert raw is not None
+    summary = reduce_episode(Episode.model_validate_json(raw), original, keep_chars=40)
+    summary_ref = await stage.blobs.put(TENANT, summary.encode())
+    await stage.blobs.delete(TENANT, original)
+    reduced = EpisodeReduced(
+        tenant=TENANT,
+        run_id=cur.run_id,
+        task_id=t,
+        original=original,
+        summary=summary_ref,
+    )
+    assert (await stage.deliver(reduced)).entries == []  # noted, nothing published
+    stage.judge.verdicts = [Verdict.A]
+    chal = challenger(t)
+    score = (await stage.verified(chal)).score_of(chal)
+    assert isinstance(score, Relative)
+    assert score.decided_by is DecidedBy.JUDGE
+    assert stage.judge.compared == [(chal.run_id, cur.run_id)]
+    assert (await stage.deliver(reduced, mid="again")).entries == []  # redelivered: nothing
+    assert await stage.log.get(StateKey(TENANT, "summary", original)) == {"summary": summary_ref}
+    # a run that is no reference is never read again: nothing is kept for it
+    other = challenger(task_id(1), "other")
+    await stage.deliver(reduced.model_copy(update={"run_id": other.run_id, "original": "a" * 64}))
+    assert await stage.log.get(StateKey(TENANT, "summary", "a" * 64)) is None
 
 
 async def test_parked_challenger_is_released_when_its_reference_episode_is_unreadable(

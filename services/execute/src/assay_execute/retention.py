@@ -45,7 +45,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from assay.bus.topics import RUN_STATUS
+from assay.bus.topics import RUN_STATUS, VERIFIED
 from assay.engine.events import (
     ArchivedBranch,
     GradingEnded,
@@ -65,9 +65,18 @@ from assay.engine.retention import (
     tiered_stream,
 )
 from assay.engine.run_state import GradingStatus, RunView, TieringDue
-from assay.kernel import AssayError, BranchId, Lsn, RunId, RunState, TenantId, run_transition
+from assay.kernel import (
+    AssayError,
+    BranchId,
+    Lsn,
+    RunId,
+    RunState,
+    TaskId,
+    TenantId,
+    run_transition,
+)
 from assay.kernel.schema import one_line
-from assay.messages import Episode, RunStatusChanged
+from assay.messages import Episode, EpisodeReduced, RunStatusChanged
 from assay.record import BranchKey, Event, LogRecord
 from assay.runtime import Gauge, UnitOfWork
 from assay.store.ports import (
@@ -136,6 +145,8 @@ class Retention:
             async with uow.step():  # `Reduced` is durable before the original goes
                 for event in events:
                     uow.record(key, event)
+                if reduction is not None:  # a reference on the task reads the summary now
+                    uow.emit(VERIFIED, reduced_message(uow.tenant, run, doc.task_id, reduction))
         if (doc.reduced or reduction is not None) and doc.episode is not None:
             await uow.blobs.delete(uow.tenant, doc.episode)
 
@@ -188,6 +199,13 @@ class Retention:
             except Exception:  # the result being handled is not this run's: never fail it
                 log.warning("retention: tiering run %s failed", run, exc_info=True)
         return tiered
+
+
+def reduced_message(tenant: TenantId, run: RunId, task: TaskId, r: Reduced) -> EpisodeReduced:
+    """What tournament hears of a reduction: which blob now stands for the episode."""
+    return EpisodeReduced(
+        tenant=tenant, run_id=run, task_id=task, original=r.original, summary=r.summary
+    )
 
 
 async def tier_run(

@@ -29,6 +29,15 @@ class ReferenceSet(Event):
     passed: bool = Field(description="Its verifier outcome.")
 
 
+class EpisodeSummarised(Event):
+    """Execute reduced a run's episode (`EpisodeReduced`): its summary stands for it."""
+
+    type: ClassVar[str] = "EpisodeSummarised"
+    version: ClassVar[int] = 1
+    original: str = Field(description="BlobRef of the episode, deleted by execute.")
+    summary: str = Field(description="BlobRef of its summary (a `ReducedEpisode`).")
+
+
 class ChallengerParked(Event):
     """A challenger waits for the reference run spawned alongside it."""
 
@@ -212,6 +221,7 @@ TOURNAMENT_EVENTS = EventRegistry(
     [
         ReferenceSet,
         ChallengerParked,
+        EpisodeSummarised,
         RunScored,
         GroupJoined,
         GroupClosed,

@@ -34,8 +34,10 @@ from assay.kernel import RunId, RunState
 from assay.kernel.scores import Score, Ungraded
 from assay.messages import (
     Episode,
+    EpisodeReduced,
     JudgePurpose,
     Purpose,
+    ReducedEpisode,
     RunGraded,
     RunRef,
     RunResult,
@@ -49,12 +51,21 @@ from assay.runtime import UnitOfWork
 from assay.workflow import GradingSpec, RubricItem
 from assay_tournament.events import (
     METER_STREAM,
+    EpisodeSummarised,
     GradingMetered,
     ReplaySpent,
     ResultIssued,
     RunScored,
 )
-from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, LiveResult, Parked
+from assay_tournament.state import (
+    GradingMeter,
+    KeptAttempts,
+    KeptSpend,
+    LiveResult,
+    Parked,
+    Reference,
+    Summary,
+)
 
 
 @dataclass(frozen=True)
@@ -75,14 +86,35 @@ TournamentUnitOfWork = UnitOfWork[Judging]
 
 
 async def load_episode(uow: TournamentUnitOfWork, ref: str) -> Episode | None:
-    """The episode blob of the tenant, or None when it is gone or unreadable."""
+    """The episode blob of the tenant — or, once execute reduced it, its summary's
+    episode (every transition, long texts elided) — or None when it is gone or
+    unreadable."""
     raw = await uow.blobs.get(uow.tenant, ref)
     if raw is None:
-        return None
+        if (stand_in := await uow.get(Summary, ref)) is None:
+            return None
+        raw = await uow.blobs.get(uow.tenant, stand_in.summary)
+        return None if raw is None else _decoded(raw, ReducedEpisode)
+    return _decoded(raw, Episode)
+
+
+def _decoded(raw: bytes, as_: type[Episode] | type[ReducedEpisode]) -> Episode | None:
     try:
-        return Episode.model_validate_json(raw)
+        found = as_.model_validate_json(raw)
     except ValidationError:
         return None
+    return found.episode if isinstance(found, ReducedEpisode) else found
+
+
+async def on_episode_reduced(msg: EpisodeReduced, uow: TournamentUnitOfWork) -> None:
+    """Execute deleted a run's episode for its summary. If the run is a reference on its
+    task, note which blob stands for it (on the task's stream, so it is compacted with
+    the reference), so a later comparison with the run reads the summary; any other
+    run's episode is never read again here, and nothing is kept for it."""
+    references = await uow.scan(Reference, f"{msg.task_id}/")
+    if any(ref.episode == msg.original for _, ref in references):
+        noted = EpisodeSummarised(original=msg.original, summary=msg.summary)
+        uow.record(BranchKey.main(uow.tenant, f"task:{msg.task_id}"), noted)
 
 
 def failed_checks(msg: RunVerified) -> list[VerifierResult]:

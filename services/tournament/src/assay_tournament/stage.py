@@ -55,6 +55,7 @@ from assay_tournament.grading import (
     Scoring,
     TournamentUnitOfWork,
     load_episode,
+    on_episode_reduced,
 )
 from assay_tournament.groups import clock_ms, group_due, join_group, on_group_due
 from assay_tournament.pairwise import grade_pairwise, release_parked
@@ -155,6 +156,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             on_rollout_closed,
             on_calibration_due,
             on_grading_cancelled,
+            on_episode_reduced,
         ),
         deps=judging,
         background=tuple(background),

@@ -1,6 +1,7 @@
 """The tournament stage's derived state, typed, and the fold that keeps it.
 
-Kinds (per tenant): `reference` per (task, version); `parked` challengers waiting
+Kinds (per tenant): `reference` per (task, version); `summary` per episode execute
+reduced (its summary's ref); `parked` challengers waiting
 for their reference run; `scored` runs; `comparisons` counter per version (order
 alternation); `group` per (task, outcome class) — the open tournament group's
 epoch and clock; `member` per (task, outcome, run) — its members; `meter` — judge
@@ -42,6 +43,7 @@ from assay_tournament.calibration_state import CALIBRATION_STATE, fold_calibrati
 from assay_tournament.events import (
     METER_STREAM,
     ChallengerParked,
+    EpisodeSummarised,
     GradingMetered,
     GradingStopped,
     GroupClosed,
@@ -70,6 +72,14 @@ class Reference(ReadModel):
     run_id: RunId
     episode: str
     passed: bool
+
+
+class Summary(ReadModel):
+    """The summary standing for an episode execute reduced (`summary`, keyed by the
+    original's ref): what `load_episode` reads once the original is gone."""
+
+    kind: ClassVar[str] = "summary"
+    summary: str
 
 
 class Stopped(ReadModel):
@@ -288,6 +298,8 @@ def fold_tournament(record: LogRecord) -> list[StateDelta]:
         case ReferenceSet() as e:
             ref = Reference(run_id=e.run_id, episode=e.episode, passed=e.passed)
             return [ref.put(t, f"{e.task_id}/{e.workflow_version}")]
+        case EpisodeSummarised() as e:
+            return [Summary(summary=e.summary).put(t, e.original)]
         case ChallengerParked(verified=v):
             return [Put(Parked.at(t, f"{v['run']['task_id']}/{graded_key(v['run'])}"), v)]
         case RunScored() as e:

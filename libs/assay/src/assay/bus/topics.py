@@ -18,6 +18,7 @@ from assay.messages import (
     CancelRollout,
     CancelRun,
     ChallengerRejected,
+    EpisodeReduced,
     GradingCancelled,
     GroupDue,
     JudgeCalibrated,
@@ -102,7 +103,7 @@ def _task_key(msg: Versioned) -> str:
     calibration rounds share one."""
     if isinstance(msg, CalibrationDue):
         return f"{msg.tenant}:calibration"
-    if isinstance(msg, GroupDue | RolloutClosed):
+    if isinstance(msg, GroupDue | RolloutClosed | EpisodeReduced):
         return f"{msg.tenant}:{msg.task_id}"
     assert isinstance(msg, RunVerified | GradingCancelled)
     return f"{msg.run.tenant}:{msg.run.task_id}"
@@ -156,7 +157,14 @@ TOPICS: dict[str, Topic] = {
         Topic(EPISODES, (RunExecuted,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
         Topic(
             VERIFIED,
-            (RunVerified, GroupDue, RolloutClosed, CalibrationDue, GradingCancelled),
+            (
+                RunVerified,
+                GroupDue,
+                RolloutClosed,
+                CalibrationDue,
+                GradingCancelled,
+                EpisodeReduced,
+            ),
             _task_key,
             "tenant:task_id (CalibrationDue: tenant:calibration)",
         ),

@@ -480,6 +480,22 @@ class CancelGrading(Versioned):
     usage: Usage = Field(description="Model usage of its execution.")
 
 
+class EpisodeReduced(Versioned):
+    """Execute, to tournament: a run's episode was over its tenant's token ceiling once
+    its grading ended, so retention replaced it by a summary and deleted the original
+    (§10.3). Keyed by task like the run's `RunVerified`: a later challenger on the task
+    compared with this run as its reference reads the summary instead (a reduced view,
+    as the judge reads any episode over its prompt budget) rather than going ungraded."""
+
+    type: ClassVar[str] = "EpisodeReduced"
+    version: ClassVar[int] = 1
+    tenant: TenantId = Field(description="Tenant.")
+    run_id: RunId = Field(description="The run whose episode was reduced.")
+    task_id: TaskId = Field(description="The run's task: the comparison key.")
+    original: str = Field(description="BlobRef of the episode, now deleted.")
+    summary: str = Field(description="BlobRef of its summary (a `ReducedEpisode`).")
+
+
 class GradingCancelled(Versioned):
     """Verify, to tournament: grading of a run's branch was cancelled (`CancelGrading`).
     Keyed by task like the branch's `RunVerified`, so tournament handles both in order;
