@@ -86,8 +86,9 @@ bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(UV) sync --locked --all-packages --group bench --quiet --compile-bytecode
 	$(VENV)/bin/python bench/run.py
 
+# `make up REPLICAS="execute=3 tournament=2"`: more processes of a stage, one consumer group.
 up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
-	$(VENV)/bin/assay up
+	$(VENV)/bin/assay up $(if $(REPLICAS),--replicas "$(REPLICAS)")
 
 down:  ## stop what `make up` started; PURGE=1 also drops the database and roles it created
 	@if [ -x $(VENV)/bin/assay ]; then $(VENV)/bin/assay down $(if $(PURGE),--purge); else echo "nothing to stop"; fi

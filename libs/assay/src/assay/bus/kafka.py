@@ -336,12 +336,14 @@ class KafkaSource:
                 await broker.stop()
 
     def status(self, stalled_after_s: float) -> dict[str, object]:
-        """For readiness: whether the consumer has joined its group, its partitions, and
-        those with records waiting (by the last fetched high watermark) that have made
+        """For readiness: whether the consumer has joined its group, its partitions (how
+        many, and which: `topic/partition`, so an operator sees how a group's replicas
+        share them — Tansu's DescribeGroups answers no member assignments), and those
+        with records waiting (by the last fetched high watermark) that have made
         no progress for `stalled_after_s`."""
         workers = self._workers
         if workers is None:
-            return {"joined": False, "partitions": 0, "lag": 0, "stalled": []}
+            return {"joined": False, "partitions": 0, "held": [], "lag": 0, "stalled": []}
         return workers.status(time.monotonic(), stalled_after_s)
 
     async def end_offsets(self, topics: list[str]) -> dict[tuple[str, int], int]:

@@ -99,9 +99,11 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
             waiting = behind > 0 or tp in self.unpositioned
             if waiting and now - self.progressed.get(tp, now) > stalled_after_s:
                 stalled.append(f"{tp.topic}/{tp.partition}")
+        held = sorted(self.ready | self.unpositioned)
         return {
             "joined": self.joined,
-            "partitions": len(self.ready | self.unpositioned),
+            "partitions": len(held),
+            "held": [f"{tp.topic}/{tp.partition}" for tp in held],
             "lag": lag,
             "stalled": stalled,
         }

@@ -240,6 +240,12 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument("--tenant", default=None, help="only this tenant's results")
     up = sub.add_parser("up", help="start a local distributed deployment, without Docker")
     up.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
+    up.add_argument(
+        "--replicas",
+        default="",
+        metavar="STAGE=N ...",
+        help="processes per stage, e.g. 'execute=3 tournament=2' (default one each)",
+    )
     down = sub.add_parser("down", help="stop what `assay up` started")
     down.add_argument("--dir", type=Path, default=Path(".assay/stack"), help="state and logs")
     down.add_argument(
@@ -537,7 +543,9 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.devstack import stack
 
         if args.command == "up":
-            return await stack.up(args.dir)
+            from assay.devstack.deployment import parse_replicas
+
+            return await stack.up(args.dir, parse_replicas(args.replicas))
         return await stack.down(args.dir, purge_objects=args.purge)
     if args.command == "grade" and args.grade_command in ("bt", "sprt"):
         from assay.cli import grade

@@ -25,11 +25,50 @@ import asyncpg
 from assay.devstack.base import Service, free_port, run_apart
 from assay.devstack.kafka import start_tansu
 from assay.devstack.postgres import create_database, drop_database, drop_roles, ensure_database
+from assay.kernel.errors import AssayError
 from assay.runtime.embedded import STAGES
 from assay.runtime.settings import AssaySettings
 from assay.store.pg_provision import provision_stage, stage_role
 
 ASSAY = str(Path(sys.executable).parent / "assay")
+MAX_REPLICAS = 16
+"""More processes of one stage than this on one machine is a typo, not a deployment."""
+
+
+class ReplicasInvalid(AssayError):
+    """A replica count does not parse, names no stage, or is out of range."""
+
+
+def parse_replicas(text: str) -> dict[str, int]:
+    """`execute=3 tournament=2` (spaces or commas between): processes per stage; a stage
+    not named runs one. The first replica is named for its stage, the others
+    `<stage>-2`, `<stage>-3`, …; every replica joins the stage's consumer group, which
+    spreads the topics' partitions across them.
+
+    Raises:
+        ReplicasInvalid: an entry is not `stage=count`, names no stage, repeats one, or
+            its count is not a whole number from 1 to `MAX_REPLICAS`.
+    """
+    counts: dict[str, int] = {}
+    for entry in text.replace(",", " ").split():
+        stage, eq, count = entry.partition("=")
+        if not eq or stage not in STAGES:
+            raise ReplicasInvalid(
+                f"replicas: {entry!r} is not stage=count with a stage among {', '.join(STAGES)}"
+            )
+        if stage in counts:
+            raise ReplicasInvalid(f"replicas: {stage} is given twice")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_REPLICAS:
+            raise ReplicasInvalid(
+                f"replicas: {stage}={count!r}: the count is a whole number from 1 to {MAX_REPLICAS}"
+            )
+        counts[stage] = int(count)
+    return counts
+
+
+def replica_names(stage: str, count: int) -> list[str]:
+    """The process names of a stage's replicas: the stage's own, then `<stage>-<n>`."""
+    return [stage, *(f"{stage}-{n}" for n in range(2, count + 1))]
 
 
 @dataclass
@@ -189,6 +228,7 @@ async def deploy(
     stages: Sequence[str] = STAGES,
     extra_env: dict[str, str] | None = None,
     roles: Mapping[str, str] | None = None,
+    replicas: Mapping[str, int] | None = None,
 ) -> Deployment:
     """Start a broker, provision a database and a bucket, and start the six stages.
 
@@ -205,6 +245,7 @@ async def deploy(
             named for it (`assay_<database>_<stage>`) dropped at stop with it, so that
             deployments sharing a server never reset each other's passwords; with a
             given `database`, `assay_<stage>`.
+        replicas: processes per stage (`parse_replicas`); one where not given.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     async with contextlib.AsyncExitStack() as undo:  # a deployment that never came up
@@ -258,7 +299,8 @@ async def deploy(
         undo.pop_all()  # from here the deployment's own stop undoes it all
     try:
         for stage in stages:
-            d.start(stage)
+            for name in replica_names(stage, (replicas or {}).get(stage, 1)):
+                d.start(stage, name=name)
         await asyncio.to_thread(d.wait_healthy)
     except BaseException:
         await asyncio.to_thread(d.stop)

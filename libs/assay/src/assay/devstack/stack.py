@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -82,8 +83,9 @@ def _state(
     }
 
 
-async def up(workdir: Path) -> int:
+async def up(workdir: Path, replicas: Mapping[str, int] | None = None) -> int:
     """Start everything, wait until every stage is healthy, print the addresses.
+    `replicas`: processes per stage (`deployment.parse_replicas`), one where not given.
 
     On a Postgres server it did not start, the stack's database and roles are its own
     (`ownership.claim`); returns 2 when a stack is already recorded in `workdir`.
@@ -118,6 +120,7 @@ async def up(workdir: Path) -> int:
             bucket=f"assay-{objects.stack}",
             detached=True,
             roles={stage: objects.role(stage) for stage in STAGES},
+            replicas=replicas,
         )
     except BaseException:
         s3.stop()
