@@ -39,7 +39,7 @@ from assay.engine.events import fold_work
 from assay.engine.tools import Pure, Tool, ToolCall, Unsafe
 from assay.kernel import BranchId, TaskId, content_hash, new_run_id, tenant_id
 from assay.messages import Purpose, Role, RunRef
-from assay.store import CommitBatch, EventLog, FsBlobStore, SqliteEventLog
+from assay.store import EventLog, FsBlobStore, SqliteEventLog
 from assay.store.postgres import PostgresEventLog
 from assay.workflow import WorkflowDef, validate
 
@@ -83,7 +83,8 @@ def _spec(wf: WorkflowDef) -> RunSpec:
 async def assay_run(driver: Driver, log: EventLog, blobs: FsBlobStore, wf: WorkflowDef) -> None:
     """One run as `assay run` makes it: drive, store the episode blob, commit `RunFinished`."""
     spec = _spec(wf)
-    episode = await driver.drive(spec, LogJournal(log))
+    journal = LogJournal(log, defers=True)  # as `assay run`: Pure steps ride with RunFinished
+    episode = await driver.drive(spec, journal)
     assert episode.succeeded, episode.failed_step
     blob = await blobs.put(TENANT, episode.encode())
     finished = RunFinished(
@@ -92,7 +93,7 @@ async def assay_run(driver: Driver, log: EventLog, blobs: FsBlobStore, wf: Workf
         episode=blob,
         usage=episode.usage,
     )
-    await log.commit(CommitBatch(records=[(spec.key, finished)]))
+    await journal.record_and_commit(spec.key, finished)
 
 
 async def _assay_steps_per_s(log: EventLog, blobs: FsBlobStore) -> float:
@@ -363,8 +364,13 @@ COUNTED_TOOLS = {
 
 
 async def _transactions_of_a_run(log: SqliteEventLog, wf: WorkflowDef) -> int:
+    """A whole run's transactions, as `assay run` commits it: its end included."""
     before = log.transactions
-    await Driver(StubModel(), COUNTED_TOOLS).drive(_spec(wf), LogJournal(log))
+    spec = _spec(wf)
+    journal = LogJournal(log, defers=True)
+    episode = await Driver(StubModel(), COUNTED_TOOLS).drive(spec, journal)
+    finished = RunFinished(succeeded=episode.succeeded, episode="-", usage=episode.usage)
+    await journal.record_and_commit(spec.key, finished)
     return log.transactions - before
 
 

@@ -29,7 +29,7 @@ from assay.messages import Purpose, Role, RunRef
 from assay.runtime.bootstrap import model_for, sandbox_for
 from assay.runtime.plugins import load_tools, load_verifiers
 from assay.runtime.settings import AssaySettings
-from assay.store import CommitBatch, FsBlobStore, SqliteEventLog
+from assay.store import FsBlobStore, SqliteEventLog
 from assay.verification import verifier_registry, verify_episode
 from assay.workflow import SubworkflowStep, load_workflow
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
@@ -69,7 +69,8 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
     try:
         spec = RunSpec(ref=ref, definition=wf, input=task_input, branch=BranchId(0))
         try:
-            episode = await Driver(model, tools, sandbox).drive(spec, LogJournal(log))
+            journal = LogJournal(log, defers=True)  # Pure steps ride with the next commit
+            episode = await Driver(model, tools, sandbox).drive(spec, journal)
         except RunSuspended as waiting:
             raise AssayError(
                 f"the run waits at step {waiting.suspended.step!r} for "
@@ -77,21 +78,13 @@ async def run_once(data_dir: Path, workflow: Path, task_input: dict[str, Any]) -
                 "in the pipeline and use `assay approve` or `assay signal`"
             ) from waiting
         blob = await blobs.put(tenant, episode.encode())
-        await log.commit(
-            CommitBatch(
-                records=[
-                    (
-                        spec.key,
-                        RunFinished(
-                            succeeded=episode.succeeded,
-                            failed_step=episode.failed_step,
-                            episode=blob,
-                            usage=episode.usage,
-                        ),
-                    )
-                ]
-            )
+        finished = RunFinished(
+            succeeded=episode.succeeded,
+            failed_step=episode.failed_step,
+            episode=blob,
+            usage=episode.usage,
         )
+        await journal.record_and_commit(spec.key, finished)
         registry = verifier_registry(sandbox, installed)
         results = await verify_episode(episode, list(wf.verifiers), registry=registry)
     finally:

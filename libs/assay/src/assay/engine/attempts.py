@@ -2,7 +2,9 @@
 
 An attempt's start is committed before the call (write-ahead), except for a
 `Pure` tool's: a Pure call can simply run again after a crash, so its start
-commits with its end, in one commit (§8.4). Not in a drive that resumed a
+and end ride together with the journal's next commit, whatever makes it — the
+next write-ahead record, the run's end — so consecutive Pure steps share one
+commit (§8.4). Not in a drive that resumed a
 stopped run, until one of its live attempts has ended: a worker that died in a
 Pure call left nothing on record, so the call runs again written ahead, and a
 call that kills every worker is closed as interrupted like any other
@@ -526,9 +528,10 @@ class AttemptRunner:
             workspace=workspace,
         )
         start = run.unwritten.pop(step, None)
-        await run.record_and_commit(
-            *(() if start is None else (start,)), *before, finished, emits=emits
-        )
+        if start is None:
+            await run.record_and_commit(*before, finished, emits=emits)
+        else:  # a Pure attempt, start and end: recovery runs it again, so it may wait
+            await run.record_later(start, *before, finished, emits=emits)
         return finished
 
     def _pure(self, step: ModelStep | ToolStep) -> bool:

@@ -42,6 +42,21 @@ class Journal(Protocol):
 
 
 @runtime_checkable
+class DeferringJournal(Journal, Protocol):
+    """A journal that can hold records for its next commit, whatever makes it (§8.4)."""
+
+    defers: bool
+    """Whether `defer` holds records (False: the journal has no later commit it knows
+    of, and the driver commits them at once)."""
+
+    async def defer(
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Hold `events` (and messages to emit with them) to ride with the next commit."""
+        ...
+
+
+@runtime_checkable
 class CheckpointingJournal(Journal, Protocol):
     """A journal that also keeps checkpoints of a branch (an optimisation only)."""
 
@@ -63,6 +78,9 @@ class Tally:
     """How many records this drive appended (shared by a run and its branches)."""
 
     n: int = 0
+    deferred: int = 0
+    """Records handed to the journal to ride with its next commit, not yet counted in
+    `n`: a checkpoint waits until this drive's next own commit has counted them."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +265,9 @@ class RunContext:
     """This drive found the stream's records on the log (it was stopped before): until
     one of its live attempts ends, a Pure attempt's start is committed ahead of the call,
     so a call that keeps killing the worker is on record and bounded (`MAX_INTERRUPTED`)."""
+    recovered: bool = False
+    """This drive found the stream's records on the log: it defers nothing, so a
+    recovery makes progress commit by commit (see `record_later`)."""
     depth: int = 0
     """How deep in sub-workflows this stream is (the run itself: 0)."""
 
@@ -264,4 +285,21 @@ class RunContext:
     ) -> None:
         """Commit events to the run's branch."""
         await self.journal.record_and_commit(self.spec.key, *events, emits=emits)
-        self.appended.n += len(events)
+        self.appended.n += len(events) + self.appended.deferred
+        self.appended.deferred = 0
+
+    async def record_later(
+        self, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Append `events` with the journal's next commit, whatever makes it: the next
+        write-ahead record, the run's end, its suspension. Only for what a crash may lose
+        because recovery does it again — a Pure attempt (§8.4): consecutive Pure steps
+        then cost one commit between them, not one each. A drive that recovered a
+        stopped run, or a journal that cannot hold records, commits them now, so a step
+        that keeps killing its worker is on record and bounded (`MAX_INTERRUPTED`)."""
+        journal = self.journal
+        if self.recovered or not (isinstance(journal, DeferringJournal) and journal.defers):
+            await self.record_and_commit(*events, emits=emits)
+            return
+        await journal.defer(self.spec.key, *events, emits=emits)
+        self.appended.deferred += len(events)

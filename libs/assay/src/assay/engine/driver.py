@@ -173,7 +173,7 @@ class Driver:
             run = RunContext(
                 spec, journal, Replay([r.event for r in history]), cancel or CancelScope()
             )
-            run.resumed = bool(history)
+            run.resumed = run.recovered = bool(history)
             if run.replay.take(RunStarted) is None:
                 definition = wf.model_dump(mode="json", by_alias=True)
                 children = {
@@ -201,7 +201,8 @@ class Driver:
         try:
             while step_id is not None:  # a cancelled run still replays what it recorded
                 written = base + run.appended.n
-                if self.checkpoint_every and written - saved >= self.checkpoint_every:
+                due = self.checkpoint_every and written - saved >= self.checkpoint_every
+                if due and not run.appended.deferred:  # only what is committed
                     await self._checkpoint(
                         run, _Loop(step_id, runs_of, edges_taken, executions), Lsn(written - 1)
                     )
@@ -276,7 +277,7 @@ class Driver:
             return None
         after = await journal.history_after(spec.key, cp.upto)
         run = RunContext(spec, journal, Replay([r.event for r in after]), CancelScope())
-        run.resumed = True
+        run.resumed = run.recovered = True
         run.outputs.update(state["outputs"])
         run.succeeded.update(state["succeeded"])
         run.timed_out.update(state["timed_out"])

@@ -11,11 +11,19 @@ from assay.store.ports import Checkpoint, CommitBatch, EventLog
 
 
 class LogJournal:
-    """One commit per append on an `EventLog`; messages to emit are kept, not sent."""
+    """One commit per append on an `EventLog`; messages to emit are kept, not sent.
 
-    def __init__(self, log: EventLog) -> None:
+    With `defers`, records the driver defers (a Pure attempt's) ride with the next
+    `record_and_commit` — the caller's own, for the run's end, included; without, the
+    journal knows no later commit and the driver commits them at once.
+    """
+
+    def __init__(self, log: EventLog, *, defers: bool = False) -> None:
         self.log = log
+        self.defers = defers
         self.emitted: list[tuple[str, Versioned]] = []
+        self._held: list[tuple[BranchKey, Event]] = []
+        self._held_emits: list[tuple[str, Versioned]] = []
 
     async def history(self, key: BranchKey) -> list[LogRecord]:
         """Every record of the branch."""
@@ -36,6 +44,15 @@ class LogJournal:
     async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
-        """Commit `events` together; remember `emits`."""
-        await self.log.commit(CommitBatch(records=[(key, e) for e in events]))
-        self.emitted.extend(emits)
+        """Commit what is held and `events` together; remember the messages to emit."""
+        records = [*self._held, *((key, e) for e in events)]
+        await self.log.commit(CommitBatch(records=records))
+        self.emitted.extend([*self._held_emits, *emits])
+        self._held, self._held_emits = [], []
+
+    async def defer(
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Hold `events` for the next `record_and_commit`."""
+        self._held.extend((key, e) for e in events)
+        self._held_emits.extend(emits)

@@ -387,6 +387,19 @@ class UnitOfWork(Generic[D]):
         if key.tenant != self.tenant:
             raise Refused(f"stage {self.stage}: a {self.tenant} message cannot read {key.tenant}")
 
+    defers = True
+    """As the engine's `Journal`: what it defers rides with this unit's next commit."""
+
+    async def defer(
+        self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
+    ) -> None:
+        """Record and emit at the next commit, whatever makes it (the engine's deferred
+        Pure attempts): at the latest, the handler's own final commit."""
+        for event in events:
+            self.record(key, event)
+        for topic, msg in emits:
+            self.emit(topic, msg)
+
     async def record_and_commit(
         self, key: BranchKey, *events: Event, emits: Sequence[tuple[str, Versioned]] = ()
     ) -> None:
