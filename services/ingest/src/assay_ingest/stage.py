@@ -3,9 +3,10 @@
 Tasks are deduplicated on `(tenant, idempotency key)`, given a `TaskId` (the
 hash of the input before any workflow touches it, or the producer's task key),
 split into the selection or the held-out set, and routed by the latest
-allocation (`routing.py`): the challenger serves a deterministic
-`challenger_share` of tasks; a `shadow_rate` share is also run under the other
-version for comparison. Every draw is recorded.
+allocation (`routing.py`): each live challenger serves a deterministic share of
+tasks (its entry in `shares`); a `shadow_rate` share is also run under the other
+versions for comparison. Every draw is recorded. A workflow asking for more live
+challengers than it may have (`grading.challengers`) is refused at registration.
 
 Each shadow run reserves its workflow's model-call budget against the tenant's
 replay ceiling (`assay.grading.replay`); one that does not fit is cut — recorded

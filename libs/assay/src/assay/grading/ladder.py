@@ -15,6 +15,12 @@ Two ladders, chosen by the challenger's grading strategy:
   on canary; each ramp step must sustain the interval over `ramp_episodes` more
   anchored episodes; the last leads to current, drift check clean.
 
+Several challengers (the resourced mode, §12.1): a workflow's `grading.challengers`
+lets that many climb at once, each on its own standing (`check_challengers` says
+who may ask; `split_shares` splits live traffic between them and the current
+version under `challengers_ceiling`; `stronger` orders qualified ones for the one
+promotion at a time).
+
 Rollback is automatic and unconditional, from any rung: any `Capped` episode of
 the challenger on a selection task, or its verifier pass rate below the current
 version's by more than `pass_rate_margin` (both measured over at least
