@@ -159,16 +159,7 @@ async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> 
         standings[msg.workflow_version] = standing
     match move.kind:
         case MoveKind.STAY:
-            strength = msg.strength.mean if move.held and msg.strength else None
-            if (move.held, strength) != (standing.held, standing.held_strength):
-                w.record(
-                    PromotionHeld(
-                        workflow_id=w.id,
-                        workflow_version=msg.workflow_version,
-                        reason=move.held,
-                        strength=strength,
-                    )
-                )
+            _note_hold(w, msg, move, standing)
         case MoveKind.ADVANCE:
             _climb(w, alloc, standings, msg, move)
         case MoveKind.PROMOTE:
@@ -183,6 +174,21 @@ async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> 
                 move.reason,
                 msg.failures,
             )
+
+
+def _note_hold(w: Workflow, msg: VariantAggregate, move: Move, standing: Standing) -> None:
+    """Record why the swap waits (with the strength it qualified at), or that it no
+    longer does, when that changed."""
+    strength = msg.strength.mean if move.held and msg.strength else None
+    if (move.held, strength) != (standing.held, standing.held_strength):
+        w.record(
+            PromotionHeld(
+                workflow_id=w.id,
+                workflow_version=msg.workflow_version,
+                reason=move.held,
+                strength=strength,
+            )
+        )
 
 
 def _outranked(
@@ -334,15 +340,7 @@ def _end(
     _announce_end(w, msg, move, previous, standing)
     cause = f"{outcome.replace('_', ' ')}: {move.reason}"
     if move.kind is MoveKind.PROMOTE:
-        superseded = [v for v in standings if v != challenger]
-        for other in superseded:
-            _supersede(w, other, standings[other], challenger, previous)
-        w.allocate(
-            alloc,
-            cause,
-            current=challenger,
-            definitions={challenger: alloc.definitions[challenger]},
-        )
+        _promote(w, alloc, standings, challenger, cause)
         return
     stay = {v: s for v, s in standings.items() if v != challenger}
     w.allocate(
@@ -351,6 +349,21 @@ def _end(
         current=previous,
         definitions={v: alloc.definitions[v] for v in (previous, *stay)},
         live=stay,
+    )
+
+
+def _promote(
+    w: Workflow,
+    alloc: Allocation,
+    standings: dict[WorkflowVersion, Standing],
+    challenger: WorkflowVersion,
+    cause: str,
+) -> None:
+    """The challenger takes all traffic; every other challenger's time ends with it."""
+    for other in (v for v in standings if v != challenger):
+        _supersede(w, other, standings[other], challenger, alloc.current)
+    w.allocate(
+        alloc, cause, current=challenger, definitions={challenger: alloc.definitions[challenger]}
     )
 
 
