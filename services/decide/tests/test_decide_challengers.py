@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from assay.bus import dlq
+from assay.cli.ladder import reports
 from assay.grading.ladder import LadderPolicy
 from assay.kernel.scores import WinRecord
 from assay.messages import (
@@ -263,3 +264,16 @@ async def test_no_look_ever_promotes_two_or_keeps_a_challenger_past_a_promotion(
                     assert alloc.current == wins[0].workflow_version
                     assert alloc.challengers == []
         assert promoted <= 1  # nothing is left to promote against the old current
+
+
+async def test_assay_ladder_reports_every_live_challenger(two: Stage) -> None:
+    await two.evidence(canary(3))
+    (report,) = await reports(two.log, two.log, TENANT)  # no aggregate state needed here
+    live = report["challengers"]
+    assert [(c["version"], c["rung"], c["share"]) for c in live] == [
+        (version(2), "shadow", 0.0),
+        (version(3), "canary", NO_RAMP.trial_share),
+    ]
+    assert live[1]["standing"]["entered_episodes"] == LADDER.min_strength_episodes + 3
+    assert (report["challenger"], report["rung"]) == (version(2), "shadow")  # the first
+    assert report["standing"] == live[0]["standing"]
