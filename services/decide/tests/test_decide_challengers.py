@@ -5,6 +5,7 @@ strongest first) that ends every other challenger's time."""
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from assay.bus import dlq
+from assay.bus import AGGREGATES, dlq
 from assay.cli.ladder import reports
 from assay.grading.ladder import LadderPolicy
+from assay.kernel import TenantId
 from assay.kernel.scores import WinRecord
 from assay.messages import (
     AllocationChanged,
@@ -277,3 +279,15 @@ async def test_assay_ladder_reports_every_live_challenger(two: Stage) -> None:
     assert live[1]["standing"]["entered_episodes"] == LADDER.min_strength_episodes + 3
     assert (report["challenger"], report["rung"]) == (version(2), "shadow")  # the first
     assert report["standing"] == live[0]["standing"]
+
+
+async def test_another_tenants_evidence_moves_none_of_this_tenants_challengers(
+    two: Stage,
+) -> None:
+    other = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000d2"))
+    before = await two.allocation()
+    theirs = qualifies(3).model_copy(update={"tenant": other})
+    await two.send(AGGREGATES, theirs, tenant=other)
+    assert await two.take() == []  # the other tenant holds no such workflow
+    assert await two.allocation() == before
+    assert set(await two.standings()) == {version(2), version(3)}
