@@ -186,7 +186,9 @@ async def test_a_scheduled_round_is_metered_exported_and_holds_promotion(
             await rt.publish(AGGREGATES, evidence(served=5), TENANT, idem="promote?")
 
             async def held() -> bool:
-                doc = await rt.logs["decide"].get(StateKey(TENANT, "ladder", V1.id))
+                doc = await rt.logs["decide"].get(
+                    StateKey(TENANT, "ladder", f"{V1.id}/{V2.version}")
+                )
                 return doc is not None and doc.get("held") is not None
 
             await until(held, "the promotion to be held")

@@ -26,13 +26,31 @@ def test_a_v1_allocation_reads_its_rung_from_its_share() -> None:
     alloc = MESSAGES.decode("AllocationChanged", 1, v1)
     assert isinstance(alloc, AllocationChanged)
     assert (alloc.rung, alloc.ladder) == (None, Ladder.DEFAULT)  # no challenger
-    shadow = MESSAGES.decode("AllocationChanged", 1, {**v1, "challenger": alloc.current})
+    other = "f" * 64  # a challenger: any version but the current one
+    shadow = MESSAGES.decode("AllocationChanged", 1, {**v1, "challenger": other})
     trial = MESSAGES.decode(
-        "AllocationChanged", 1, {**v1, "challenger": alloc.current, "challenger_share": 0.05}
+        "AllocationChanged", 1, {**v1, "challenger": other, "challenger_share": 0.05}
     )
     assert isinstance(shadow, AllocationChanged)
     assert isinstance(trial, AllocationChanged)
     assert (shadow.rung, trial.rung) == (Rung.SHADOW, Rung.TRIAL)
+    # v3: the one challenger is the list of them, and the shares split the traffic
+    assert [(c.version, c.rung) for c in trial.challengers] == [(other, Rung.TRIAL)]
+    assert trial.shares == {alloc.current: 0.95, other: 0.05}
+    assert alloc.challengers == []
+    assert alloc.shares == {alloc.current: 1.0}
+
+
+def test_a_v2_allocation_set_names_its_standing_challenger_as_moved() -> None:
+    v2 = fixture("events/decide/AllocationSet.v2.json")
+    event = DECIDE_EVENTS.decode("AllocationSet", 2, v2)
+    assert isinstance(event, AllocationSet)
+    assert event.moved is None  # no challenger, no standing
+    v3 = DECIDE_EVENTS.decode("AllocationSet", 3, fixture("events/decide/AllocationSet.v3.json"))
+    assert isinstance(v3, AllocationSet)
+    assert v3.moved == v3.allocation.challengers[0].version
+    assert v3.standing is not None
+    assert v3.standing.rung is v3.allocation.challengers[0].rung
 
 
 def test_a_v2_aggregate_moves_no_rung() -> None:

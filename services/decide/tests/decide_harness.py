@@ -151,6 +151,20 @@ class Stage:
         assert doc is not None
         return doc
 
+    async def standings(self) -> dict[str, dict[str, Any]]:
+        """Where each live challenger of the workflow stands, by version."""
+        return {
+            key.split("/", 1)[1]: doc
+            for who, key, doc in await self.log.scan_kind("ladder")
+            if who == TENANT and key.startswith("arith/")
+        }
+
+    async def standing(self) -> dict[str, Any] | None:
+        """Where the one live challenger stands (None: no challenger)."""
+        docs = list((await self.standings()).values())
+        assert len(docs) <= 1, docs
+        return docs[0] if docs else None
+
     async def state(self, kind: str, key: str) -> dict[str, Any] | None:
         return await self.log.get(StateKey(TENANT, kind, key))
 

@@ -59,7 +59,7 @@ async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
 
 
 async def standing(stage: Stage) -> dict[str, Any]:
-    doc = await stage.state("ladder", "arith")
+    doc = await stage.standing()
     assert doc is not None
     return doc
 

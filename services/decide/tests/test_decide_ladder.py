@@ -45,7 +45,7 @@ async def stage(tmp_path: Path) -> AsyncIterator[Stage]:
 
 
 async def standing(stage: Stage) -> dict[str, Any]:
-    doc: dict[str, Any] | None = await stage.state("ladder", "arith")
+    doc: dict[str, Any] | None = await stage.standing()
     assert doc is not None
     return doc
 
@@ -93,7 +93,7 @@ async def test_trial_promotes_once_the_test_accepts_and_trial_episodes_are_clean
         "trial",
         True,
     )
-    assert await stage.state("ladder", "arith") is None
+    assert await stage.standing() is None
 
 
 async def test_accepting_in_shadow_still_climbs_through_trial(stage: Stage) -> None:

@@ -26,6 +26,7 @@ from assay.messages import (
     ChallengerRejected,
     HeldOutTally,
     Ladder,
+    LiveChallenger,
     Promoted,
     ProposalRequested,
     ReviewProposal,
@@ -38,6 +39,7 @@ from assay.messages import (
 from assay.record import BranchKey, Event, LogRecord, Patch, ReadModel, StateDelta
 from assay.runtime import UnitOfWork
 from assay.workflow import WorkflowInvalid, from_document
+from assay_console.workflow_views import LiveShare
 
 LadderUnitOfWork = UnitOfWork[SprtPolicy]
 
@@ -55,18 +57,26 @@ class VersionSeen(Event):
 
 
 class AllocationSeen(Event):
-    """Decide moved the workflow's allocation to a new generation."""
+    """Decide moved the workflow's allocation to a new generation.
+
+    Version 2 adds every live challenger (`challengers`) and each live version's share
+    (`shares`); `challenger`, `rung`, `ladder` and `share` are the first challenger's.
+    """
 
     type: ClassVar[str] = "console.AllocationSeen"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     at: datetime = Field(description="When decide published it.")
     generation: int = Field(description="Compare-and-swap generation.")
     current: WorkflowVersion = Field(description="The current version.")
-    challenger: WorkflowVersion | None = Field(description="The challenger, if any.")
-    rung: Rung | None = Field(description="The challenger's rung.")
+    challenger: WorkflowVersion | None = Field(description="The (first) challenger, if any.")
+    rung: Rung | None = Field(description="The (first) challenger's rung.")
     ladder: Ladder = Field(description="The ladder it climbs.")
-    share: float = Field(description="Share of live tasks the challenger serves.")
+    share: float = Field(description="Share of live tasks the (first) challenger serves.")
     shadow_rate: float = Field(description="Share of tasks also re-run under the other version.")
+    challengers: list[LiveChallenger] = Field(
+        description="v2: every live challenger, in the order admitted."
+    )
+    shares: dict[str, float] = Field(description="v2: each live version's share of live tasks.")
 
 
 class EvidenceSeen(Event):
@@ -156,6 +166,8 @@ class WorkflowRow(ReadModel):
     share: float = 0.0
     generation: int = 0
     updated: str | None = None
+    live: list[LiveShare] = Field(default_factory=list)
+    """Every live challenger, its rung and share (the first one is also `challenger`)."""
 
 
 class ProposalRow(ReadModel):
@@ -209,6 +221,10 @@ def fold_ladder(record: LogRecord) -> list[StateDelta]:
                 "rung": a.rung.value if a.rung else None,
                 "share": a.share,
                 "generation": a.generation,
+                "live": [
+                    {"version": c.version, "rung": c.rung.value, "share": a.shares[c.version]}
+                    for c in a.challengers
+                ],
             }
     return [Patch(WorkflowRow.at(record.key.tenant, workflow), fields), *deltas]
 
@@ -296,7 +312,7 @@ async def on_variant_aggregate(msg: VariantAggregate, uow: LadderUnitOfWork) -> 
 
 
 async def on_allocation_changed(msg: AllocationChanged, uow: LadderUnitOfWork) -> None:
-    """Record the allocation: the current version, the challenger and its rung."""
+    """Record the allocation: the current version, every challenger, rungs and shares."""
     event = AllocationSeen(
         at=uow.envelope.occurred_at,
         generation=msg.generation,
@@ -306,6 +322,8 @@ async def on_allocation_changed(msg: AllocationChanged, uow: LadderUnitOfWork) -
         ladder=msg.ladder,
         share=msg.challenger_share,
         shadow_rate=msg.shadow_rate,
+        challengers=msg.challengers,
+        shares=msg.shares,
     )
     _record(uow, msg.workflow_id, event)
 

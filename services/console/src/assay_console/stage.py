@@ -30,6 +30,7 @@ from assay.messages import (
     Usage,
     VerifierResult,
 )
+from assay.messages.loop import complete_allocation
 from assay.record import (
     BranchKey,
     DocumentTable,
@@ -118,6 +119,13 @@ CONSOLE_EVENTS = EventRegistry(
         Compacted,
     ]
 )
+
+
+@CONSOLE_EVENTS.upcaster("console.AllocationSeen", 1)
+def _allocation_seen_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 saw one challenger at most: the list of them, and the shares, are read from it."""
+    full = complete_allocation({**payload, "challenger_share": payload["share"]})
+    return {**payload, "challengers": full["challengers"], "shares": full["shares"]}
 
 
 class RunRow(ReadModel):

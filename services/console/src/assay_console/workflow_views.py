@@ -13,17 +13,28 @@ from pydantic import BaseModel, Field
 from assay.kernel.scores import WinRecord
 
 
+class LiveShare(BaseModel):
+    """A live challenger as the workflows list shows it."""
+
+    version: str = Field(description="The challenger.")
+    rung: str = Field(description="Its rung.")
+    share: float = Field(description="Its share of live tasks.")
+
+
 class WorkflowSummary(BaseModel):
     """One row of the workflows list."""
 
     workflow_id: str = Field(description="The workflow.")
     current: str | None = Field(description="Its current version.")
-    challenger: str | None = Field(description="Its challenger, if any.")
-    rung: str | None = Field(description="The challenger's rung.")
-    share: float = Field(description="Share of live tasks the challenger serves.")
+    challenger: str | None = Field(description="Its (first) challenger, if any.")
+    rung: str | None = Field(description="The (first) challenger's rung.")
+    share: float = Field(description="Share of live tasks the (first) challenger serves.")
     generation: int = Field(description="The allocation's generation.")
     latest: str | None = Field(description="The version registered last.")
     updated: datetime | None = Field(description="When the ladder last moved.")
+    challengers: list[LiveShare] = Field(
+        description="Every live challenger, in the order admitted, with its rung and share."
+    )
 
 
 class WorkflowsList(BaseModel):
@@ -56,9 +67,12 @@ class RungEntry(BaseModel):
     at: datetime = Field(description="When decide published it.")
     generation: int = Field(description="Its generation.")
     current: str = Field(description="Current version.")
-    challenger: str | None = Field(description="Challenger.")
-    rung: str | None = Field(description="The challenger's rung.")
-    share: float = Field(description="Share of live tasks the challenger serves.")
+    challenger: str | None = Field(description="The (first) challenger.")
+    rung: str | None = Field(description="The (first) challenger's rung.")
+    share: float = Field(description="Share of live tasks the (first) challenger serves.")
+    shares: dict[str, float] = Field(
+        description="Each live version's share of live tasks (summing to 1)."
+    )
 
 
 class SprtPoint(BaseModel):

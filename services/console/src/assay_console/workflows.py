@@ -58,6 +58,7 @@ def summary_of(row: WorkflowRow) -> WorkflowSummary:
         generation=row.generation,
         latest=row.latest,
         updated=datetime.fromisoformat(row.updated) if row.updated else None,
+        challengers=row.live,
     )
 
 
@@ -209,7 +210,7 @@ def _status(
 ) -> str:
     if version == row.current:
         return "current"
-    if version == row.challenger:
+    if version in {c.version for c in row.live} or version == row.challenger:
         return "challenger"
     if version in ended:
         return ended[version]
@@ -239,6 +240,7 @@ def _rung(a: AllocationSeen) -> RungEntry:
         challenger=a.challenger,
         rung=a.rung.value if a.rung else None,
         share=a.share,
+        shares=a.shares,
     )
 
 
@@ -320,12 +322,13 @@ async def workflow_detail(
     for e in (e for e in events if isinstance(e, EvidenceSeen)):
         evidence.setdefault(e.workflow_version, []).append(e)
     decided = {d.version: d for d in decisions}
+    live = {c.version for c in row.live} | ({row.challenger} if row.challenger else set())
     return WorkflowDetail(
         workflow=summary_of(row),
         versions=list(nodes.values()),
         rungs=rungs,
         challengers=[
-            challenger_of(evs, live=v == row.challenger, decision=decided.get(v))
+            challenger_of(evs, live=v in live, decision=decided.get(v))
             for v, evs in evidence.items()
         ],
         decisions=decisions,

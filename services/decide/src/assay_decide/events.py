@@ -3,7 +3,7 @@
 Derived state, per tenant (read models and fold in `state.py`):
 
 - `allocation/<workflow>`: the latest `AllocationChanged` payload;
-- `ladder/<workflow>`: where its challenger stands (`Standing`), absent without one;
+- `ladder/<workflow>/<version>`: where each live challenger stands (`Standing`);
 - `head/<workflow>`: the next LSN of the workflow's stream — what a handler
   expects it still to be when it commits (the compare-and-swap);
 - `known/<version>`: every version decide has held or turned away;
@@ -27,7 +27,7 @@ from assay.grading.ladder import Standing
 from assay.kernel import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import WinRecord
 from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, Rung, Usage
-from assay.messages.loop import allocation_changed_v1_to_v2
+from assay.messages.loop import allocation_changed_v1_to_v2, allocation_changed_v2_to_v3
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import BranchKey, Event, EventRegistry
 
@@ -43,16 +43,22 @@ class AllocationSet(Event):
     """The allocation of a workflow moved to a new generation.
 
     Version 2 carries the allocation at version 2 (rung and ladder) and where the
-    challenger stands after the change.
+    challenger stands after the change. Version 3 allows several live challengers:
+    `standing` is where `moved` (the challenger the change admitted or moved) stands
+    now. A challenger whose time the change ends has its `ChallengerDecided` recorded
+    just before.
     """
 
     type: ClassVar[str] = "AllocationSet"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     allocation: AllocationChanged = Field(description="The new allocation.")
     expected_generation: int = Field(ge=0, description="Generation it replaced (CAS).")
     cause: str = Field(description="Why it changed.")
     standing: Standing | None = Field(
-        None, description="v2: where the challenger stands now; None without one."
+        None, description="v2: where the (v3: moved) challenger stands now; None without one."
+    )
+    moved: WorkflowVersion | None = Field(
+        None, description="v3: the challenger `standing` belongs to; None without one."
     )
 
 
@@ -94,13 +100,19 @@ class EvidenceAccepted(Event):
 
 
 class PromotionHeld(Event):
-    """Everything but the drift check says promote (or the check came clean again)."""
+    """Everything but the drift check, the judge's calibration or a stronger held
+    challenger says promote (or nothing holds it any more).
+
+    Version 2 adds the challenger's `strength` when held."""
 
     type: ClassVar[str] = "PromotionHeld"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="The challenger.")
     reason: str | None = Field(description="Why the swap waits; None: it no longer does.")
+    strength: float | None = Field(
+        None, description="v2: its strength when held (None: no strength, or no longer held)."
+    )
 
 
 class JudgeHealthNoted(Event):
@@ -180,3 +192,17 @@ def _challenger_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 decided by the sequential test alone: promoted or rejected."""
     outcome = "promoted" if payload["accepted"] else "rejected"
     return {**payload, "outcome": outcome, "ladder": "default", "rung": None, "trigger": None}
+
+
+@DECIDE_EVENTS.upcaster("AllocationSet", 2)
+def _allocation_set_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 held one challenger at most: the standing was its."""
+    alloc = allocation_changed_v2_to_v3(payload["allocation"])
+    moved = alloc.get("challenger") if payload.get("standing") is not None else None
+    return {**payload, "allocation": alloc, "moved": moved}
+
+
+@DECIDE_EVENTS.upcaster("PromotionHeld", 1)
+def _promotion_held_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept no strength."""
+    return {**payload, "strength": None}

@@ -58,7 +58,8 @@ async def on_review_proposal(msg: ReviewProposal, uow: DecideUnitOfWork) -> None
 
     Raises:
         Refused: no such proposal of the workflow for the tenant, it was already
-            reviewed the other way, or (approving) the workflow has a challenger.
+            reviewed the other way, or (approving) the workflow has as many challengers
+            as it allows.
     """
     w = await Workflow.open(uow, msg.workflow_id)
     doc = _under_review(await uow.get(ProposalRecord, msg.proposal_id), msg, uow.tenant)
@@ -93,16 +94,18 @@ async def on_review_proposal(msg: ReviewProposal, uow: DecideUnitOfWork) -> None
 
 
 def _refuse_approval_beside_challenger(msg: ReviewProposal, alloc: Allocation) -> None:
-    """One challenger at a time: a proposal is approved once the live one's time ends.
+    """No more live challengers than the workflow allows: a proposal is approved once a
+    place is free.
 
     Raises:
-        Refused: the review approves and the workflow has a challenger.
+        Refused: the review approves and the workflow has as many challengers as it allows.
     """
-    if msg.approve and alloc.challenger:
+    if msg.approve and len(alloc.live) >= alloc.allowed:
+        rungs = ", ".join(f"{c.version} on {c.rung.value}" for c in alloc.challengers)
         raise Refused(
-            f"workflow {msg.workflow_id!r} has challenger {alloc.challenger} on "
-            f"{alloc.rung.value if alloc.rung else 'the ladder'}; approve proposal "
-            f"{msg.proposal_id} once its time ends"
+            f"workflow {msg.workflow_id!r} has challenger {rungs} (at most "
+            f"{alloc.allowed} at a time); approve proposal {msg.proposal_id} once a "
+            "challenger's time ends"
         )
 
 

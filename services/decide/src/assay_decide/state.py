@@ -6,13 +6,13 @@ is that model, given a `kind`, so the document and the payload cannot drift apar
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from assay.grading.ladder import Standing
 from assay.kernel import WorkflowId, WorkflowVersion
-from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, Rung
+from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, LiveChallenger, Rung
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import Delete, LogRecord, Patch, ReadModel, StateDelta
 from assay.workflow import WorkflowDef
@@ -37,17 +37,46 @@ class Head(ReadModel):
 
 
 class Allocation(ReadModel, AllocationChanged):
-    """A workflow's allocation: the latest `AllocationChanged` decide published."""
+    """A workflow's allocation: the latest `AllocationChanged` decide published.
+
+    With one challenger at most, `challengers` and `shares` say nothing the
+    single-challenger fields do not: the document leaves them out (they are read back
+    from those fields), so it is stored as it was before several challengers.
+    """
 
     kind: ClassVar[str] = "allocation"
+
+    @model_serializer(mode="wrap")
+    def _single_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if len(self.challengers) <= 1:
+            data.pop("challengers", None)
+            data.pop("shares", None)
+        return data
 
     def definition(self, version: WorkflowVersion) -> WorkflowDef:
         """The IR of a version the allocation names."""
         return WorkflowDef.model_validate(self.definitions[version])
 
+    @property
+    def live(self) -> list[WorkflowVersion]:
+        """The live challengers, in the order they were admitted."""
+        return [c.version for c in self.challengers]
+
+    @property
+    def allowed(self) -> int:
+        """How many challengers may be live at once: the current version's
+        `grading.challengers` (one by default)."""
+        return self.definition(self.current).grading.live_challengers
+
+
+def climb_key(workflow: WorkflowId, version: WorkflowVersion) -> str:
+    """Where a live challenger's standing is kept: `ladder/<workflow>/<version>`."""
+    return f"{workflow}/{version}"
+
 
 class Climb(ReadModel):
-    """Where a workflow's challenger stands (a `Standing`), absent without one.
+    """Where one live challenger stands (a `Standing`), keyed `<workflow>/<version>`.
 
     An allocation of version 1 kept no standing: its latches alone may be here, and
     the rest comes from the allocation (`standing`).
@@ -61,21 +90,28 @@ class Climb(ReadModel):
     entered_episodes: int = 0
     accepted: bool = False
     held: str | None = None
+    held_strength: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _unheld_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("held_strength") is None:  # stored as before several challengers
+            data.pop("held_strength", None)
+        return data
 
     @classmethod
     def of(cls, standing: Standing) -> Climb:
         """The document of a standing."""
         return cls.model_validate(standing.model_dump())
 
-    def standing(self, alloc: Allocation) -> Standing:
+    def standing(self, alloc: Allocation, live: LiveChallenger) -> Standing:
         """The standing, what this document lacks read from the allocation."""
-        share = alloc.challenger_share if self.share is None else self.share
-        rung = self.rung or alloc.rung or (Rung.TRIAL if share > 0 else Rung.SHADOW)
+        share = alloc.shares[live.version] if self.share is None else self.share
         return Standing.model_validate(
             {
                 **self.model_dump(),
-                "ladder": self.ladder or alloc.ladder,
-                "rung": rung,
+                "ladder": self.ladder or live.ladder,
+                "rung": self.rung or live.rung,
                 "share": share,
             }
         )
@@ -168,25 +204,29 @@ def fold_decide(record: LogRecord) -> list[StateDelta]:
         workflow = record.key.stream[len(STREAM_PREFIX) :]
         out.append(Head(next=record.lsn + 1).put(t, workflow))
     match record.event:
-        case AllocationSet(allocation=a, standing=standing):
-            ladder = Climb.at(t, a.workflow_id)
+        case AllocationSet(allocation=a, standing=standing, moved=moved):
             out += [
                 Allocation.model_validate(a.model_dump()).put(t, a.workflow_id),
                 *(Known(workflow_id=a.workflow_id).put(t, v) for v in sorted(a.definitions)),
-                Climb.of(standing).put(t, a.workflow_id) if standing else Delete(ladder),
             ]
+            if standing is not None and moved is not None:
+                out.append(Climb.of(standing).put(t, climb_key(a.workflow_id, moved)))
         case ChallengerDecided() as e:
             out += [
                 Decision.model_validate(e.model_dump()).put(t, e.workflow_version),
                 Known(workflow_id=e.workflow_id).put(t, e.workflow_version),
+                Delete(Climb.at(t, climb_key(e.workflow_id, e.workflow_version))),
             ]
         case EvidenceAccepted() as e:
             out += [
                 Accepted.model_validate(e.model_dump()).put(t, e.workflow_version),
-                Patch(Climb.at(t, e.workflow_id), {"accepted": True}),
+                Patch(
+                    Climb.at(t, climb_key(e.workflow_id, e.workflow_version)), {"accepted": True}
+                ),
             ]
         case PromotionHeld() as e:
-            out.append(Patch(Climb.at(t, e.workflow_id), {"held": e.reason}))
+            held = {"held": e.reason, "held_strength": e.strength}
+            out.append(Patch(Climb.at(t, climb_key(e.workflow_id, e.workflow_version)), held))
         case ProposalMade(proposal=p, failures=failures):
             made = ProposalRecord.model_validate(
                 {**p.model_dump(), "failures": failures, "status": "pending", "review": None}

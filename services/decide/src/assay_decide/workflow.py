@@ -3,16 +3,17 @@ compare-and-swap."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from assay.bus.topics import DECISIONS
-from assay.grading.ladder import Standing
-from assay.kernel import Lsn, WorkflowId
-from assay.messages import AllocationChanged
+from assay.grading.ladder import Standing, split_shares
+from assay.kernel import Lsn, WorkflowId, WorkflowVersion
+from assay.messages import AllocationChanged, LiveChallenger
 from assay.record import Event
 from assay_decide.deciding import DecideUnitOfWork
 from assay_decide.events import AllocationSet, stream_of
-from assay_decide.state import Allocation, Climb, Head
+from assay_decide.state import Allocation, Climb, Head, climb_key
 
 
 class Workflow:
@@ -46,28 +47,54 @@ class Workflow:
         """The workflow's allocation."""
         return await self.uow.get(Allocation, self.id)
 
-    async def standing(self, alloc: Allocation) -> Standing:
-        """Where the challenger stands (rebuilt from the rung for an allocation of v1)."""
-        return (await self.uow.get(Climb, self.id) or Climb()).standing(alloc)
+    async def standings(self, alloc: Allocation) -> dict[WorkflowVersion, Standing]:
+        """Where each live challenger stands, in the order admitted (rebuilt from its rung
+        for an allocation of v1)."""
+        out: dict[WorkflowVersion, Standing] = {}
+        for live in alloc.challengers:
+            doc = await self.uow.get(Climb, climb_key(self.id, live.version))
+            out[live.version] = (doc or Climb()).standing(alloc, live)
+        return out
 
     def allocate(
         self,
         read: Allocation | None,
         cause: str,
-        standing: Standing | None = None,
-        **fields: Any,
+        *,
+        current: WorkflowVersion,
+        definitions: dict[str, dict[str, Any]],
+        live: Mapping[WorkflowVersion, Standing] | None = None,
+        moved: WorkflowVersion | None = None,
     ) -> AllocationChanged:
-        """Record and publish the next generation of the allocation."""
+        """Record and publish the next generation of the allocation: `live` are the
+        challengers that stay (in the order admitted) and where they stand, `moved` the
+        one this change admitted or moved. Their rung shares split live traffic with the
+        current version (`split_shares`)."""
+        live = live or {}
+        deps = self.uow.deps
         gen = read.generation if read else 0
-        if standing is not None:
-            fields.update(
-                challenger_share=standing.share, rung=standing.rung, ladder=standing.ladder
-            )
         alloc = AllocationChanged(
-            tenant=self.uow.tenant, workflow_id=self.id, generation=gen + 1, **fields
+            tenant=self.uow.tenant,
+            workflow_id=self.id,
+            generation=gen + 1,
+            current=current,
+            challengers=[
+                LiveChallenger(version=v, rung=s.rung, ladder=s.ladder) for v, s in live.items()
+            ],
+            shares=split_shares(
+                current, [(v, s.share) for v, s in live.items()], deps.ladder.challengers_ceiling
+            ),
+            shadow_rate=deps.shadow_rate if live else 0.0,
+            definitions=definitions,
         )
         self.record(
-            AllocationSet(allocation=alloc, expected_generation=gen, cause=cause, standing=standing)
+            AllocationSet(
+                allocation=alloc,
+                expected_generation=gen,
+                cause=cause,
+                standing=live.get(moved) if moved else None,
+                moved=moved,
+            )
         )
         self.uow.emit(DECISIONS, alloc)
         return alloc

@@ -3,9 +3,10 @@
 Tasks are deduplicated on `(tenant, idempotency key)`, given a `TaskId` (the
 hash of the input before any workflow touches it, or the producer's task key),
 split into the selection or the held-out set, and routed by the latest
-allocation (`routing.py`): the challenger serves a deterministic
-`challenger_share` of tasks; a `shadow_rate` share is also run under the other
-version for comparison. Every draw is recorded.
+allocation (`routing.py`): each live challenger serves a deterministic share of
+tasks (its entry in `shares`); a `shadow_rate` share is also run under the other
+versions for comparison. Every draw is recorded. A workflow asking for more live
+challengers than it may have (`grading.challengers`) is refused at registration.
 
 Each shadow run reserves its workflow's model-call budget against the tenant's
 replay ceiling (`assay.grading.replay`); one that does not fit is cut — recorded
@@ -29,6 +30,7 @@ from datetime import UTC, datetime
 
 from assay.bus.topics import RUN_STATUS, RUNS
 from assay.engine import StepNotExecutable, check_executable
+from assay.grading.ladder import ChallengersRefused, check_challengers
 from assay.grading.strategies import StrategyRefused, check_fits, profile
 from assay.kernel import (
     Refused,
@@ -43,6 +45,7 @@ from assay.messages import (
     AllocationChanged,
     Purpose,
     Role,
+    Rung,
     RunRef,
     RunSpawned,
     RunStatusChanged,
@@ -130,8 +133,13 @@ async def _spawn(
     split, split_draw = held_out(task_id, uow.deps.ladder.held_out_fraction)
     at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
 
+    first = alloc.challengers[0].version if alloc.challengers else None
+
     def run_id_of(planned: PlannedRun) -> RunId:
-        return run_id_from(at_ms, f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}")
+        seed = f"{uow.envelope.id}:{planned.role.value}:{planned.purpose.value}"
+        if planned.role is Role.CHALLENGER and planned.version != first:
+            seed += f":{planned.version}"  # a later challenger's run: one per version
+        return run_id_from(at_ms, seed)
 
     deps = uow.deps
     fits, refused = admit_by_capacity(uow, deps.admission, plan, alloc.definitions, run_id_of)
@@ -163,7 +171,7 @@ async def _spawn(
                 for r in refs
             ],
             arm=plan.arm,
-            rung=alloc.rung if alloc.challenger else None,
+            rung=_rung(alloc, plan),
             held_out=split,
             held_out_draw=split_draw,
             cut=[*refused, *admitted.cut],
@@ -174,6 +182,13 @@ async def _spawn(
         announce_refused(uow, msg, task_id, split, alloc.current, gone)
     for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
         announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
+
+
+def _rung(alloc: Allocation, plan: Route) -> Rung | None:
+    """The rung recorded with a task: its serving challenger's, else the first one's."""
+    if plan.arm is Role.CHALLENGER:
+        return alloc.rung_of(plan.runs[0].version)
+    return alloc.challengers[0].rung if alloc.challengers else None
 
 
 def _run_ref(
@@ -264,8 +279,9 @@ def _loadable(msg: WorkflowRegistered, deps: Ingesting) -> WorkflowDef:
             strategies=deps.strategies,
         )
         check_fits(needs, grading)
+        check_challengers(wf.grading, deps.strategies, deps.ladder)
         deps.admission.check_workflow(wf, needs)  # §14.2: resident together, never swapped
-    except (StrategyRefused, CapacityRefused) as exc:
+    except (StrategyRefused, ChallengersRefused, CapacityRefused) as exc:
         raise Refused(f"workflow {wf.id!r} refused: {exc}") from exc
     return wf
 

@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="workflow files: the current version, then one or two challengers in turn",
     )
+    demo.add_argument(
+        "--challengers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tournament-graded: N challengers climb at once, the strongest is promoted",
+    )
     demo.add_argument("--limit", type=int, default=None, help="submit only the first N tasks")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument(
@@ -430,6 +437,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
             sprt=overrides,
             tasks=args.tasks,
             workflows=args.workflows,
+            challengers=args.challengers,
             limit=args.limit,
             progress=not args.no_progress,
             metrics_port=args.metrics_port,

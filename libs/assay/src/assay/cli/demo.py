@@ -7,6 +7,13 @@ debug trace a `Core` rubric criterion forbids, and is rolled back. It follows
 `assay.results` with a progress bar that shows the ladder until every task has
 its result and every run is graded, then prints a summary read from the stages'
 own state (`summary.py`).
+
+With `challengers=N` (`assay demo --challengers N`), the resourced mode (§12.1,
+§12.3): the tournament-graded example workflow allows N live challengers, and N
+versions of it — the best prompt among them, though not first — are registered
+at once and climb the resourced ladder side by side; every group ranks them all
+beside the current version, and the strongest one that qualifies is promoted,
+ending the others' time.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned, one_line
 from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
+from assay.messages.loop import complete_allocation
 from assay.record import StateKey
 from assay.runtime.embedded import STAGES, Embedded
 from assay.runtime.settings import AssaySettings, SettingsInvalid
@@ -42,6 +50,44 @@ DEFAULT_WORKFLOWS = ("arith-v1.yaml", "arith-v2.yaml", "arith-v3.yaml")
 DEMO_LADDER = {"trial_share": 0.1, "min_trial_runs": 3}
 """A ladder sized for 240 tasks (the defaults trial a challenger on 5% of live tasks and
 want 5 clean trial episodes: about a hundred tasks). `ASSAY_LADDER_*` still override it."""
+
+
+CONTEST_PROMPTS = (
+    "Think step by step. What is {{ task.question }}?",
+    "Think step by step, then reply with only the number. What is {{ task.question }}?",
+    "Reply with only the number. What is {{ task.question }}?",
+    "Please work out {{ task.question }}.",
+)
+"""The challengers' prompts in `--challengers` mode, in the order they are registered. The
+stub model slips less when asked to think step by step and answers the bare number when
+asked for only the number; the stub judge prefers the shorter of two episodes in one
+outcome class. So the first passes more often than the current version but the judge
+sees no difference (the same sentence), and the second — both — is the best."""
+
+
+def contest(n: int, ceiling: int, examples: Path | None = None) -> list[WorkflowDef]:
+    """The `--challengers n` mode's versions: the tournament-graded example workflow as
+    current, allowing `n` live challengers (each group closes at all `n + 1` versions),
+    then `n` challengers that differ only in their prompt.
+
+    Raises:
+        AssayError: `n` is below one, above `ceiling`, or above the prompts there are.
+    """
+    most = min(ceiling, len(CONTEST_PROMPTS))
+    if not 1 <= n <= most:
+        raise AssayError(
+            f"--challengers takes 1 to {most} (ASSAY_LADDER_MAX_CHALLENGERS is {ceiling}), not {n}"
+        )
+    path = (examples or _examples()) / "workflows" / "arith-ranked-v1.yaml"
+    doc = load_workflow(path).model_dump(mode="json", by_alias=True)
+    grading = {**doc["grading"], "quorum": n + 1, "challengers": n}
+    current = WorkflowDef.model_validate({**doc, "grading": grading})
+
+    def challenger(prompt: str) -> WorkflowDef:
+        steps = [{**doc["steps"][0], "prompt": prompt}, *doc["steps"][1:]]
+        return WorkflowDef.model_validate({**doc, "steps": steps, "grading": grading})
+
+    return [current, *(challenger(p) for p in CONTEST_PROMPTS[:n])]
 
 
 def _examples() -> Path:
@@ -84,13 +130,20 @@ async def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
 
 class _Ladder:
     """The demo's versions in order: the first is current, each later one challenges once
-    the one before it is decided (at most one challenger at a time)."""
+    the one before it is decided (at most one challenger at a time) — or, `at_once`,
+    every challenger is registered together."""
 
-    def __init__(self, rt: Embedded, versions: list[WorkflowDef]) -> None:
-        self.rt, self.versions = rt, versions
+    def __init__(self, rt: Embedded, versions: list[WorkflowDef], at_once: bool = False) -> None:
+        self.rt, self.versions, self.at_once = rt, versions, at_once
         self.labels: dict[str, str] = {wf.version: f"v{n}" for n, wf in enumerate(versions, 1)}
         self.registered = 0
         self.workflow = versions[0].id
+
+    async def start(self) -> None:
+        """Register the current version and the first challenger (every one, at once)."""
+        await self.register_next()
+        while self.registered < (len(self.versions) if self.at_once else 2):
+            await self.register_next()
 
     async def allocation(self) -> dict[str, Any] | None:
         return await self.rt.logs["ingest"].get(StateKey(DEMO_TENANT, "allocation", self.workflow))
@@ -132,11 +185,14 @@ class _Ladder:
         a = await self.allocation()
         if a is None:
             return ""
+        a = complete_allocation(a)
         now = f"{self.labels.get(a['current'], '?')} current"
-        if a.get("challenger"):
-            rung = a.get("rung") or "shadow"
-            share = f" {a['challenger_share']:.0%}" if a["challenger_share"] else ""
-            now += f", {self.labels.get(a['challenger'], '?')} {rung}{share}"
+        for c in a["challengers"]:
+            rung = getattr(c["rung"], "value", c["rung"]) or "shadow"
+            share = a["shares"][c["version"]]
+            now += (
+                f", {self.labels.get(c['version'], '?')} {rung}{f' {share:.0%}' if share else ''}"
+            )
         return now
 
 
@@ -146,6 +202,7 @@ async def demo(
     tasks: Path | None,
     workflows: list[Path] | None,
     limit: int | None,
+    challengers: int | None = None,
     progress: bool,
     sprt: dict[str, float] | None = None,
     metrics_port: int | None = None,
@@ -161,6 +218,7 @@ async def demo(
     free port if that one is taken).
 
     `workflows` are the current version, then the challengers in turn (one or two).
+    `challengers` (instead) runs the several-challengers mode (`contest`).
     `sprt` overrides fields of the sequential test's policy (else `ASSAY_SPRT_*`).
     """
     settings = AssaySettings.from_env()
@@ -168,11 +226,16 @@ async def demo(
         policy = SprtPolicy.model_validate({**settings.sprt.model_dump(), **(sprt or {})})
     except ValidationError as exc:
         raise AssayError(f"invalid SPRT policy: {one_line(exc)}") from exc
-    if workflows is None:
-        workflows = [_examples() / "workflows" / name for name in DEFAULT_WORKFLOWS]
-    if not 2 <= len(workflows) <= 3:
-        raise AssayError("--workflows takes the current version and one or two challengers")
-    versions = [load_workflow(p) for p in workflows]
+    if challengers is not None:
+        if workflows is not None:
+            raise AssayError("--challengers builds its own workflows; drop --workflows")
+        versions = contest(challengers, settings.ladder.max_challengers)
+    else:
+        if workflows is None:
+            workflows = [_examples() / "workflows" / name for name in DEFAULT_WORKFLOWS]
+        if not 2 <= len(workflows) <= 3:
+            raise AssayError("--workflows takes the current version and one or two challengers")
+        versions = [load_workflow(p) for p in workflows]
     if len({wf.id for wf in versions}) != 1:
         ids = ", ".join(repr(str(wf.id)) for wf in versions)
         raise AssayError(f"the workflows must share an id ({ids})")
@@ -199,13 +262,12 @@ async def demo(
         rt.start()
         if serve_console:
             await _serve_console(rt, settings, console_port, stack)
-        ladder = _Ladder(rt, versions)
-        await ladder.register_next()
-        await ladder.register_next()
+        ladder = _Ladder(rt, versions, at_once=challengers is not None)
+        await ladder.start()
         bar = _Bar(len(keys), progress)
         results = await _follow_results(rt, todo, bar, ladder)
         await _wait_for(lambda: _settled(rt), 120, "every run to be graded")
-        if ladder.registered == len(versions):  # the last challenger's first episodes decide it
+        if ladder.registered == len(versions):  # the last challengers' episodes decide them
             await _wait_for(lambda: _decided_or_idle(ladder), 30, "the last challenger")
         bar.show(len(results), await ladder.note())
         bar.end()
@@ -241,9 +303,11 @@ async def _serve_console(
 
 
 async def _decided_or_idle(ladder: _Ladder) -> bool:
-    """The last challenger was decided, or the pipeline is quiet and did not decide it
-    (its episodes were too few, or all on held-out tasks)."""
-    return await ladder.decided(ladder.versions[-1]) or await _quiet(ladder.rt)
+    """The last challenger (every one, at once) was decided, or the pipeline is quiet and
+    did not decide it (its episodes were too few, or all on held-out tasks)."""
+    last = ladder.versions[1:] if ladder.at_once else ladder.versions[-1:]
+    decided = [await ladder.decided(wf) for wf in last]
+    return all(decided) or await _quiet(ladder.rt)
 
 
 async def _quiet(rt: Embedded) -> bool:

@@ -1,7 +1,8 @@
 """`assay ladder`: each workflow's versions on the promotion ladder, and the held-out gap.
 
-Per tenant and workflow: the allocation (generation, current version,
-challenger, its rung, share and ladder, and what holds it — the drift check, or
+Per tenant and workflow: the allocation (generation, current version, every
+live challenger with its rung, share, ladder and standing — the first one also in
+the single-challenger fields — and what holds it — the drift check, or
 the tenant's judge whose scheduled calibration found it disagreeing with the
 verifier, whose last finding is shown beside it), then every version
 the aggregate has seen — the rungs it climbed and how its time ended, its
@@ -21,6 +22,7 @@ from typing import Any
 
 from assay.cli.logs import stage_state
 from assay.kernel.ids import TenantId
+from assay.messages.loop import complete_allocation
 from assay.store.ports import EventLog
 
 RUNGS = {
@@ -104,7 +106,10 @@ async def reports(
     for who, version, doc in await aggregate.scan_kind("version"):
         tallies[(who, str(doc["workflow_id"]))][version] = doc
     decisions = {(who, v): doc for who, v, doc in await decide.scan_kind("decision")}
-    standings = {(who, w): doc for who, w, doc in await decide.scan_kind("ladder")}
+    standings: dict[tuple[TenantId, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for who, key, doc in await decide.scan_kind("ladder"):  # `<workflow>/<version>`
+        workflow, _, version = key.rpartition("/")
+        standings[(who, workflow)][version] = doc
     judged = {who: doc for who, _, doc in await decide.scan_kind("judge_health")}
     out = []
     for who, workflow, alloc in sorted(
@@ -112,7 +117,19 @@ async def reports(
     ):
         if tenant is not None and who != tenant:
             continue
+        alloc = complete_allocation(alloc)  # several challengers, or the one in its fields
         ladder = alloc.get("ladder") or "default"
+        stood = standings[(who, workflow)]
+        live = {
+            str(c["version"]): {
+                "version": str(c["version"]),
+                "rung": _value(c["rung"]),
+                "ladder": _value(c.get("ladder") or "default"),
+                "share": alloc["shares"][c["version"]],
+                "standing": stood.get(str(c["version"])),
+            }
+            for c in alloc["challengers"]
+        }
         seen = tallies[(who, workflow)]
         order = sorted(
             set(seen)
@@ -122,8 +139,9 @@ async def reports(
         for v in order:
             tally = seen.get(v) or {"runs": 0, "passes": 0}
             decision = decisions.get((who, v))
-            climbed = ladder if decision is None else str(decision.get("ladder") or "default")
-            live_rung = alloc.get("rung") if v == alloc.get("challenger") else None
+            mine = live.get(v)
+            climbed = str((decision or {}).get("ladder") or (mine or {}).get("ladder") or "default")
+            live_rung = mine["rung"] if mine else None
             versions.append(
                 {
                     **version_report(v, tally),
@@ -141,15 +159,23 @@ async def reports(
                 "generation": alloc["generation"],
                 "current": alloc["current"],
                 "challenger": alloc.get("challenger"),
-                "rung": alloc.get("rung"),
+                "rung": _value(alloc.get("rung")),
                 "share": alloc.get("challenger_share", 0.0),
-                "ladder": ladder,
-                "standing": standings.get((who, workflow)),
+                "ladder": _value(ladder),
+                "standing": live[alloc["challenger"]]["standing"]
+                if alloc.get("challenger")
+                else None,
+                "challengers": list(live.values()),
                 "judge_calibration": _calibration(judged.get(who)),
                 "versions": versions,
             }
         )
     return out
+
+
+def _value(v: Any) -> Any:
+    """An enum's value; anything else as it is."""
+    return getattr(v, "value", v)
 
 
 def _calibration(doc: dict[str, Any] | None) -> dict[str, Any] | None:

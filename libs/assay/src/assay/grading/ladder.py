@@ -15,6 +15,12 @@ Two ladders, chosen by the challenger's grading strategy:
   on canary; each ramp step must sustain the interval over `ramp_episodes` more
   anchored episodes; the last leads to current, drift check clean.
 
+Several challengers (the resourced mode, §12.1): a workflow's `grading.challengers`
+lets that many climb at once, each on its own standing (`check_challengers` says
+who may ask; `split_shares` splits live traffic between them and the current
+version under `challengers_ceiling`; `stronger` orders qualified ones for the one
+promotion at a time).
+
 Rollback is automatic and unconditional, from any rung: any `Capped` episode of
 the challenger on a selection task, or its verifier pass rate below the current
 version's by more than `pass_rate_margin` (both measured over at least
@@ -32,7 +38,8 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,10 +47,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from assay.grading.sprt import SprtDecision, SprtPolicy, evaluate
 from assay.grading.strategies import GradingStrategy, builtin_strategies
+from assay.kernel.ids import WorkflowVersion
 from assay.messages.rungs import Ladder, Rung
 
 if TYPE_CHECKING:
     from assay.messages.loop import VariantAggregate
+    from assay.workflow.ir import GradingSpec
 
 MIN_ORDER_CHECKS = 5
 """Order checks before the drift check reads their inconsistency rate."""
@@ -92,6 +101,12 @@ class LadderPolicy(BaseModel):
     held_out_fraction: float = Field(
         0.2, ge=0, lt=1, description="Share of tasks (by TaskId) in the held-out set."
     )
+    max_challengers: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="The most live challengers a workflow's `grading.challengers` may allow.",
+    )
 
     @field_validator("ramp_shares", mode="before")
     @classmethod
@@ -110,6 +125,12 @@ class LadderPolicy(BaseModel):
             )
         return self
 
+    @property
+    def challengers_ceiling(self) -> float:
+        """The most of live traffic the challengers of a workflow serve together: the
+        ladder's largest share, so the current version always keeps the rest."""
+        return max((self.trial_share, *self.ramp_shares))
+
     def over(self, defaults: Mapping[str, Any]) -> LadderPolicy:
         """This policy's explicitly set fields (those the environment gave) over
         `defaults`, over the built-in defaults.
@@ -120,6 +141,46 @@ class LadderPolicy(BaseModel):
         return LadderPolicy.model_validate(
             {**defaults, **self.model_dump(include=set(self.model_fields_set))}
         )
+
+
+class ChallengersRefused(Exception):
+    """A workflow asks for more live challengers than it may have."""
+
+
+def check_challengers(
+    spec: GradingSpec, strategies: Mapping[str, GradingStrategy], policy: LadderPolicy
+) -> None:
+    """A workflow's `grading.challengers` is within the deployment's ceiling, and more
+    than one is asked for only under a grouped (tournament) strategy (§12.1).
+
+    Raises:
+        ChallengersRefused: it is not, naming the problem.
+    """
+    n = spec.live_challengers
+    if n > policy.max_challengers:
+        raise ChallengersRefused(
+            f"grading.challengers is {n}, above this deployment's ceiling of "
+            f"{policy.max_challengers} (ASSAY_LADDER_MAX_CHALLENGERS)"
+        )
+    strategy = strategies.get(spec.strategy)
+    if n > 1 and (strategy is None or not strategy.grouped):
+        raise ChallengersRefused(
+            f"grading.challengers is {n}: several live challengers need a grouped strategy "
+            f"such as tournament, not {spec.strategy!r}"
+        )
+
+
+def split_shares(
+    current: WorkflowVersion, requested: Sequence[tuple[WorkflowVersion, float]], ceiling: float
+) -> dict[str, float]:
+    """Every live version's share of live tasks: each challenger's rung share, scaled
+    down together when they would serve more than `ceiling` between them, and the current
+    version the rest. The shares sum to 1."""
+    total = math.fsum(share for _, share in requested)
+    scale = ceiling / total if total > ceiling else 1.0
+    shares: dict[str, float] = {version: share * scale for version, share in requested}
+    shares[current] = max(0.0, 1.0 - math.fsum(shares.values()))
+    return shares
 
 
 class Standing(BaseModel):
@@ -138,6 +199,19 @@ class Standing(BaseModel):
         False, description="The sequential test crossed its accept boundary (read once, latched)."
     )
     held: str | None = Field(None, description="Why the swap to current waits, when it does.")
+    held_strength: float | None = Field(
+        None,
+        description=(
+            "Its strength when everything but the hold said promote (several challengers: "
+            "the strongest such one is promoted first)."
+        ),
+    )
+
+
+def stronger(a: tuple[float, int], b: tuple[float, int]) -> bool:
+    """Whether a challenger `(strength, admission order)` outranks another for promotion:
+    the higher strength, and on a tie the one admitted first (deterministic)."""
+    return (a[0], -a[1]) > (b[0], -b[1])
 
 
 class MoveKind(enum.Enum):

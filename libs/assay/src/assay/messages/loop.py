@@ -1,17 +1,18 @@
 """The optimisation loop's messages (§12): aggregates in, decisions and allocations out.
 
 Aggregate publishes each challenger's evidence (`VariantAggregate`); decide holds
-one current version and at most one challenger per workflow, moves the
-challenger along the promotion ladder and publishes the allocation ingest routes
-by (`AllocationChanged`) with the decision that moved it (`Promoted`,
-`ChallengerRejected`, `RolledBack`).
+one current version and at most `grading.challengers` live challengers per workflow
+(one by default), moves each challenger along the promotion ladder and publishes
+the allocation ingest routes by (`AllocationChanged`) with the decision that moved
+it (`Promoted`, `ChallengerRejected`, `RolledBack`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.schema import Versioned
@@ -24,12 +25,15 @@ __all__ = [
     "ChallengerRejected",
     "HeldOutTally",
     "Ladder",
+    "LiveChallenger",
     "Promoted",
     "RolledBack",
     "Rung",
     "StrengthSummary",
     "VariantAggregate",
     "allocation_changed_v1_to_v2",
+    "allocation_changed_v2_to_v3",
+    "complete_allocation",
     "variant_aggregate_v1_to_v2",
     "variant_aggregate_v2_to_v3",
     "variant_aggregate_v3_to_v4",
@@ -127,39 +131,129 @@ class VariantAggregate(Versioned):
     )
 
 
+class LiveChallenger(BaseModel):
+    """One live challenger of an allocation: its version, rung and ladder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: WorkflowVersion = Field(description="The challenger.")
+    rung: Rung = Field(description="Its rung.")
+    ladder: Ladder = Field(Ladder.DEFAULT, description="The ladder it climbs (by its grading).")
+
+
+SHARES_TOLERANCE = 1e-9
+"""How far from 1 the shares of an allocation may sum (floating point, nothing more)."""
+
+
 class AllocationChanged(Versioned):
     """Decide's allocation for a workflow; ingest routes new runs by the latest.
 
-    Version 2 adds the challenger's `rung` and the `ladder` it climbs.
+    Version 2 adds the challenger's `rung` and the `ladder` it climbs. Version 3 allows
+    several live challengers (a tournament-graded workflow's `grading.challengers`):
+    `challengers` lists every one in the order they were admitted, and `shares` gives
+    every live version's share of live tasks, the current version's included, summing
+    to 1. The single-challenger fields (`challenger`, `challenger_share`, `rung`,
+    `ladder`) describe the first of `challengers`, as they did, for readers of v2.
     """
 
     type: ClassVar[str] = "AllocationChanged"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant.")
     workflow_id: WorkflowId = Field(description="Workflow.")
     generation: int = Field(ge=1, description="Compare-and-swap generation; higher wins.")
     current: WorkflowVersion = Field(description="The current version.")
-    challenger: WorkflowVersion | None = Field(None, description="The challenger, if any.")
+    challenger: WorkflowVersion | None = Field(
+        None, description="The (v3: first) challenger, if any."
+    )
     challenger_share: float = Field(
-        0.0, ge=0, le=1, description="Share of live tasks served by the challenger."
+        0.0, ge=0, le=1, description="Share of live tasks served by the (v3: first) challenger."
     )
     shadow_rate: float = Field(
         0.0,
         ge=0,
         le=1,
         description=(
-            "Share of tasks also re-run under the other version (the challenger's, on a task "
-            "the current version serves; the current's, as the reference, on one the "
+            "Share of tasks also re-run under the other version (every challenger's, on a "
+            "task the current version serves; the current's, as the reference, on one a "
             "challenger serves)."
         ),
     )
     definitions: dict[str, dict[str, Any]] = Field(
         description="The IR of every version named here, by version."
     )
-    rung: Rung | None = Field(None, description="v2: the challenger's rung; None without one.")
-    ladder: Ladder = Field(
-        Ladder.DEFAULT, description="v2: the ladder the challenger climbs (by its grading)."
+    rung: Rung | None = Field(
+        None, description="v2: the (v3: first) challenger's rung; None without one."
     )
+    ladder: Ladder = Field(
+        Ladder.DEFAULT, description="v2: the ladder the (v3: first) challenger climbs."
+    )
+    challengers: list[LiveChallenger] = Field(
+        default_factory=list, description="v3: every live challenger, in the order admitted."
+    )
+    shares: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            "v3: each live version's share of live tasks (the current version and every "
+            "challenger), summing to 1."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete(cls, data: Any) -> Any:
+        """Fill what one form leaves out from the other: `challengers` and `shares` from
+        the single-challenger fields (a v2 payload), or those from the first challenger."""
+        if isinstance(data, dict) and "current" in data:
+            return complete_allocation(data)
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AllocationChanged:
+        names = [c.version for c in self.challengers]
+        if len(set(names)) != len(names) or self.current in names:
+            raise ValueError("challengers must be distinct and differ from the current version")
+        if set(self.shares) != {self.current, *names}:
+            raise ValueError("shares must name the current version and every challenger, only")
+        if any(v < 0 for v in self.shares.values()):
+            raise ValueError("a share cannot be negative")
+        if abs(math.fsum(self.shares.values()) - 1.0) > SHARES_TOLERANCE:
+            raise ValueError(f"shares must sum to 1, not {math.fsum(self.shares.values())}")
+        first = self.challengers[0] if self.challengers else None
+        if (first.version if first else None) != self.challenger or (
+            first is not None
+            and (first.rung, first.ladder, self.shares[first.version])
+            != (self.rung, self.ladder, self.challenger_share)
+        ):
+            raise ValueError("challenger, challenger_share, rung and ladder name the first one")
+        return self
+
+
+def complete_allocation(payload: dict[str, Any]) -> dict[str, Any]:
+    """An allocation payload with both forms filled in (see `AllocationChanged`)."""
+    out = dict(payload)
+    current = out["current"]
+    if "challengers" not in out:  # one challenger at most, in the single-challenger fields
+        challenger, share = out.get("challenger"), float(out.get("challenger_share", 0.0))
+        if challenger:
+            rung = out.get("rung") or (Rung.TRIAL if share > 0 else Rung.SHADOW)
+            out["rung"] = rung
+            out["challengers"] = [
+                {"version": challenger, "rung": rung, "ladder": out.get("ladder", Ladder.DEFAULT)}
+            ]
+            out.setdefault("shares", {current: 1.0 - share, challenger: share})
+        else:
+            out["challengers"] = []
+            out.setdefault("shares", {current: 1.0})
+        return out
+    live = [LiveChallenger.model_validate(c) for c in out["challengers"]]
+    if live and "challenger" not in out:
+        first = live[0]
+        out.update(
+            challenger=first.version,
+            challenger_share=dict(out.get("shares", {})).get(first.version, 0.0),
+            rung=first.rung,
+            ladder=first.ladder,
+        )
+    return out
 
 
 class Promoted(Versioned):
@@ -244,3 +338,9 @@ def allocation_changed_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     if payload.get("challenger"):
         rung = Rung.TRIAL.value if payload.get("challenger_share", 0.0) > 0 else Rung.SHADOW.value
     return {**payload, "rung": rung, "ladder": Ladder.DEFAULT.value}
+
+
+def allocation_changed_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """AllocationChanged v2 -> v3: v2 held one challenger at most; its share, the current
+    version's the rest."""
+    return complete_allocation(payload)

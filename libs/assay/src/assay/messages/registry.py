@@ -14,6 +14,7 @@ from assay.messages.loop import (
     RolledBack,
     VariantAggregate,
     allocation_changed_v1_to_v2,
+    allocation_changed_v2_to_v3,
     variant_aggregate_v1_to_v2,
     variant_aggregate_v2_to_v3,
     variant_aggregate_v3_to_v4,
@@ -123,6 +124,7 @@ MESSAGES.upcaster("VariantAggregate", 1)(variant_aggregate_v1_to_v2)
 MESSAGES.upcaster("VariantAggregate", 2)(variant_aggregate_v2_to_v3)
 MESSAGES.upcaster("VariantAggregate", 3)(variant_aggregate_v3_to_v4)
 MESSAGES.upcaster("AllocationChanged", 1)(allocation_changed_v1_to_v2)
+MESSAGES.upcaster("AllocationChanged", 2)(allocation_changed_v2_to_v3)
 MESSAGES.upcaster("WorkflowRegistered", 1)(workflow_registered_v1_to_v2)
 MESSAGES.upcaster("RunSpawned", 1)(run_spawned_v1_to_v2)
 MESSAGES.upcaster("TaskSubmitted", 2)(task_submitted_v2_to_v3)

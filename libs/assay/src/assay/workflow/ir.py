@@ -232,6 +232,7 @@ _GRADING_OMITTED_WHEN_UNSET = (
     "metric",
     "higher_is_better",
     "attempt_tournaments",
+    "challengers",
 )
 
 DEFAULT_QUORUM = 8
@@ -257,7 +258,9 @@ class GradingSpec(_Frozen):
       when the workflow is registered and refuse a name that none registers.
 
     `attempt_tournaments` (default on) ranks same-outcome attempts of a step and
-    attributes each fail-then-pass retry to its step. The fields added after the first
+    attributes each fail-then-pass retry to its step. `challengers` (default one) lets a
+    tournament-graded workflow carry several live challengers at once (§12.1, §12.3).
+    The fields added after the first
     release are left out of the serialised form while unset, so existing versions hash
     as they always did.
     """
@@ -310,6 +313,15 @@ class GradingSpec(_Frozen):
     attempt_tournaments: bool | None = Field(
         None, description="Rank same-outcome attempts of a step; credit fail-then-pass retries."
     )
+    challengers: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Live challengers the workflow allows at once (1). More than one needs a grouped "
+            "strategy (`tournament`) and at most the deployment's `ASSAY_LADDER_MAX_CHALLENGERS`; "
+            "both are checked at registration."
+        ),
+    )
 
     @model_validator(mode="after")
     def _fits_strategy(self) -> GradingSpec:
@@ -352,6 +364,11 @@ class GradingSpec(_Frozen):
     def attempts_ranked(self) -> bool:
         """Whether attempt tournaments run."""
         return self.attempt_tournaments is not False
+
+    @property
+    def live_challengers(self) -> int:
+        """How many challengers may be live at once (default one)."""
+        return self.challengers if self.challengers is not None else 1
 
 
 class BudgetSpec(_Frozen):
