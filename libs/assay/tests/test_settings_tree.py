@@ -80,6 +80,10 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_GRADING_MAX_CALLS_PER_EPISODE": ("3", "grading.max_calls_per_episode", 3.0),
     "ASSAY_GRADING_CALLS_PER_DAY": ("10", "grading.calls_per_day", 10),
     "ASSAY_GRADING_CEILINGS": (f"{TENANT}=4", "grading.ceilings", {TENANT: 4}),
+    "ASSAY_GRADING_TOKENS_PER_DAY": ("90000", "grading.tokens_per_day", 90_000),
+    "ASSAY_GRADING_USD_PER_DAY": ("2.5", "grading.usd_per_day", 2.5),
+    "ASSAY_GRADING_TOKEN_CEILINGS": (f"{TENANT}=1000", "grading.token_ceilings", {TENANT: 1000}),
+    "ASSAY_GRADING_USD_CEILINGS": (f"{TENANT}=0.75", "grading.usd_ceilings", {TENANT: 0.75}),
     "ASSAY_GRADING_ORDER_CHECK": ("0.5", "grading.order_check", 0.5),
     "ASSAY_REPLAY_CALLS_PER_DAY": ("6", "replay.calls_per_day", 6),
     "ASSAY_CALIBRATION_INTERVAL_S": ("900", "calibration.interval_s", 900.0),
@@ -281,6 +285,7 @@ def test_a_stage_password_falls_back_to_the_shared_one() -> None:
         ("ASSAY_HTTP_PORT", "port"),
         ("ASSAY_TENANT", "acme"),
         ("ASSAY_GRADING_CEILINGS", "acme=1"),
+        ("ASSAY_GRADING_USD_CEILINGS", f"{TENANT}=lots"),
         ("ASSAY_HELD_OUT_FRACTION", "1"),
     ],
 )

@@ -1,4 +1,4 @@
-"""The spend ledger (`assay.store.spend`) on both event-log adapters: reservations are
+"""The spend ledger (`assay.kernel.spend`) on both event-log adapters: reservations are
 held against a tenant's daily ceiling before a call, settled to what it cost after,
 and concurrent reservations — several partitions of one process, several replicas on
 one store — never take the day's dollars past the ceiling."""
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from assay.kernel.ids import TenantId, tenant_id
+from assay.kernel.spend import MICRO, Reservation, Spend, SpendDay, SpendLimit, micro_usd
 from assay.record import EventRegistry, LogRecord, StateDelta
 from assay.store import EventLog
 from assay.store.postgres import PostgresEventLog
-from assay.store.spend import MICRO, Reservation, Spend, SpendDay, SpendLimit, micro_usd
 from assay.store.sqlite import SqliteEventLog
 
 DAY = "2026-12-02"

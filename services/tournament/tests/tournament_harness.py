@@ -27,7 +27,7 @@ from assay.bus import (
     OutboxRelay,
     topic_for,
 )
-from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.engine import BUILTIN_TOOLS, Prices, StubModel
 from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.judges import JudgeFailed, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
@@ -114,6 +114,10 @@ class ScriptedJudge:
     crash_after: int | None = None
     pause_s: float = 0.0
     """How long each comparison takes (lets handlers on two partitions interleave)."""
+    prices: Prices | None = None
+    """The per-token prices it declares (what a call's worst case is reserved at)."""
+    cost_usd: float = 0.0002
+    """What each comparison it reports cost."""
 
     async def compare(
         self,
@@ -130,7 +134,7 @@ class ScriptedJudge:
         self.compared.append((a.run.run_id, b.run.run_id))
         failing = self.fail_with is not None
         if on_usage is not None and (self.billed or not failing):
-            on_usage(JudgeUsage(self.name, 120, 4, 0.0002, failed=failing))
+            on_usage(JudgeUsage(self.name, 120, 4, self.cost_usd, failed=failing))
         if self.fail_with is not None:
             raise self.fail_with
         if self.prefer_longer:

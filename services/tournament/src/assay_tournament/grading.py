@@ -54,6 +54,7 @@ from assay_tournament.events import (
     ResultIssued,
     RunScored,
 )
+from assay_tournament.purse import Purse, PursedJudge, worst_call
 from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, LiveResult, Parked
 
 
@@ -245,6 +246,12 @@ class Scoring:
     def __init__(self, uow: TournamentUnitOfWork, meter: Meter) -> None:
         self.uow = uow
         self.meter = meter
+        judge, policy = uow.deps.judge, uow.deps.policy
+        self.purse = Purse(
+            uow.log, uow.tenant, meter.day, policy.limit_for(str(uow.tenant)), worst_call(judge)
+        )
+        """The tenant's grading ledger row for the day: every judge call reserves from it."""
+        self._judge = PursedJudge(judge, self.purse)
         self._live: dict[RunId, LiveResult] = {}
         """Results issued in this handler, by run (not yet committed, so not readable)."""
 
@@ -266,8 +273,8 @@ class Scoring:
 
     @property
     def judge(self) -> Judge:
-        """The stage's judge."""
-        return self.uow.deps.judge
+        """The stage's judge, each call reserved against the tenant's grading ceiling."""
+        return self._judge
 
     async def rank_attempts(
         self, episode: Episode, spec: GradingSpec, rubric: list[RubricItem]

@@ -45,6 +45,7 @@ from assay.record import BranchKey
 from assay.workflow import RubricItem, WorkflowDef
 from assay_tournament.events import JudgeAnswered, RolloutSelected, SiblingWaiting
 from assay_tournament.grading import Scoring, TournamentUnitOfWork, load_episode
+from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.state import JudgeAnswer, Rollout, Sibling
 
 TIE = 1e-9
@@ -265,6 +266,8 @@ async def _screen(
         return []
     try:
         return await judge.screen(episode, rubric, on_usage=meter.sink(run, JudgePurpose.SCREEN))
+    except GradingCeilingReached:
+        return []  # unscreened, as when the budget was spent before
     except JudgeFailed as exc:
         meter.failed(run, JudgePurpose.SCREEN, str(exc))
         return []

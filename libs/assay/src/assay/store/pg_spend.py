@@ -1,4 +1,4 @@
-"""The spend ledger on Postgres (`assay.store.spend`): one row per (tenant, purpose, day)
+"""The spend ledger on Postgres (`assay.kernel.spend`): one row per (tenant, purpose, day)
 in the stage's own schema.
 
 A reservation is one `UPDATE ... WHERE spent + held + amount <= ceiling`: under READ
@@ -14,7 +14,7 @@ from typing import Protocol
 import asyncpg
 
 from assay.kernel.ids import TenantId
-from assay.store.spend import Reservation, Spend, SpendDay, SpendLimit
+from assay.kernel.spend import Reservation, Spend, SpendDay, SpendLimit
 
 SPEND_MIGRATION = """
 CREATE TABLE {s}.spend (

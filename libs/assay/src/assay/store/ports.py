@@ -7,9 +7,9 @@ from typing import Any, Protocol
 
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import Lsn, MessageId, TenantId
+from assay.kernel.spend import Reservation, Spend, SpendDay, SpendLimit
 from assay.record.events import BranchKey, Event, LogRecord
 from assay.record.state import StateKey
-from assay.store.spend import Reservation, Spend, SpendDay, SpendLimit
 
 
 class DuplicateMessage(AssayError):

@@ -1,4 +1,4 @@
-"""The spend ledger on SQLite (`assay.store.spend`): one row per (tenant, purpose, day).
+"""The spend ledger on SQLite (`assay.kernel.spend`): one row per (tenant, purpose, day).
 
 A reservation is one `UPDATE ... WHERE spent + held + amount <= ceiling` in a
 `BEGIN IMMEDIATE` transaction: SQLite runs one writer at a time, so reservations on
@@ -11,7 +11,7 @@ import sqlite3
 from typing import Protocol
 
 from assay.kernel.ids import TenantId
-from assay.store.spend import Reservation, Spend, SpendDay, SpendLimit
+from assay.kernel.spend import Reservation, Spend, SpendDay, SpendLimit
 
 SPEND_SCHEMA = """
 CREATE TABLE IF NOT EXISTS spend (

@@ -64,6 +64,14 @@ class Spend:
             self.micro_usd + other.micro_usd,
         )
 
+    def __sub__(self, other: Spend) -> Spend:
+        """What was added since `other` (a running total then); never below zero."""
+        return Spend(
+            max(self.calls - other.calls, 0),
+            max(self.tokens - other.tokens, 0),
+            max(self.micro_usd - other.micro_usd, 0),
+        )
+
     def __mul__(self, times: int) -> Spend:
         return Spend(self.calls * times, self.tokens * times, self.micro_usd * times)
 
