@@ -39,6 +39,8 @@ class Purpose(enum.Enum):
     GRADING = "grading"
     CALIBRATION = "calibration"
     """A judge call replaying a calibration pair, to measure the judge (§11): no run's."""
+    PROPOSER = "proposer"
+    """The slow loop's proposer drafting a workflow version (§12.1): no run's."""
 
 
 class JudgePurpose(enum.Enum):
@@ -540,9 +542,13 @@ class UsageRecorded(Versioned):
     version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId | None = Field(
-        description="Run the call served; None for a call that served no run (calibration)."
+        description=(
+            "Run the call served; None for a call that served no run (calibration, proposer)."
+        )
     )
-    purpose: Purpose = Field(description="Work, shadow, grading or calibration.")
+    purpose: Purpose = Field(
+        description="Work, shadow (replay), grading, calibration or proposer (a draft)."
+    )
     model: str = Field(description="Model id.")
     prompt_tokens: int = Field(ge=0, description="Prompt tokens.")
     completion_tokens: int = Field(ge=0, description="Completion tokens.")
