@@ -163,3 +163,27 @@ async def test_every_tenant_reserves_from_its_own_row(tmp_path: Path) -> None:
         stranger = await stage.log.spend_of(tenant_id(uuid.uuid4()), GRADING, _today(stage))
     assert row.spent.calls == 1
     assert other.committed == stranger.committed == Spend()
+
+
+# -- what grading a run cost -------------------------------------------------------------------
+
+
+async def test_a_grade_says_what_its_judge_calls_cost_even_across_parking(
+    tmp_path: Path,
+) -> None:
+    """The screen billed while the challenger waited for its reference, and the comparison
+    after: its `RunGraded` reports both, as `assay.usage` did."""
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0)) as stage:
+        stage.judge.screen_usage = True
+        stage.judge.cost_usd = 0.01
+        t = task_id(400)
+        chal = challenger(t, reference_expected=True)
+        early = await stage.verified(chal)  # screened ($0.0001), then parked
+        stage.judge.verdicts = [Verdict.A]
+        late = await stage.verified(current(t))  # compared ($0.01)
+        parked = await stage.log.scan(TENANT, "parked")
+    graded = next(g for g in late.graded() if g.run.run_id == chal.run_id)
+    billed = [u.cost_usd for out in (early, late) for u in out.usage() if u.run_id == chal.run_id]
+    assert sorted(billed) == [0.0001, 0.01]
+    assert graded.judge_cost_usd == pytest.approx(0.0101)
+    assert parked == []

@@ -32,6 +32,7 @@ from assay.grading.judges import Judge, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.kernel import RunId, RunState
 from assay.kernel.scores import Score, Ungraded
+from assay.kernel.spend import MICRO, micro_usd
 from assay.messages import (
     Episode,
     JudgePurpose,
@@ -97,13 +98,23 @@ class JudgeSpend:
 
     answered: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
+    micro_usd: int = 0
+    """What every call billed for the run cost (answered or not), in micro-dollars."""
 
     def __add__(self, other: JudgeSpend) -> JudgeSpend:
-        return JudgeSpend(self.answered + other.answered, self.failed + other.failed)
+        return JudgeSpend(
+            self.answered + other.answered,
+            self.failed + other.failed,
+            self.micro_usd + other.micro_usd,
+        )
 
     def kept(self) -> KeptSpend:
         """As kept beside a waiting run's payload."""
-        return KeptSpend(answered=dict(self.answered), failed=dict(self.failed))
+        return KeptSpend(
+            answered=dict(self.answered),
+            failed=dict(self.failed),
+            micro_usd=self.micro_usd or None,
+        )
 
 
 @dataclass(frozen=True)
@@ -130,7 +141,7 @@ class Candidate:
             kept.verified(),
             episode,
             kept.attempt_grades.grades() if kept.attempt_grades else None,
-            JudgeSpend(kept.spent(), kept.failed()),
+            JudgeSpend(kept.spent(), kept.failed(), kept.micro_usd()),
             was_parked=parked,
         )
 
@@ -197,6 +208,7 @@ class Meter:
             m = self.state
             self.pending.append((run, purpose, usage))
             m.calls_today += 1  # the ceiling bounds what was billed
+            self.spent.setdefault(run, JudgeSpend()).micro_usd += micro_usd(usage.cost_usd)
             if usage.failed:
                 m.failures_billed = (m.failures_billed or 0) + 1
             else:
@@ -434,6 +446,7 @@ class Scoring:
                 step_credit=list(attempts.credit) if attempts else [],
                 unranked_attempts=list(attempts.unranked) if attempts else [],
                 failed_checks=failed_checks(msg),
+                judge_cost_usd=spent.micro_usd / MICRO,
             ),
         )
         graded = not isinstance(score, Ungraded)
