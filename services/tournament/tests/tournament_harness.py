@@ -69,7 +69,8 @@ from assay.messages import (
 )
 from assay.record import StateKey
 from assay.runtime import StageDeps, StageRunner, StageSpec, stage_log
-from assay.store import FsBlobStore, OutboxEntry, SqliteEventLog
+from assay.store import EventLog, FsBlobStore, OutboxEntry
+from assay.store.postgres import PostgresEventLog
 from assay.workflow import RubricItem, WorkflowDef, from_document
 
 TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000a1"))
@@ -191,7 +192,7 @@ class Graded:
 @dataclass
 class Stage:
     runner: StageRunner
-    log: SqliteEventLog
+    log: EventLog
     blobs: FsBlobStore
     judge: ScriptedJudge
     spec: StageSpec
@@ -291,10 +292,15 @@ class Stage:
 
 @asynccontextmanager
 async def open_stage(
-    tmp_path: Path, policy: GradingPolicy, calibration: CalibrationPolicy | None = None
+    tmp_path: Path,
+    policy: GradingPolicy,
+    calibration: CalibrationPolicy | None = None,
+    *,
+    postgres: str | None = None,
 ) -> AsyncIterator[Stage]:
-    """The stage over SQLite, with a scripted judge, this grading policy and this
-    calibration policy (default: none scheduled)."""
+    """The stage over SQLite (or, with `postgres` a DSN, a fresh schema there), with a
+    scripted judge, this grading policy and this calibration policy (default: none
+    scheduled)."""
     judge = ScriptedJudge()
     blobs = FsBlobStore(tmp_path / "blobs")
     deps = StageDeps(
@@ -306,7 +312,14 @@ async def open_stage(
         calibration=calibration or CalibrationPolicy(),
     )
     spec = assay_tournament.create_stage(deps)
-    log = await stage_log(tmp_path, spec).open()
+    log: EventLog
+    if postgres is None:
+        log = await stage_log(tmp_path, spec).open()
+    else:
+        schema = f"tournament_{uuid.uuid4().hex[:12]}"
+        log = await PostgresEventLog(
+            postgres, schema, spec.events, spec.fold, tables=spec.tables
+        ).open()
     bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "tournament.relay.lock"))
     try:
