@@ -1,9 +1,10 @@
 """Grading spend reserved before each judge call (§14.1), in the tournament's own ledger.
 
-Grading and calibration are spent by this stage only, so the ledger rows of purpose
-`grading` live in this stage's schema (or SQLite file): the partitions of this stage
-— one process or several replicas — are the concurrency the ceiling must hold
-against, and they share the row. No other stage reads or writes it.
+Grading is spent by this stage only, so the ledger rows of purpose `grading` live in
+this stage's schema (or SQLite file): the partitions of this stage — one process or
+several replicas — are the concurrency the ceiling must hold against, and they share
+the row. No other stage reads or writes it. (Calibration, also this stage's, keeps
+its own call budget: `assay_tournament.calibration`.)
 
 A `Purse` is one handler's view: each judge call reserves its worst case (the
 judge's largest context at the higher of its two per-token prices) before it is
