@@ -26,6 +26,7 @@ from assay.messages import RunGraded, UsageRecorded, open_envelope
 from assay.record import BranchKey
 from assay_tournament.events import GroupClosed
 from assay_tournament.purse import GRADING, worst_call
+from services.tournament.tests.test_judge_spend import PAIRWISE, TWO_FAILED_ATTEMPTS
 from services.tournament.tests.tournament_harness import (
     OTHER,
     T1,
@@ -211,3 +212,18 @@ async def test_a_grade_says_what_its_judge_calls_cost_even_across_parking(
     assert sorted(billed) == [0.0001, 0.01]
     assert graded.judge_cost_usd == pytest.approx(0.0101)
     assert parked == []
+
+
+async def test_attempts_the_ceiling_cannot_rank_whole_are_not_ranked_nor_failed(
+    tmp_path: Path,
+) -> None:
+    """Two failed attempts of a step take one round judged both ways: two calls; one fits."""
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0, calls_per_day=1)) as stage:
+        run = current(task_id(500)).model_copy(update={"workflow_version": PAIRWISE.version})
+        out = await deliver(stage, run, PAIRWISE, "5", attempts=TWO_FAILED_ATTEMPTS)
+        row = await stage.log.spend_of(TENANT, GRADING, _today(stage))
+    (graded,) = out.graded()
+    assert stage.judge.compared == []
+    assert (graded.attempt_ranks, graded.unranked_attempts) == ([], [])
+    assert graded.judge_failures == 0  # a spent budget is not the judge's failure
+    assert row.committed == Spend()

@@ -55,7 +55,7 @@ from assay_tournament.events import (
     ResultIssued,
     RunScored,
 )
-from assay_tournament.purse import Purse, PursedJudge, worst_call
+from assay_tournament.purse import Purse, PursedJudge, attempt_calls, worst_call
 from assay_tournament.state import GradingMeter, KeptAttempts, KeptSpend, LiveResult, Parked
 
 
@@ -296,13 +296,16 @@ class Scoring:
         if not spec.attempts_ranked or meter.exhausted(episode.run.tenant):
             return None
         run = episode.run.run_id
-        grades = await grade_attempts(
-            episode,
-            self.judge,
-            rubric,
-            prior_precision=spec.precision,
-            on_usage=meter.sink(run, JudgePurpose.ATTEMPTS),
-        )
+        async with self.purse.block(attempt_calls(episode)) as affordable:
+            if not affordable:  # ranked whole or not at all, as when the budget is spent
+                return None
+            grades = await grade_attempts(
+                episode,
+                self.judge,
+                rubric,
+                prior_precision=spec.precision,
+                on_usage=meter.sink(run, JudgePurpose.ATTEMPTS),
+            )
         for failure in grades.failures:
             meter.failed(run, JudgePurpose.ATTEMPTS, failure)
         return grades

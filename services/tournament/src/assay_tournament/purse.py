@@ -10,8 +10,9 @@ A `Purse` is one handler's view: each judge call reserves its worst case (the
 judge's largest context at the higher of its two per-token prices) before it is
 made, and settles to what the endpoint billed after; a call that does not fit is
 not made (`GradingCeilingReached`). A caller that knows how many calls it will make
-(a tournament group) reserves them as one block first, and plays fewer rounds when
-the whole does not fit (`rounds`).
+(a tournament group, a run's attempt tournaments) reserves them as one block first:
+a group plays fewer rounds when the whole does not fit (`rounds`), attempts are
+ranked whole or not at all (`block`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from assay.engine.models import Prices
+from assay.grading.attempts import ranking_groups
 from assay.grading.judges import Judge, JudgeFailed, JudgeUsage, UsageCallback
+from assay.grading.swiss import rounds_for
 from assay.kernel.ids import TenantId
 from assay.kernel.scores import CoreViolation, Verdict
 from assay.kernel.spend import Reservation, Spend, SpendLimit, micro_usd
@@ -35,6 +38,12 @@ GRADING = Purpose.GRADING.value
 
 class GradingCeilingReached(JudgeFailed):
     """The tenant's grading ceiling for the day has no room for the call: it was not made."""
+
+
+def attempt_calls(episode: Episode) -> int:
+    """The judge calls ranking `episode`'s same-outcome attempts takes: a Swiss tournament
+    judged in both orders per group."""
+    return sum(2 * rounds_for(len(g)) * (len(g) // 2) for *_, g in ranking_groups(episode))
 
 
 def worst_call(judge: Judge) -> Spend:
@@ -87,9 +96,25 @@ class Purse:
         else:
             yield 0
             return
-        self._block, self._block_left, self._block_spent = held, rounds * calls_per_round, Spend()
-        try:
+        async with self._drawn(held, rounds * calls_per_round):
             yield rounds
+
+    @asynccontextmanager
+    async def block(self, calls: int) -> AsyncIterator[bool]:
+        """Reserve `calls` calls as one block (False: they do not fit, nothing held)."""
+        held = await self.reserve(calls)
+        if held is None:
+            yield False
+            return
+        async with self._drawn(held, calls):
+            yield True
+
+    @asynccontextmanager
+    async def _drawn(self, held: Reservation, calls: int) -> AsyncIterator[None]:
+        """`held` is the open block for `calls` calls, settled to their cost at the end."""
+        self._block, self._block_left, self._block_spent = held, calls, Spend()
+        try:
+            yield
         finally:
             self._block, self._block_left = None, 0
             await self.log.settle(held, self._block_spent)
