@@ -35,10 +35,12 @@ from services.tournament.tests.tournament_harness import (
     ScriptedJudge,
     Stage,
     challenger,
+    closed,
     current,
     deliver,
     open_stage,
     pinned,
+    sibling,
     task_id,
 )
 
@@ -227,3 +229,27 @@ async def test_attempts_the_ceiling_cannot_rank_whole_are_not_ranked_nor_failed(
     assert (graded.attempt_ranks, graded.unranked_attempts) == ([], [])
     assert graded.judge_failures == 0  # a spent budget is not the judge's failure
     assert row.committed == Spend()
+
+
+@pytest.mark.parametrize(("calls", "rounds"), [(5, 1), (3, 0)])
+async def test_a_rollout_selection_is_downsampled_before_it_falls_back_to_the_index(
+    tmp_path: Path, calls: int, rounds: int
+) -> None:
+    """Four siblings: 2 rounds of 2 pairs both ways (8 calls); 5 calls hold one round
+    (its two winners tie: the lower index breaks it), 3 hold none."""
+    async with open_stage(tmp_path, GradingPolicy(order_check=0.0, calls_per_day=calls)) as stage:
+        t = task_id(600 + calls)
+        runs = [sibling(t, i) for i in range(4)]
+        for i, run in enumerate(runs):
+            await stage.verified(run, output="x" * (i + 1))
+        stage.judge.prefer_longer = True
+        out = await stage.deliver(closed(t, runs))
+        (result,) = out.rollout_results()
+    assert len(stage.judge.compared) == 4 * rounds
+    assert (result.selection.judge_calls, result.selection.judge_failures) == (4 * rounds, 0)
+    assert result.selection.decided_by == "index"
+    if rounds == 0:
+        assert "grading ceiling holds not one round" in result.selection.evidence
+        assert result.winner == runs[0].run_id
+    else:
+        assert "Bradley-Terry strengths" in result.selection.evidence
