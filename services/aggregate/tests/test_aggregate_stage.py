@@ -134,6 +134,26 @@ async def test_a_redelivered_grade_is_folded_once(stage: StageHarness) -> None:
     assert agg.record.judge_wins == 1
 
 
+async def test_what_grading_each_version_cost_is_tallied_and_refolds_the_same(
+    stage: StageHarness,
+) -> None:
+    """Judge calls billed (answered and failed) and their dollars, every run counted."""
+    spends = [(Role.CHALLENGER, 2, 1, 0.03), (Role.CHALLENGER, 1, 0, 0.01), (Role.CURRENT, 0, 0, 0)]
+    for role, calls, failures, usd in spends:
+        msg = graded(rel(Outcome.WIN, DecidedBy.JUDGE), role=role).model_copy(
+            update={"judge_calls": calls, "judge_failures": failures, "judge_cost_usd": usd}
+        )
+        await stage.deliver(GRADED, msg, TENANT)
+    v2 = await stage.state(TENANT, "version", V2)
+    v1 = await stage.state(TENANT, "version", V1)
+    assert v2 is not None
+    assert v1 is not None
+    assert (v2["judge_calls"], v2["judge_micro_usd"]) == (4, 40_000)
+    assert (v1["judge_calls"], v1["judge_micro_usd"]) == (0, 0)
+    report = await stage.log.rebuild(keep=False)
+    assert report.identical
+
+
 # -- what the ladder reads, and the held-out split -------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import assay_decide
 from assay.bus import (
     AGGREGATES,
     DECISIONS,
+    USAGE,
     WORKFLOWS,
     BusMessage,
     EmbeddedBus,
@@ -32,6 +33,7 @@ from assay.messages import (
     MESSAGES,
     AllocationChanged,
     StrengthSummary,
+    UsageRecorded,
     VariantAggregate,
     Versioned,
     WorkflowRegistered,
@@ -104,6 +106,8 @@ class Stage:
     runner: StageRunner
     log: EventLog
     offsets: dict[str, int]
+    usage: list[UsageRecorded] = field(default_factory=list)
+    """What the stage metered on `assay.usage` (the proposer's drafts), kept apart."""
 
     async def send(
         self, topic: str, msg: Versioned, mid: str | None = None, tenant: TenantId = TENANT
@@ -137,7 +141,11 @@ class Stage:
         await self.log.ack_outbox([r.seq for r in rows])
         out: list[Any] = []
         for r in rows:
-            assert r.entry.topic in (DECISIONS, WORKFLOWS, dlq("decide")), r.entry.topic
+            assert r.entry.topic in (DECISIONS, WORKFLOWS, USAGE, dlq("decide")), r.entry.topic
+            if r.entry.topic == USAGE:
+                env = open_envelope(r.entry.value)
+                self.usage.append(UsageRecorded.model_validate(env.payload))
+                continue
             if r.entry.topic == dlq("decide"):
                 out.append(r.entry)
                 continue

@@ -27,7 +27,7 @@ from assay.bus import (
     OutboxRelay,
     topic_for,
 )
-from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.engine import BUILTIN_TOOLS, Prices, StubModel
 from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.judges import JudgeFailed, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy
@@ -69,7 +69,8 @@ from assay.messages import (
 )
 from assay.record import StateKey
 from assay.runtime import StageDeps, StageRunner, StageSpec, stage_log
-from assay.store import FsBlobStore, OutboxEntry, SqliteEventLog
+from assay.store import EventLog, FsBlobStore, OutboxEntry
+from assay.store.postgres import PostgresEventLog
 from assay.workflow import RubricItem, WorkflowDef, from_document
 
 TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000a1"))
@@ -114,6 +115,10 @@ class ScriptedJudge:
     crash_after: int | None = None
     pause_s: float = 0.0
     """How long each comparison takes (lets handlers on two partitions interleave)."""
+    prices: Prices | None = None
+    """The per-token prices it declares (what a call's worst case is reserved at)."""
+    cost_usd: float = 0.0002
+    """What each comparison it reports cost."""
 
     async def compare(
         self,
@@ -130,7 +135,7 @@ class ScriptedJudge:
         self.compared.append((a.run.run_id, b.run.run_id))
         failing = self.fail_with is not None
         if on_usage is not None and (self.billed or not failing):
-            on_usage(JudgeUsage(self.name, 120, 4, 0.0002, failed=failing))
+            on_usage(JudgeUsage(self.name, 120, 4, self.cost_usd, failed=failing))
         if self.fail_with is not None:
             raise self.fail_with
         if self.prefer_longer:
@@ -187,7 +192,7 @@ class Graded:
 @dataclass
 class Stage:
     runner: StageRunner
-    log: SqliteEventLog
+    log: EventLog
     blobs: FsBlobStore
     judge: ScriptedJudge
     spec: StageSpec
@@ -287,10 +292,15 @@ class Stage:
 
 @asynccontextmanager
 async def open_stage(
-    tmp_path: Path, policy: GradingPolicy, calibration: CalibrationPolicy | None = None
+    tmp_path: Path,
+    policy: GradingPolicy,
+    calibration: CalibrationPolicy | None = None,
+    *,
+    postgres: str | None = None,
 ) -> AsyncIterator[Stage]:
-    """The stage over SQLite, with a scripted judge, this grading policy and this
-    calibration policy (default: none scheduled)."""
+    """The stage over SQLite (or, with `postgres` a DSN, a fresh schema there), with a
+    scripted judge, this grading policy and this calibration policy (default: none
+    scheduled)."""
     judge = ScriptedJudge()
     blobs = FsBlobStore(tmp_path / "blobs")
     deps = StageDeps(
@@ -302,7 +312,14 @@ async def open_stage(
         calibration=calibration or CalibrationPolicy(),
     )
     spec = assay_tournament.create_stage(deps)
-    log = await stage_log(tmp_path, spec).open()
+    log: EventLog
+    if postgres is None:
+        log = await stage_log(tmp_path, spec).open()
+    else:
+        schema = f"tournament_{uuid.uuid4().hex[:12]}"
+        log = await PostgresEventLog(
+            postgres, schema, spec.events, spec.fold, tables=spec.tables
+        ).open()
     bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "tournament.relay.lock"))
     try:

@@ -73,6 +73,12 @@ class VersionTallied(Event):
             "challenger `record` and `ranked`."
         ),
     )
+    judge_calls: int | None = Field(
+        None, ge=0, description="Judge calls billed grading its runs (None: not yet counted)."
+    )
+    judge_micro_usd: int | None = Field(
+        None, ge=0, description="What they cost, in micro-dollars (None: not yet counted)."
+    )
 
 
 class FailuresKept(Event):
@@ -122,6 +128,8 @@ def fold_aggregate(record: LogRecord) -> list[StateDelta]:
                 order_checked=e.order_checked,
                 order_inconsistent=e.order_inconsistent,
                 held_out=HeldOutTallies.model_validate(held) if held is not None else None,
+                judge_calls=e.judge_calls,
+                judge_micro_usd=e.judge_micro_usd,
             )
             return [tally.put(t, e.workflow_version)]
         case FailuresKept() as e:
@@ -237,6 +245,8 @@ def _tallied(msg: RunGraded, tally: Tally) -> VersionTallied:
         order_checked=tally.order_checked,
         order_inconsistent=tally.order_inconsistent,
         held_out=tally.held_out.model_dump(mode="json") if tally.held_out else None,
+        judge_calls=tally.judge_calls,
+        judge_micro_usd=tally.judge_micro_usd,
     )
 
 

@@ -9,9 +9,9 @@ its baseline, on selection tasks and apart on held-out ones (§12.5). `Failures`
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from assay.kernel import WorkflowId, WorkflowVersion
 from assay.kernel.scores import (
@@ -25,6 +25,7 @@ from assay.kernel.scores import (
     UngradedReason,
     WinRecord,
 )
+from assay.kernel.spend import micro_usd
 from assay.messages import HeldOutTally, Purpose, Role, RunGraded, StrengthSummary
 from assay.messages.proposals import FailureEvidence
 from assay.record import ReadModel
@@ -114,6 +115,10 @@ class HeldOutTallies(BaseModel):
     ranked: RankedSums | None = None
 
 
+_COUNTED_LATER = frozenset({"judge_calls", "judge_micro_usd"})
+"""Tally fields a document kept before they were counted does not have."""
+
+
 class Tally(ReadModel):
     """A version's tallies after its latest graded run. `runs` and `passes` count every
     task; the challenger measures count selection tasks, held-out ones are apart."""
@@ -130,6 +135,16 @@ class Tally(ReadModel):
     order_checked: int
     order_inconsistent: int
     held_out: HeldOutTallies | None
+    judge_calls: int | None = None
+    """What grading its runs cost: judge calls billed (answered or failed); absent when
+    tallied before it was counted."""
+    judge_micro_usd: int | None = None
+    """And their price, in micro-dollars (`RunGraded.judge_cost_usd`)."""
+
+    @model_serializer(mode="wrap")
+    def _as_kept(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        doc: dict[str, Any] = handler(self)
+        return {k: v for k, v in doc.items() if v is not None or k not in _COUNTED_LATER}
 
     @classmethod
     def empty(cls, workflow: WorkflowId) -> Tally:
@@ -157,7 +172,14 @@ class Tally(ReadModel):
         """The tallies after `msg`, and whether it counted as a challenger's run (one
         against the baseline the version was first compared with)."""
         r, passed = msg.run, int(msg.passed)
-        tally = self.model_copy(update={"runs": self.runs + 1, "passes": self.passes + passed})
+        tally = self.model_copy(
+            update={
+                "runs": self.runs + 1,
+                "passes": self.passes + passed,
+                "judge_calls": (self.judge_calls or 0) + msg.judge_calls + msg.judge_failures,
+                "judge_micro_usd": (self.judge_micro_usd or 0) + micro_usd(msg.judge_cost_usd),
+            }
+        )
         if r.held_out:
             held = self.held_out or HeldOutTallies()
             held = held.model_copy(update={"runs": held.runs + 1, "passes": held.passes + passed})

@@ -35,6 +35,7 @@ from assay.workflow import WorkflowDef, WorkflowInvalid, validate
 from assay_decide.deciding import DecideUnitOfWork, Deciding
 from assay_decide.entry import shadow_refusal
 from assay_decide.events import ProposalMade, ProposalNotMade, ProposalReviewed
+from assay_decide.proposer_spend import propose_within_ceiling
 from assay_decide.state import Allocation, Known, OpenProposal, ProposalRecord
 from assay_decide.workflow import Workflow
 
@@ -160,7 +161,7 @@ async def propose(
         feedback=feedback,
     )
     try:
-        proposal = await deps.proposer.propose(request)
+        proposal = await propose_within_ceiling(uow, request)
     except ProposerFailed as exc:
         _not_made(w, after, exc.reason, exc.usage)
         return

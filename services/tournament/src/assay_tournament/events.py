@@ -141,6 +141,17 @@ class GroupClosed(Event):
     )
     inconsistent: int = Field(ge=0, description="Pairs whose two orderings disagreed.")
     anchored: bool = Field(description="The group held a control episode.")
+    rounds_planned: int = Field(
+        0, ge=0, description="Swiss rounds its size calls for (0: before this was recorded)."
+    )
+    rounds_played: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Rounds it played: fewer than planned when the tenant's grading ceiling held "
+            "only those (downsampled); 0 when none fitted and its members were not judged."
+        ),
+    )
 
 
 class GradingMetered(Event):

@@ -32,6 +32,7 @@ from assay.grading.judges import Judge, JudgeUsage, UsageCallback
 from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
 from assay.kernel import RunId, RunState
 from assay.kernel.scores import Score, Ungraded
+from assay.kernel.spend import MICRO, micro_usd
 from assay.messages import (
     Episode,
     EpisodeReduced,
@@ -57,6 +58,7 @@ from assay_tournament.events import (
     ResultIssued,
     RunScored,
 )
+from assay_tournament.purse import Purse, PursedJudge, attempt_calls, worst_call
 from assay_tournament.state import (
     GradingMeter,
     KeptAttempts,
@@ -128,13 +130,23 @@ class JudgeSpend:
 
     answered: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
+    micro_usd: int = 0
+    """What every call billed for the run cost (answered or not), in micro-dollars."""
 
     def __add__(self, other: JudgeSpend) -> JudgeSpend:
-        return JudgeSpend(self.answered + other.answered, self.failed + other.failed)
+        return JudgeSpend(
+            self.answered + other.answered,
+            self.failed + other.failed,
+            self.micro_usd + other.micro_usd,
+        )
 
     def kept(self) -> KeptSpend:
         """As kept beside a waiting run's payload."""
-        return KeptSpend(answered=dict(self.answered), failed=dict(self.failed))
+        return KeptSpend(
+            answered=dict(self.answered),
+            failed=dict(self.failed),
+            micro_usd=self.micro_usd or None,
+        )
 
 
 @dataclass(frozen=True)
@@ -161,7 +173,7 @@ class Candidate:
             kept.verified(),
             episode,
             kept.attempt_grades.grades() if kept.attempt_grades else None,
-            JudgeSpend(kept.spent(), kept.failed()),
+            JudgeSpend(kept.spent(), kept.failed(), kept.micro_usd()),
             was_parked=parked,
         )
 
@@ -228,6 +240,7 @@ class Meter:
             m = self.state
             self.pending.append((run, purpose, usage))
             m.calls_today += 1  # the ceiling bounds what was billed
+            self.spent.setdefault(run, JudgeSpend()).micro_usd += micro_usd(usage.cost_usd)
             if usage.failed:
                 m.failures_billed = (m.failures_billed or 0) + 1
             else:
@@ -277,6 +290,12 @@ class Scoring:
     def __init__(self, uow: TournamentUnitOfWork, meter: Meter) -> None:
         self.uow = uow
         self.meter = meter
+        judge, policy = uow.deps.judge, uow.deps.policy
+        self.purse = Purse(
+            uow.log, uow.tenant, meter.day, policy.limit_for(str(uow.tenant)), worst_call(judge)
+        )
+        """The tenant's grading ledger row for the day: every judge call reserves from it."""
+        self._judge = PursedJudge(judge, self.purse)
         self._live: dict[RunId, LiveResult] = {}
         """Results issued in this handler, by run (not yet committed, so not readable)."""
 
@@ -298,8 +317,8 @@ class Scoring:
 
     @property
     def judge(self) -> Judge:
-        """The stage's judge."""
-        return self.uow.deps.judge
+        """The stage's judge, each call reserved against the tenant's grading ceiling."""
+        return self._judge
 
     async def rank_attempts(
         self, episode: Episode, spec: GradingSpec, rubric: list[RubricItem]
@@ -309,13 +328,16 @@ class Scoring:
         if not spec.attempts_ranked or meter.exhausted(episode.run.tenant):
             return None
         run = episode.run.run_id
-        grades = await grade_attempts(
-            episode,
-            self.judge,
-            rubric,
-            prior_precision=spec.precision,
-            on_usage=meter.sink(run, JudgePurpose.ATTEMPTS),
-        )
+        async with self.purse.block(attempt_calls(episode)) as affordable:
+            if not affordable:  # ranked whole or not at all, as when the budget is spent
+                return None
+            grades = await grade_attempts(
+                episode,
+                self.judge,
+                rubric,
+                prior_precision=spec.precision,
+                on_usage=meter.sink(run, JudgePurpose.ATTEMPTS),
+            )
         for failure in grades.failures:
             meter.failed(run, JudgePurpose.ATTEMPTS, failure)
         return grades
@@ -459,6 +481,7 @@ class Scoring:
                 step_credit=list(attempts.credit) if attempts else [],
                 unranked_attempts=list(attempts.unranked) if attempts else [],
                 failed_checks=failed_checks(msg),
+                judge_cost_usd=spent.micro_usd / MICRO,
             ),
         )
         graded = not isinstance(score, Ungraded)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.bus.topics import VERIFIED
+from assay.grading.swiss import rounds_for
 from assay.grading.tournament import Entrant, run_tournament
 from assay.kernel import RunId, TaskId, TenantId
 from assay.kernel.scores import Ungraded, UngradedReason
@@ -90,6 +91,8 @@ class _Bracket:
     failed: int = 0
     inconsistent: int = 0
     anchored: bool = False
+    rounds_planned: int = 0
+    rounds_played: int = 0
 
 
 async def close_group(
@@ -132,13 +135,17 @@ async def close_group(
             judge_failures=bracket.failed,
             inconsistent=bracket.inconsistent,
             anchored=bracket.anchored,
+            rounds_planned=bracket.rounds_planned,
+            rounds_played=bracket.rounds_played,
         ),
     )
 
 
 async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Bracket:
     """Grade the members whose episodes are at hand: a tournament among them, or each
-    `Ungraded` when there are fewer than two or the tenant's judge budget is spent."""
+    `Ungraded` when there are fewer than two or the tenant's judge budget is spent. The
+    tournament's calls are reserved first: when all its rounds do not fit under the
+    tenant's grading ceiling it plays fewer (downsampled), and none when not one fits."""
     meter = s.meter
     if len(present) < 2 or meter.exhausted(s.uow.tenant):
         few = len(present) < 2
@@ -151,21 +158,28 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
     runs = {m.run.graded_as: m.run.run_id for m in present}
     workflow = WorkflowDef.model_validate(episodes[present[0].run.graded_as].definition)
     sinks = {name: meter.sink(runs[name], JudgePurpose.TOURNAMENT) for name in episodes}
-    outcome = await run_tournament(
-        [
-            Entrant(
-                name=m.run.graded_as,
-                episode=episodes[m.run.graded_as],
-                control=m.run.role is Role.CURRENT,
-            )
-            for m in present
-        ],
-        s.judge,
-        list(workflow.rubric),
-        seed=seed,
-        prior_precision=workflow.grading.precision,
-        on_usage=lambda shown, usage: sinks[shown](usage),
-    )
+    planned = rounds_for(len(present))
+    async with s.purse.rounds(planned, 2 * (len(present) // 2)) as affordable:
+        if affordable == 0:  # not one round fits under the tenant's grading ceiling
+            for m in present:
+                await s.finish(m, Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED))
+            return _Bracket(rounds_planned=planned)
+        outcome = await run_tournament(
+            [
+                Entrant(
+                    name=m.run.graded_as,
+                    episode=episodes[m.run.graded_as],
+                    control=m.run.role is Role.CURRENT,
+                )
+                for m in present
+            ],
+            s.judge,
+            list(workflow.rubric),
+            seed=seed,
+            prior_precision=workflow.grading.precision,
+            on_usage=lambda shown, usage: sinks[shown](usage),
+            rounds=affordable,
+        )
     for failure in outcome.failures:
         billed = runs.get(failure.billed_to, RunId(failure.billed_to))
         meter.failed(billed, JudgePurpose.TOURNAMENT, failure.reason)
@@ -174,7 +188,14 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
             meter.order_checked(consistent=bout.consistent)
     for m in present:
         await s.finish(m, outcome.scores[m.run.graded_as])
-    return _Bracket(outcome.answered, len(outcome.failures), outcome.inconsistent, outcome.anchored)
+    return _Bracket(
+        outcome.answered,
+        len(outcome.failures),
+        outcome.inconsistent,
+        outcome.anchored,
+        outcome.rounds_planned,
+        outcome.rounds_played,
+    )
 
 
 def group_due(tenant: TenantId, key: str, doc: dict[str, Any], now_ms: float) -> Fired | None:

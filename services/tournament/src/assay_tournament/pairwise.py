@@ -22,6 +22,7 @@ from assay.record import BranchKey
 from assay.workflow import WorkflowDef
 from assay_tournament.events import ChallengerParked, ReferenceSet
 from assay_tournament.grading import Candidate, Scoring, load_episode
+from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.state import Comparisons, Parked, Reference
 
 
@@ -117,6 +118,8 @@ async def _against(
     )
     try:
         score = await strategy.compare(pair)
+    except GradingCeilingReached:
+        return Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED), False
     except JudgeFailed as exc:
         meter.failed(run, JudgePurpose.COMPARE, str(exc))
         return Ungraded(reason=UngradedReason.JUDGE_FAILED), False

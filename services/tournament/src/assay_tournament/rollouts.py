@@ -18,6 +18,7 @@ from typing import Literal
 
 from assay.bus.topics import RESULTS, RUN_STATUS, TASKS
 from assay.grading.judges import Judge, JudgeFailed, UsageCallback
+from assay.grading.swiss import rounds_for
 from assay.grading.tournament import Entrant, TournamentOutcome, run_tournament
 from assay.kernel import RunId, RunState
 from assay.kernel.scores import (
@@ -45,6 +46,7 @@ from assay.record import BranchKey
 from assay.workflow import RubricItem, WorkflowDef
 from assay_tournament.events import JudgeAnswered, RolloutSelected, SiblingWaiting
 from assay_tournament.grading import Scoring, TournamentUnitOfWork, load_episode
+from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.state import JudgeAnswer, Rollout, Sibling
 
 TIE = 1e-9
@@ -265,6 +267,8 @@ async def _screen(
         return []
     try:
         return await judge.screen(episode, rubric, on_usage=meter.sink(run, JudgePurpose.SCREEN))
+    except GradingCeilingReached:
+        return []  # unscreened, as when the budget was spent before
     except JudgeFailed as exc:
         meter.failed(run, JudgePurpose.SCREEN, str(exc))
         return []
@@ -294,8 +298,13 @@ async def _select(
     elif s.meter.exhausted(s.uow.tenant):
         winner, decided_by = min(index, key=index.__getitem__), "index"
         evidence = "the tenant's judge budget is spent: the lowest index of the best class"
+    elif (outcome := await _tournament(s, judge, msg, best)) is None:
+        winner, decided_by = min(index, key=index.__getitem__), "index"
+        evidence = (
+            "the tenant's grading ceiling holds not one round of the best class's "
+            "tournament: the lowest index of the best class"
+        )
     else:
-        outcome = await _tournament(s, judge, msg, best)
         answered, failed = outcome.answered, len(outcome.failures)
         scores = {RunId(name): score for name, score in outcome.scores.items()}
         winner, decided_by, evidence = _judged(outcome, index, passing=bool(passing))
@@ -344,19 +353,25 @@ def _judged(
 
 async def _tournament(
     s: Scoring, judge: Judge, msg: RolloutClosed, best: list[tuple[RunVerified, Episode]]
-) -> TournamentOutcome:
-    """Rank the best outcome class: Swiss pairing, both orderings, Bradley-Terry."""
+) -> TournamentOutcome | None:
+    """Rank the best outcome class: Swiss pairing, both orderings, Bradley-Terry; in
+    fewer rounds when the tenant's grading ceiling holds only those, None when it holds
+    not one."""
     meter = s.meter
     workflow = WorkflowDef.model_validate(best[0][1].definition)
     sinks = {r.run.run_id: meter.sink(r.run.run_id, JudgePurpose.ROLLOUT) for r, _ in best}
-    outcome = await run_tournament(
-        [Entrant(name=str(r.run.run_id), episode=e, control=False) for r, e in best],
-        judge,
-        list(workflow.rubric),
-        seed=f"{s.uow.tenant}/rollout/{msg.idempotency_key}",
-        prior_precision=workflow.grading.precision,
-        on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
-    )
+    async with s.purse.rounds(rounds_for(len(best)), 2 * (len(best) // 2)) as affordable:
+        if affordable == 0:
+            return None
+        outcome = await run_tournament(
+            [Entrant(name=str(r.run.run_id), episode=e, control=False) for r, e in best],
+            judge,
+            list(workflow.rubric),
+            seed=f"{s.uow.tenant}/rollout/{msg.idempotency_key}",
+            prior_precision=workflow.grading.precision,
+            on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
+            rounds=affordable,
+        )
     for failure in outcome.failures:
         meter.failed(RunId(failure.billed_to), JudgePurpose.ROLLOUT, failure.reason)
     return outcome

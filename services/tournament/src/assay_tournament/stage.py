@@ -59,6 +59,7 @@ from assay_tournament.grading import (
 )
 from assay_tournament.groups import clock_ms, group_due, join_group, on_group_due
 from assay_tournament.pairwise import grade_pairwise, release_parked
+from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.rollouts import on_rollout_closed, on_sibling
 from assay_tournament.state import Group, Scored, Stopped, backlog_gauges, fold_tournament
 
@@ -208,6 +209,8 @@ async def _screened_out(
         violations = await s.judge.screen(
             episode, rubric, on_usage=s.meter.sink(r.run_id, JudgePurpose.SCREEN)
         )
+    except GradingCeilingReached:
+        return Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED)
     except JudgeFailed as exc:
         s.meter.failed(r.run_id, JudgePurpose.SCREEN, str(exc))
         return Ungraded(reason=UngradedReason.JUDGE_FAILED)

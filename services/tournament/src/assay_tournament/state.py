@@ -173,11 +173,17 @@ class KeptAttempts(BaseModel):
 
 
 class KeptSpend(BaseModel):
-    """A waiting run's judge calls so far, by purpose: answered and failed."""
+    """A waiting run's judge calls so far, by purpose: answered and failed; and what
+    every call it was billed cost, in micro-dollars (absent when kept before it was)."""
 
     model_config = ConfigDict(frozen=True)
     answered: dict[str, int]
     failed: dict[str, int]
+    micro_usd: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _as_kept(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_absent(handler(self), frozenset({"micro_usd"}))
 
 
 class Parked(ReadModel, RunVerified):
@@ -209,6 +215,10 @@ class Parked(ReadModel, RunVerified):
     def failed(self) -> Counter[str]:
         """Its judge calls so far that failed, by purpose."""
         return Counter(self.judge_spent.failed if self.judge_spent else {})
+
+    def micro_usd(self) -> int:
+        """What its judge calls so far cost, in micro-dollars."""
+        return (self.judge_spent.micro_usd or 0) if self.judge_spent else 0
 
 
 class Member(Parked):

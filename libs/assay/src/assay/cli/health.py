@@ -14,9 +14,13 @@ grading ended spent (runs, model calls, tokens). And the judge's scheduled
 calibration (§11): each judge model's last agreement with the verifier and order
 inconsistency on the tenant's calibration set, the calls it spent today against
 its budget, when the next round is due, and whether low agreement holds
-promotion. Where the state is: with
-`ASSAY_DATABASE_URL` set, the `tournament` and `ingest` schemas in Postgres;
-otherwise the data directory's `tournament.sqlite` and `ingest.sqlite`.
+promotion. Grading's spend today in the tournament's spend ledger — calls, tokens
+and dollars spent and held by reservations in flight, against the tenant's ceilings
+— and, per workflow, what grading cost beside what it decided (judge calls and
+dollars per promotion decided, from the aggregate and decide stages' state, when it
+is there). Where the state is: with `ASSAY_DATABASE_URL` set, the `tournament`,
+`ingest`, `aggregate` and `decide` schemas in Postgres; otherwise the data
+directory's SQLite files of those stages.
 """
 
 from __future__ import annotations
@@ -28,14 +32,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from assay.cli.ladder import reports as ladder_reports
 from assay.cli.logs import stage_state
 from assay.grading.calibration_policy import CalibrationPolicy
 from assay.grading.replay import meter_of
 from assay.kernel.ids import TenantId
+from assay.kernel.spend import MICRO, SpendDay, SpendLimit
+from assay.messages import Purpose
 from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 
 PG_SCHEMA = "tournament"
+GRADING = Purpose.GRADING.value
+"""The tournament ledger's purpose of judge calls that grade runs."""
 INGEST_LOG = "ingest.sqlite"
 INGEST_SCHEMA = "ingest"
 
@@ -151,12 +160,31 @@ def calibration_report(
     }
 
 
+def spend_report(day: SpendDay, limit: SpendLimit, today: str) -> dict[str, Any]:
+    """One tenant's grading spend today (UTC) from the ledger, beside its ceilings."""
+    return {
+        "day": today,
+        "calls": day.spent.calls,
+        "tokens": day.spent.tokens,
+        "usd": day.spent.usd,
+        "held": {"calls": day.held.calls, "tokens": day.held.tokens, "usd": day.held.usd},
+        "ceiling": {
+            "calls": limit.calls,
+            "tokens": limit.tokens,
+            "usd": None if limit.micro_usd is None else limit.micro_usd / MICRO,
+        },
+    }
+
+
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(int(ms) / 1000, UTC).isoformat()
 
 
 async def _reports(
-    log: EventLog, ingest: EventLog | None, tenant: TenantId | None
+    log: EventLog,
+    ingest: EventLog | None,
+    tenant: TenantId | None,
+    workflows: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     settings = AssaySettings.from_env()
     policy, replay = settings.grading, settings.replay
@@ -177,9 +205,13 @@ async def _reports(
     for who, _, doc in await log.scan_kind("judge_agreement"):
         judges[who].append(doc)
     calibrated = {w for w in (*schedules, *judges) if tenant is None or w == tenant}
+    tenants = sorted(set(meters) | calibrated, key=str)
+    ledger = {who: await log.spend_of(who, GRADING, today) for who in tenants}
     return [
         {
             **report(who, meters.get(who, {}), policy.ceiling_for(str(who))),
+            "grading_spend": spend_report(ledger[who], policy.limit_for(str(who)), today),
+            "workflows": None if workflows is None else workflows.get(str(who), []),
             "replay": replay_report(
                 reserved.get(who, {}) if ingest is not None else None,
                 spent[who],
@@ -190,7 +222,7 @@ async def _reports(
                 settings.calibration, who, schedules.get(who), judges[who], today
             ),
         }
-        for who in sorted(set(meters) | calibrated, key=str)
+        for who in tenants
     ]
 
 
@@ -209,6 +241,24 @@ async def health_command(data_dir: Path, tenant: TenantId | None) -> int:
             ingest = await stack.enter_async_context(
                 stage_state(data_dir, INGEST_SCHEMA, "no task was submitted there")
             )
-        found = await _reports(log, ingest, tenant)
+        found = await _reports(log, ingest, tenant, await _workflow_costs(stack, data_dir, tenant))
     print(json.dumps(found, indent=2))
     return 0
+
+
+async def _workflow_costs(
+    stack: AsyncExitStack, data_dir: Path, tenant: TenantId | None
+) -> dict[str, list[dict[str, Any]]] | None:
+    """Each tenant's workflows with what grading them cost beside what it decided (the
+    ladder's `grading_cost`); None when the decide and aggregate state is not here."""
+    here = all((data_dir / f"{stage}.sqlite").is_file() for stage in ("decide", "aggregate"))
+    if not (AssaySettings.from_env().database.url or here):
+        return None
+    decide = await stack.enter_async_context(stage_state(data_dir, "decide", "no decide state"))
+    aggregate = await stack.enter_async_context(
+        stage_state(data_dir, "aggregate", "no aggregate state")
+    )
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in await ladder_reports(decide, aggregate, tenant):
+        out[r["tenant"]].append({"workflow": r["workflow"], **r["grading_cost"]})
+    return out

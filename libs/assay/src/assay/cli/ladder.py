@@ -4,7 +4,9 @@ Per tenant and workflow: the allocation (generation, current version, every
 live challenger with its rung, share, ladder and standing — the first one also in
 the single-challenger fields — and what holds it — the drift check, or
 the tenant's judge whose scheduled calibration found it disagreeing with the
-verifier, whose last finding is shown beside it), then every version
+verifier, whose last finding is shown beside it), what grading the workflow's runs
+cost beside what it decided (judge calls and dollars, in all and per promotion
+decided), then every version
 the aggregate has seen — the rungs it climbed and how its time ended, its
 verifier pass rate on selection and on held-out tasks, and for a challenger its
 win rate (draws excluded) on both; each with the gap, selection minus held-out
@@ -22,6 +24,7 @@ from typing import Any
 
 from assay.cli.logs import stage_state
 from assay.kernel.ids import TenantId
+from assay.kernel.spend import MICRO
 from assay.messages.loop import complete_allocation
 from assay.store.ports import EventLog
 
@@ -71,6 +74,22 @@ def path(
     if rung is not None:
         return upto(rung) or [rung]
     return ["current"] if current else ["current", "replaced"]
+
+
+def grading_cost(tallies: list[dict[str, Any]], decided: int) -> dict[str, Any]:
+    """What grading a workflow's runs cost beside what it bought: judge calls billed and
+    their dollars over every version, and per promotion decided (a version promoted,
+    rejected or rolled back: the ladder's unit of value). Tallies kept before grading
+    cost was counted count as none."""
+    calls = sum(int(t.get("judge_calls") or 0) for t in tallies)
+    usd = sum(int(t.get("judge_micro_usd") or 0) for t in tallies) / MICRO
+    return {
+        "judge_calls": calls,
+        "judge_usd": usd,
+        "promotions_decided": decided,
+        "judge_calls_per_decision": calls / decided if decided else None,
+        "judge_usd_per_decision": usd / decided if decided else None,
+    }
 
 
 def version_report(version: str, tally: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +186,10 @@ async def reports(
                 else None,
                 "challengers": list(live.values()),
                 "judge_calibration": _calibration(judged.get(who)),
+                "grading_cost": grading_cost(
+                    list(seen.values()),
+                    sum(1 for v in versions if v["decision"] is not None),
+                ),
                 "versions": versions,
             }
         )

@@ -144,6 +144,9 @@ class ChatJudge:
         self.max_answer_tokens = max_answer_tokens
         self.name = model.name
         self.model_id = model.name
+        self.prices: object = getattr(model, "prices", None)
+        """The model's per-token prices, when it declares them (what a call's worst case
+        costs before it is made: the tournament reserves it against the tenant's ceiling)."""
         self.max_context_tokens = (
             math.ceil(self.prompts.max_prompt_chars / CHARS_PER_TOKEN)
             + TEMPLATE_TOKENS

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from assay.grading.chat_judge import JudgeModel
+from assay.grading.chat_judge import TEMPLATE_TOKENS, JudgeModel
 from assay.grading.judge_answers import one_object
 from assay.grading.judges import JudgeFailed
 from assay.grading.proposers import (
@@ -89,8 +89,21 @@ class ChatProposer:
             raise ValueError("max_answer_tokens and max_failures must be >= 1")
         self._model = model
         self.name = f"chat:{model.name}"
+        self.model_id = model.name
+        """The model every call names (what `assay.usage` records)."""
         self.max_answer_tokens = max_answer_tokens
         self.max_failures = max_failures
+        self._prices: object = getattr(model, "prices", None)
+
+    def worst_case(self, request: ProposalInput) -> ProposerUsage:
+        """What drafting for `request` costs at most: one call whose prompt has no more
+        tokens than its UTF-8 bytes (plus the chat template's), answering in at most
+        `max_answer_tokens`, at the model's prices (0.0 without any)."""
+        prompt = len(SYSTEM.encode()) + len(render(request, self.max_failures).encode())
+        prompt += TEMPLATE_TOKENS
+        price = getattr(self._prices, "cost", None)
+        cost = price(prompt, self.max_answer_tokens) if callable(price) else 0.0
+        return ProposerUsage(1, prompt, self.max_answer_tokens, float(cost))
 
     async def aclose(self) -> None:
         """Close the model."""

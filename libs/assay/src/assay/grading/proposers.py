@@ -26,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from assay.grading.spend_ceilings import DailySpendCeilings
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, WorkflowId, WorkflowVersion
-from assay.kernel.tenant_maps import tenant_set
+from assay.kernel.spend import SpendLimit
+from assay.kernel.tenant_maps import tenant_keyed, tenant_set
 from assay.messages.proposals import FailureEvidence
 from assay.workflow import WorkflowDef, WorkflowInvalid, from_document
 
@@ -98,9 +100,11 @@ class Proposal:
     usage: ProposerUsage = field(default_factory=ProposerUsage)
 
 
-class ProposalPolicy(BaseModel):
+class ProposalPolicy(DailySpendCeilings):
     """Whose proposals skip the operator (§16: the generator is gated by default; a
-    tenant ungates it explicitly, once its loop is calibrated)."""
+    tenant ungates it explicitly, once its loop is calibrated), and the proposer's
+    ceilings per tenant per UTC day in calls, tokens and dollars (§14.1): decide
+    reserves a draft's worst case against them before asking the proposer."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -108,11 +112,26 @@ class ProposalPolicy(BaseModel):
         frozenset(),
         description="Tenants whose proposals skip approval: UUIDs, comma separated.",
     )
+    calls_per_day: int | None = Field(
+        None, ge=0, description="Proposer model calls per tenant per UTC day (unset: no limit)."
+    )
+    ceilings: dict[str, int] = Field(
+        default_factory=dict, description="Per-tenant call ceilings: `<tenant-uuid>=<calls>,...`."
+    )
 
     @field_validator("ungated", mode="before")
     @classmethod
     def _tenants(cls, value: object) -> object:
         return tenant_set(value)
+
+    @field_validator("ceilings", mode="before")
+    @classmethod
+    def _calls(cls, value: object) -> object:
+        return tenant_keyed(value, "calls")
+
+    def limit_for(self, tenant: str) -> SpendLimit:
+        """The tenant's proposer ceiling per UTC day in calls, tokens and dollars."""
+        return self.spend_limit(tenant, self.ceilings.get(str(tenant), self.calls_per_day))
 
     def gated(self, tenant: TenantId) -> bool:
         """Whether `tenant`'s proposals wait for approval."""
@@ -126,6 +145,11 @@ class Proposer(Protocol):
 
     async def propose(self, request: ProposalInput) -> Proposal | None:
         """A new version of `request.current`, or None when there is nothing left to try.
+
+        A proposer that calls a model may also offer `worst_case(request) ->
+        ProposerUsage` (what drafting could cost at most): decide reserves it against
+        the tenant's proposer ceiling first. Without it a draft is reserved as one call
+        of no known tokens or dollars.
 
         Raises:
             ProposerFailed: drafting failed (the reason says why).

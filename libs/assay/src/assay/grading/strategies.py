@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from assay.grading.spend_ceilings import DailySpendCeilings
 from assay.kernel.errors import AssayError
 from assay.kernel.scores import Ranked, Relative, Score, Ungraded, UngradedReason
+from assay.kernel.spend import SpendLimit
 from assay.kernel.tenant_maps import tenant_keyed
 
 if TYPE_CHECKING:
@@ -302,15 +304,18 @@ def check_fits(profile: ResourceProfile, capacity: GradingCapacity) -> None:
         )
 
 
-class GradingPolicy(GradingCapacity):
+class GradingPolicy(GradingCapacity, DailySpendCeilings):
     """Capacity, spend ceilings and health sampling of grading (`ASSAY_GRADING_*`).
 
     The policy is the capacity it declares (`check_fits` takes it as one). `ceilings`
     is a per-tenant map of judge calls per day, written `<tenant-uuid>=<calls>,...`;
-    a tenant not in it has `calls_per_day`. A tenant whose judge calls today (UTC, by
-    the time the graded fact occurred) reached its ceiling gets
-    `Ungraded{BudgetExhausted}` until the day turns; a grading that starts under the
-    ceiling finishes, so one grading may overshoot it by its own calls. `order_check`
+    a tenant not in it has `calls_per_day`; tokens and dollars per day have their own
+    ceilings (`DailySpendCeilings`). Every judge call is reserved at its worst case
+    against the tenant's ceilings for the UTC day the graded fact occurred, before it
+    is made, in the tournament stage's spend ledger: a call that does not fit is not
+    made, and the run is `Ungraded{BudgetExhausted}` (a tournament group is first
+    played in fewer rounds). Handlers on every partition reserve from the same ledger
+    row, so together they never pass the ceiling. `order_check`
     is the fraction of pairwise comparisons asked again with the positions swapped,
     to measure order consistency.
     """
@@ -334,3 +339,7 @@ class GradingPolicy(GradingCapacity):
     def ceiling_for(self, tenant: str) -> int:
         """The tenant's judge calls per day."""
         return self.ceilings.get(str(tenant), self.calls_per_day)
+
+    def limit_for(self, tenant: str) -> SpendLimit:
+        """The tenant's grading ceiling per UTC day in calls, tokens and dollars."""
+        return self.spend_limit(tenant, self.ceiling_for(tenant))

@@ -93,6 +93,8 @@ class TournamentOutcome:
     `scores` holds a `Ranked` for each entrant with at least one answered comparison and
     `Ungraded{judge_failed}` for each without. `asked` counts the comparisons put to the
     judge, `answered` those it answered; `failures` holds the others, one each.
+    `rounds_planned` is ⌈log₂ G⌉; `rounds_played` fewer when the group was downsampled
+    (its spend ceiling did not hold every round).
     """
 
     scores: dict[str, Ranked | Ungraded]
@@ -102,6 +104,8 @@ class TournamentOutcome:
     failures: tuple[JudgeFailure, ...]
     tie: float | None
     anchored: bool
+    rounds_planned: int = 0
+    rounds_played: int = 0
 
     @property
     def ranked(self) -> dict[str, Ranked]:
@@ -152,23 +156,29 @@ async def run_tournament(
     seed: str,
     prior_precision: float,
     on_usage: EntrantSink | None = None,
+    rounds: int | None = None,
 ) -> TournamentOutcome:
-    """Pair, judge and fit one group of at least two entrants.
+    """Pair, judge and fit one group of at least two entrants, in `rounds` Swiss rounds
+    (None: all ⌈log₂ G⌉; fewer downsample the group, never more).
 
     Raises:
-        ValueError: fewer than two entrants, or two with one name.
+        ValueError: fewer than two entrants, two with one name, or `rounds` < 1.
     """
+    planned = rounds_for(len(entrants))
+    if rounds is not None and rounds < 1:
+        raise ValueError(f"a tournament plays at least one round: {rounds}")
+    played = planned if rounds is None else min(rounds, planned)
     names = [e.name for e in entrants]
     if len(entrants) < 2 or len(set(names)) != len(names):
         raise ValueError("a tournament needs at least two entrants with distinct names")
     by_name = {e.name: e for e in entrants}
     points = dict.fromkeys(names, 0.0)
-    played: set[frozenset[str]] = set()
+    met: set[frozenset[str]] = set()
     byes: list[str] = []
     bouts: list[Bout] = []
     failures: list[JudgeFailure] = []
-    for round_no in range(rounds_for(len(entrants))):
-        drawn = pair_round(names, points, played, seed=f"{seed}/{round_no}", byes=byes)
+    for round_no in range(played):
+        drawn = pair_round(names, points, met, seed=f"{seed}/{round_no}", byes=byes)
         if drawn.bye is not None:
             byes.append(drawn.bye)
         for a_name, b_name in drawn.pairs:
@@ -177,7 +187,7 @@ async def run_tournament(
             second = await _judge(judge, b, a, rubric, on_usage, failures)
             bout = Bout(a_name, b_name, first, second)
             bouts.append(bout)
-            played.add(frozenset((a_name, b_name)))
+            met.add(frozenset((a_name, b_name)))
             tally = bout.count()
             points[a_name] += tally.a_wins + tally.draws / 2
             points[b_name] += tally.b_wins + tally.draws / 2
@@ -215,4 +225,6 @@ async def run_tournament(
         failures=tuple(failures),
         tie=tie,
         anchored=bool(controls),
+        rounds_planned=planned,
+        rounds_played=played,
     )

@@ -39,6 +39,8 @@ class Purpose(enum.Enum):
     GRADING = "grading"
     CALIBRATION = "calibration"
     """A judge call replaying a calibration pair, to measure the judge (§11): no run's."""
+    PROPOSER = "proposer"
+    """The slow loop's proposer drafting a workflow version (§12.1): no run's."""
 
 
 class JudgePurpose(enum.Enum):
@@ -332,11 +334,12 @@ class RunGraded(Versioned):
     comparisons it rests on; attempts the judge answered nothing about are
     `unranked_attempts`, with the reason. A version 5 payload reads with no failure and no
     breakdown (it did not say). Version 7 carries `RunRef.branch`: a fork's grade says
-    which branch of the run it is, and its parent.
+    which branch of the run it is, and its parent. Version 8 adds `judge_cost_usd`, what
+    grading the run cost in dollars; a version 7 payload reads as costing 0.0 (unknown).
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 7
+    version: ClassVar[int] = 8
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
@@ -374,6 +377,15 @@ class RunGraded(Versioned):
     unranked_attempts: list[UnrankedAttempts] = Field(
         default_factory=list,
         description="v6: same-outcome attempts left without a rank, with the reason.",
+    )
+    judge_cost_usd: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "v8: what every judge call billed for this run cost (answered or failed), in US "
+            "dollars at the judge's configured prices; 0.0 before v8 or without prices."
+        ),
     )
 
     @model_validator(mode="after")
@@ -556,9 +568,13 @@ class UsageRecorded(Versioned):
     version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     run_id: RunId | None = Field(
-        description="Run the call served; None for a call that served no run (calibration)."
+        description=(
+            "Run the call served; None for a call that served no run (calibration, proposer)."
+        )
     )
-    purpose: Purpose = Field(description="Work, shadow, grading or calibration.")
+    purpose: Purpose = Field(
+        description="Work, shadow (replay), grading, calibration or proposer (a draft)."
+    )
     model: str = Field(description="Model id.")
     prompt_tokens: int = Field(ge=0, description="Prompt tokens.")
     completion_tokens: int = Field(ge=0, description="Completion tokens.")
@@ -620,6 +636,11 @@ def run_result_v4_to_v5(payload: dict[str, Any]) -> dict[str, Any]:
     """RunResult v4 -> v5: a v4 score said nothing of its comparisons, which v5 reads as
     it is."""
     return dict(payload)
+
+
+def run_graded_v7_to_v8(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunGraded v7 -> v8: a v7 grade did not say what its judge calls cost: 0.0."""
+    return {**payload, "judge_cost_usd": 0.0}
 
 
 def usage_recorded_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:

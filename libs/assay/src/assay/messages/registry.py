@@ -41,6 +41,7 @@ from assay.messages.models import (
     run_graded_v1_to_v2,
     run_graded_v3_to_v4,
     run_graded_v5_to_v6,
+    run_graded_v7_to_v8,
     run_ref_unchanged,
     run_ref_v2_unchanged,
     run_ref_v3_unchanged,
@@ -143,6 +144,7 @@ MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
 MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
 MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
 MESSAGES.upcaster("RunResult", 5)(run_result_v5_to_v6)
+MESSAGES.upcaster("RunGraded", 7)(run_graded_v7_to_v8)
 for _carrier, _before in (
     ("RunSpawned", 4),
     ("RunStatusChanged", 3),

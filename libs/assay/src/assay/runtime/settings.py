@@ -213,7 +213,7 @@ class AssaySettings(BaseSettings):
     )
     grading: GradingPolicy = Field(
         default_factory=GradingPolicy,
-        description="Grading capacity, judge-call ceilings and order-check sampling.",
+        description="Grading capacity, daily ceilings (calls, tokens, dollars), order checks.",
     )
     calibration: CalibrationPolicy = Field(
         default_factory=CalibrationPolicy,

@@ -20,6 +20,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from assay.record.state import DocumentTable
+from assay.store.pg_spend import SPEND_MIGRATION
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 
@@ -359,6 +360,7 @@ MIGRATIONS: tuple[str, ...] = (
     _FENCED_GROUPS,
     _INBOX_TIME,
     _TOMBSTONES,
+    SPEND_MIGRATION,
 )
 """The event log's migrations, in order: version n is `MIGRATIONS[n - 1]`."""
 

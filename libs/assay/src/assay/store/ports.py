@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import Lsn, MessageId, TenantId
+from assay.kernel.spend import Reservation, Spend, SpendDay, SpendLimit
 from assay.record.events import BranchKey, Event, LogRecord
 from assay.record.state import StateKey
 
@@ -312,6 +313,24 @@ class EventLog(Protocol):
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up (a suspended run holds none). No-op if it was taken over."""
+        ...
+
+    async def reserve(
+        self, tenant: TenantId, purpose: str, day: str, amount: Spend, limit: SpendLimit
+    ) -> Reservation | None:
+        """Hold `amount` against the tenant's `limit` for `purpose` on `day` (UTC), if
+        what is spent and held that day plus `amount` stays within every ceiling; else
+        None, and nothing is held. One atomic conditional update of the day's row in
+        this store: concurrent callers (any partition, any replica) never overshoot."""
+        ...
+
+    async def settle(self, reservation: Reservation, actual: Spend) -> None:
+        """Replace the held amount by what was really spent (`Spend()`: a release, no
+        call was billed). Call it once per reservation."""
+        ...
+
+    async def spend_of(self, tenant: TenantId, purpose: str, day: str) -> SpendDay:
+        """The tenant's ledger row for `purpose` on `day`: spent and held."""
         ...
 
     async def rebuild(self, *, keep: bool) -> RebuildReport:

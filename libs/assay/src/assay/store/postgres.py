@@ -32,6 +32,7 @@ from assay.store.pg_schema import (
     migrate,
     quoted,
 )
+from assay.store.pg_spend import PgSpendLedger
 from assay.store.ports import (
     Checkpoint,
     CommitBatch,
@@ -55,7 +56,7 @@ async def _keep_session(conn: Connection) -> None:
     """Pool connections carry no session state of ours: nothing to reset on release."""
 
 
-class PostgresEventLog:
+class PostgresEventLog(PgSpendLedger):
     """`EventLog` on one Postgres schema (one per stage in distributed mode).
 
     Several replicas of a stage may share the schema: the log's primary key and

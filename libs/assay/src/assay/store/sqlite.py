@@ -35,6 +35,7 @@ from assay.store.ports import (
     StaleFence,
     StreamChanged,
 )
+from assay.store.sqlite_spend import SPEND_SCHEMA, SqliteSpendLedger
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (
@@ -131,7 +132,7 @@ def truncate_wal(conn: sqlite3.Connection) -> bool:
     return not busy
 
 
-class SqliteEventLog:
+class SqliteEventLog(SqliteSpendLedger):
     """`EventLog` on one SQLite file (one per stage in embedded mode).
 
     All work runs on the event loop's thread: a commit is a few SQLite calls and
@@ -169,6 +170,7 @@ class SqliteEventLog:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(self._path)
         self._conn.executescript(_SCHEMA)
+        self._conn.executescript(SPEND_SCHEMA)
         add_column(self._conn, "inbox", "at_ms INTEGER NOT NULL DEFAULT 0")  # files of before
         for table in self._tables:
             self._conn.executescript(document_table_ddl(table))
