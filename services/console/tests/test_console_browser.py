@@ -353,3 +353,37 @@ def test_rejecting_an_open_proposal_from_its_page_takes_effect(
         seen = client.get(f"/api/proposals/{OPEN_PROPOSAL}").json()
         assert (seen["status"], seen["review"]) == ("rejected", "from the console")
         assert client.get("/api/proposals").json() == {"proposals": []}
+
+
+def test_a_login_sees_only_its_own_tenant(browser: Browser, served: str, shots: Path) -> None:
+    context = browser.new_context()  # no bearer token: the login cookie alone
+    tab = context.new_page()
+    try:
+        tab.goto(f"{served}runs?tenant={TENANT_B}")
+        tab.wait_for_url("**/login?next=*")  # not logged in: the login page, coming back
+        tab.fill("#token", "token-b")
+        tab.click("#login button[type=submit]")
+        tab.wait_for_url(f"**/runs?tenant={TENANT_B}")
+        assert tab.locator("tr.run").count() == 2
+        (session,) = [c for c in context.cookies() if c["name"] == "assay_session"]
+        assert session["httpOnly"]
+        assert session["sameSite"] == "Strict"
+        tab.goto(served)
+        tab.screenshot(path=shots / "logged-in-overview.png", full_page=True)
+        assert tab.locator("section.tenant").evaluate_all("s => s.map(e => e.dataset.tenant)") == [
+            str(TENANT_B)
+        ]
+        theirs = run_ref(DEMO_TENANT, 0).run_id
+        response = tab.goto(f"{served}runs/{theirs}?tenant={TENANT_B}")
+        assert response is not None
+        assert response.status == 404
+        response = tab.goto(f"{served}runs/{theirs}?tenant={DEMO_TENANT}")
+        assert response is not None
+        assert response.status == 404
+        tab.goto(f"{served}runs?tenant={TENANT_B}")
+        expect(tab.locator("#logout")).to_be_visible()
+        tab.click("#logout button")
+        tab.wait_for_url("**/login")
+        assert not [c for c in context.cookies() if c["name"] == "assay_session"]
+    finally:
+        context.close()

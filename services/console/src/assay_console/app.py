@@ -18,16 +18,17 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from assay.kernel import RunState
 from assay.kernel.ids import TenantId, is_run_id, tenant_id
 from assay.kernel.schema import one_line
-from assay_console.access import Access
+from assay_console.access import Access, Caller
 from assay_console.charts import dag_chart, forest_chart, sprt_chart
 from assay_console.outbox import Outbox
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+from assay_console.sessions import SESSION_COOKIE
 from assay_console.workflows import proposal_view
 
 FILTERS = frozenset(RunFilters.model_fields)
@@ -51,11 +52,22 @@ MAX_WORKFLOW_ID = 256
 PROPOSAL_ID = re.compile(r"[0-9a-f]{16}")
 
 
+def caller(request: Request, access: Access) -> Caller:
+    """Who a request acts for: its bearer token's, or its login session's.
+
+    Raises:
+        Problem: 401 when neither identifies anyone.
+    """
+    cookie = request.cookies.get(SESSION_COOKIE)
+    found = access.caller(request.headers.get("authorization"), cookie)
+    if found is None:
+        raise Problem(401, "a bearer token (or a login) is required")
+    return found
+
+
 def _tenant(request: Request, access: Access) -> TenantId:
     """The tenant a request reads: its token's, or the admin's `?tenant=`."""
-    who = access.identify(request.headers.get("authorization"))
-    if who is None:
-        raise Problem(401, "a bearer token is required")
+    who = caller(request, access).who
     asked = request.query_params.get("tenant")
     if who.tenant is not None:
         if asked is not None and asked != str(who.tenant):
@@ -120,6 +132,12 @@ def _only_tenant(request: Request) -> None:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
+def login_url(request: Request) -> str:
+    """The login page, coming back to this request's page once logged in."""
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return f"/login?next={quote(here, safe='')}"
+
+
 def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None) -> Starlette:
     """The console app over `reads`, guarded by `access`; its actions publish to `outbox`
     (None: a read-only console)."""
@@ -140,6 +158,8 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
             except (Problem, BadQuery) as exc:
                 status = exc.status if isinstance(exc, Problem) else 400
                 detail = exc.detail if isinstance(exc, Problem) else str(exc)
+                if html and status == 401 and request.method == "GET":
+                    return RedirectResponse(login_url(request), status_code=303)
                 if html:
                     page = env.get_template("problem.html").render(status=status, detail=detail)
                     return HTMLResponse(page, status_code=status)
@@ -199,9 +219,7 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         return HTMLResponse(env.get_template(name).render(**context))
 
     async def page_overview(request: Request) -> Response:
-        who = access.identify(request.headers.get("authorization"))
-        if who is None:
-            raise Problem(401, "a bearer token is required")
+        who = caller(request, access).who
         if who.tenant is None and "tenant" not in request.query_params:
             tenants = await reads.tenants()
             views = [await reads.overview(t) for t in tenants]
@@ -292,8 +310,9 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         Route("/healthz", healthz),
     ]
     from assay_console.actions import action_routes  # it builds on this module
+    from assay_console.login import login_routes
 
-    routes[:0] = action_routes(reads, access, outbox, guarded)
+    routes[:0] = [*action_routes(reads, access, outbox, guarded), *login_routes(access, env)]
     app = Starlette(routes=routes)
     app.add_middleware(_SecurityHeaders)
     return app

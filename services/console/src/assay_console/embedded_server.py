@@ -69,8 +69,8 @@ async def start_embedded(
     return await _serve(reads, settings, host, port, outbox, lambda a: process_routes(rt, a))
 
 
-async def _json(request: Request) -> Any:
-    same_site(request)
+async def _json(request: Request, access: Access) -> Any:
+    same_site(request, access)
     try:
         return json.loads(await request.body() or b"null")
     except json.JSONDecodeError as exc:
@@ -133,7 +133,7 @@ def process_routes(rt: Embedded, access: Access) -> Sequence[BaseRoute]:
 
     async def tasks(request: Request) -> Response:
         tenant = _tenant(request, access)
-        submitted = _tasks(str(tenant), await _json(request))
+        submitted = _tasks(str(tenant), await _json(request, access))
         await rt.bus.publish([commands.submit_task(t).entry for t in submitted])
         keys = [t.idempotency_key for t in submitted]
         return JSONResponse({"submitted": len(keys), "idempotency_keys": keys}, status_code=202)
@@ -141,7 +141,7 @@ def process_routes(rt: Embedded, access: Access) -> Sequence[BaseRoute]:
     async def workflows(request: Request) -> Response:
         tenant = _tenant(request, access)
         try:
-            given = Registration.model_validate(await _json(request))
+            given = Registration.model_validate(await _json(request, access))
             wf = validate(from_document(given.definition), frozenset(rt.deps.tools))
             cmd = commands.register_workflow(
                 tenant,

@@ -99,7 +99,8 @@ async def _serve(
     host = host or settings.console.host
     port = settings.console.port if port is None else port
     try:
-        access = Access.parse(settings.console.tokens, settings.console.admin_token, host)
+        c = settings.console
+        access = Access.parse(c.tokens, c.admin_token, host, c.session_secret, c.session_ttl_s)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
