@@ -387,3 +387,23 @@ def test_a_login_sees_only_its_own_tenant(browser: Browser, served: str, shots: 
         assert not [c for c in context.cookies() if c["name"] == "assay_session"]
     finally:
         context.close()
+
+
+def test_the_spend_page_draws(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}?tenant={DEMO_TENANT}")
+    page.get_by_role("link", name="spend").first.click()
+    page.wait_for_url("**/spend?**")
+    page.screenshot(path=shots / "spend.png", full_page=True)
+    # The demo's runs called the model: work calls drawn, one point per day, above zero.
+    work = page.locator("svg.spend-calls g.series[data-name=work] circle")
+    assert work.count() == 7
+    assert float(work.last.get_attribute("data-value") or 0) >= 8
+    assert box(page.locator("svg.spend-calls g.series[data-name=work] polyline"))["width"] > 100
+    # Each ceiling in the table with today's use; the grading one drawn on the chart.
+    assert page.locator("#ceilings tr.ceiling").count() == 3
+    grading = page.locator("#ceilings tr.ceiling[data-purpose=grading]")
+    assert float(grading.get_attribute("data-limit") or 0) > 0
+    expect(page.locator("svg.spend-calls g.limit[data-name=grading]")).to_have_count(1)
+    response = page.goto(f"{served}spend?tenant={TENANT_B}")
+    assert response is not None
+    assert response.status == 404

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
@@ -24,11 +25,18 @@ from starlette.routing import Route
 from assay.kernel import RunState
 from assay.kernel.ids import TenantId, is_run_id, tenant_id
 from assay.kernel.schema import one_line
+from assay.runtime.settings import AssaySettings
 from assay_console.access import Access, Caller
-from assay_console.charts import dag_chart, forest_chart, sprt_chart
+from assay_console.charts import (
+    dag_chart,
+    forest_chart,
+    sprt_chart,
+    time_chart,
+)
 from assay_console.outbox import Outbox
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
 from assay_console.sessions import SESSION_COOKIE
+from assay_console.spend_views import SpendReport, series
 from assay_console.workflows import proposal_view
 
 FILTERS = frozenset(RunFilters.model_fields)
@@ -138,9 +146,15 @@ def login_url(request: Request) -> str:
     return f"/login?next={quote(here, safe='')}"
 
 
-def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None) -> Starlette:
+def create_app(
+    reads: ConsoleReads,
+    access: Access,
+    outbox: Outbox | None = None,
+    settings: AssaySettings | None = None,
+) -> Starlette:
     """The console app over `reads`, guarded by `access`; its actions publish to `outbox`
-    (None: a read-only console)."""
+    (None: a read-only console); the spend page reads the ceilings from `settings` (None:
+    it shows none, and says so)."""
     env = Environment(
         loader=PackageLoader("assay_console", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -209,6 +223,47 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         if row is None:
             raise Problem(404, NO_PROPOSAL)
         return Response(proposal_view(row).model_dump_json(), media_type="application/json")
+
+    async def spend_report(request: Request) -> tuple[TenantId, SpendReport]:
+        extra = sorted(set(request.query_params) - {"tenant", "days", "bucket"})
+        if extra:
+            raise Problem(400, f"unknown parameter: {', '.join(extra)}")
+        raw = request.query_params.get("days", "7")
+        if not raw.isdigit():
+            raise Problem(400, f"days: {raw!r} is not a whole number of days")
+        bucket = request.query_params.get("bucket", "day")
+        tenant = _tenant(request, access)
+        return tenant, await reads.spend(tenant, int(raw), bucket, settings)
+
+    async def api_spend(request: Request) -> Response:
+        _, report = await spend_report(request)
+        return Response(report.model_dump_json(), media_type="application/json")
+
+    async def page_spend(request: Request) -> Response:
+        tenant, report = await spend_report(request)
+        xs, by_metric = series(report, datetime.now(UTC))
+        limits = {c.purpose: c.limit for c in report.ceilings if c.unit == "calls" and c.limit}
+        charts = {
+            metric: time_chart(
+                xs, lines, limits if metric == "calls" and report.bucket == "day" else {}
+            )
+            for metric, lines in by_metric.items()
+        }
+        rounds = report.judge.rounds
+        judge = (
+            time_chart(
+                [r.at.strftime("%m-%d %H:%M") for r in rounds],
+                {
+                    "agreement": [r.agreement or 0.0 for r in rounds],
+                    "order inconsistency": [r.order_inconsistency_rate or 0.0 for r in rounds],
+                },
+                {"min agreement": report.judge.min_agreement or 0.0},
+                y_max=1.0,
+            )
+            if rounds
+            else None
+        )
+        return render("spend.html", r=report, tenant=tenant, charts=charts, judge=judge)
 
     async def api_openapi(request: Request) -> Response:
         from assay_console.openapi import document
@@ -299,12 +354,14 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         Route("/api/workflows/{workflow_id:path}", guarded(api_workflow)),
         Route("/api/proposals", guarded(api_proposals)),
         Route("/api/proposals/{proposal}", guarded(api_proposal)),
+        Route("/api/spend", guarded(api_spend)),
         Route("/api/openapi.json", api_openapi),
         Route("/", guarded(page_overview, html=True)),
         Route("/runs", guarded(page_runs, html=True)),
         Route("/runs/{run_id}", guarded(page_run, html=True)),
         Route("/workflows", guarded(page_workflows, html=True)),
         Route("/proposals", guarded(page_proposals, html=True)),
+        Route("/spend", guarded(page_spend, html=True)),
         Route("/workflows/{workflow_id:path}", guarded(page_workflow, html=True)),
         Route("/static/{name}", guarded(static, html=True)),
         Route("/healthz", healthz),

@@ -210,3 +210,77 @@ def dag_chart(versions: list[VersionNode]) -> DagChart:
     return DagChart(
         width=WIDTH, height=DAG_ROW * max(len(versions), 1) + 4, nodes=nodes, edges=edges
     )
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series of a time chart, as a polyline, with its points."""
+
+    name: str
+    points: str
+    dots: list[tuple[float, float, str]]
+    """x, y and the value's label, for each point."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A horizontal line: a ceiling or a threshold."""
+
+    name: str
+    y: float
+    label: str
+
+
+@dataclass(frozen=True)
+class TimeChart:
+    """Series over time (x: UTC buckets), with horizontal limits."""
+
+    width: int
+    height: int
+    left: int
+    right: int
+    top: int
+    bottom: int
+    lines: list[Line]
+    limits: list[Limit]
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+
+
+def time_chart(
+    xs: list[str], series: dict[str, list[float]], limits: dict[str, float], y_max: float = 0.0
+) -> TimeChart:
+    """Each series against the bucket labels `xs` (one value per bucket), and each limit
+    as a line; the y axis starts at zero and reaches the largest value, limit or `y_max`."""
+    top_value = max([y_max, *limits.values(), *(v for vs in series.values() for v in vs)])
+    y_hi = top_value * 1.1 or 1.0
+    inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    step = inner_w / max(len(xs) - 1, 1)
+
+    def sx(i: int) -> float:
+        return round(LEFT + step * i, 2)
+
+    def sy(y: float) -> float:
+        return round(TOP + inner_h * (y_hi - y) / y_hi, 2)
+
+    lines = [
+        Line(
+            name,
+            " ".join(f"{sx(i)},{sy(v)}" for i, v in enumerate(values)),
+            [(sx(i), sy(v), _fmt(round(v, 6))) for i, v in enumerate(values)],
+        )
+        for name, values in series.items()
+    ]
+    every = max(1, len(xs) // 6)
+    return TimeChart(
+        width=WIDTH,
+        height=HEIGHT,
+        left=LEFT,
+        right=RIGHT,
+        top=TOP,
+        bottom=BOTTOM,
+        lines=lines,
+        limits=[Limit(name, sy(v), _fmt(v)) for name, v in limits.items()],
+        x_ticks=[Tick(sx(i), x) for i, x in enumerate(xs) if i % every == 0],
+        y_ticks=[Tick(sy(t), _fmt(t)) for t in _ticks(0.0, y_hi) if 0 <= t <= y_hi],
+    )

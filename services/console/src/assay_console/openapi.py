@@ -14,6 +14,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
+from assay_console.spend_views import SpendReport
 from assay_console.workflow_views import (
     ProposalsList,
     ProposalView,
@@ -62,6 +63,7 @@ def document() -> dict[str, Any]:
                 WorkflowDetail,
                 ProposalsList,
                 ProposalView,
+                SpendReport,
             )
         ],
         ref_template=REF,
@@ -156,6 +158,29 @@ def document() -> dict[str, Any]:
                     ),
                     "parameters": [workflow_id, tenant],
                     "responses": ok("WorkflowDetail", "The workflow."),
+                }
+            },
+            "/api/spend": {
+                "get": {
+                    "summary": (
+                        "A tenant's model calls, tokens and dollars by purpose over time, "
+                        "its spend ceilings with today's use, and its judge's calibration "
+                        "rounds (agreement with the verifier, order inconsistency)."
+                    ),
+                    "parameters": [
+                        tenant,
+                        _param(
+                            "days",
+                            "UTC days back, today included (1 to 90; default 7).",
+                            {"type": "integer"},
+                        ),
+                        _param(
+                            "bucket",
+                            "`day` (default) or `hour`.",
+                            {"type": "string", "enum": ["day", "hour"]},
+                        ),
+                    ],
+                    "responses": ok("SpendReport", "The spend report."),
                 }
             },
             "/api/proposals": {

@@ -113,7 +113,7 @@ async def _serve(
         if outbox is not None:
             await outbox.close()
         raise
-    app = create_app(reads, access, outbox)
+    app = create_app(reads, access, outbox, settings)
     if extra is not None:  # ahead of the console's own routes (its /healthz too)
         app.router.routes[:0] = [*extra(access)]
     sock.listen(128)  # connections wait in the backlog until the server accepts them
