@@ -165,6 +165,11 @@ def test_a_run_page_shows_its_timeline_and_verdict(page: Page, served: str, shot
     assert page.locator("#timeline li").count() >= 3
     assert page.locator("#verdict tr").count() >= 2
     assert page.locator("#state").inner_text() == "graded"
+    # The attempts, from execute's log of the demo's run, drawn as a timeline.
+    bars = page.locator("#attempts g.attempt")
+    assert bars.count() >= 1
+    assert bars.first.get_attribute("data-state") == "succeeded"
+    assert box(bars.first.locator("rect"))["width"] >= 2
     page.click("#workflow-link")  # from a run to its workflow's ladder
     page.wait_for_url("**/workflows/arith?**")
     assert page.locator("#dag g.node").count() >= 2

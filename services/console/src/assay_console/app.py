@@ -22,12 +22,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from assay.engine.episode_view import RunView
 from assay.kernel import RunState
 from assay.kernel.ids import TenantId, is_run_id, tenant_id
 from assay.kernel.schema import one_line
 from assay.runtime.settings import AssaySettings
 from assay_console.access import Access, Caller
 from assay_console.charts import (
+    attempt_timeline,
     dag_chart,
     forest_chart,
     sprt_chart,
@@ -35,6 +37,7 @@ from assay_console.charts import (
 )
 from assay_console.outbox import Outbox
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+from assay_console.runlog import RunLog, RunLogUnavailable
 from assay_console.sessions import SESSION_COOKIE
 from assay_console.spend_views import SpendReport, series
 from assay_console.workflows import proposal_view
@@ -151,10 +154,12 @@ def create_app(
     access: Access,
     outbox: Outbox | None = None,
     settings: AssaySettings | None = None,
+    run_log: RunLog | None = None,
 ) -> Starlette:
     """The console app over `reads`, guarded by `access`; its actions publish to `outbox`
     (None: a read-only console); the spend page reads the ceilings from `settings` (None:
-    it shows none, and says so)."""
+    it shows none, and says so); a run's full log is asked of `run_log` (None: not
+    shown)."""
     env = Environment(
         loader=PackageLoader("assay_console", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -192,6 +197,24 @@ def create_app(
         if detail is None:
             raise Problem(404, NOT_FOUND)
         return Response(detail.model_dump_json(), media_type="application/json")
+
+    async def full_log(tenant: TenantId, run_id: str) -> dict[str, Any]:
+        if await reads.run(tenant, run_id) is None:
+            raise Problem(404, NOT_FOUND)  # the console's own record decides, in both modes
+        if run_log is None:
+            raise Problem(503, "this console has no way to ask execute for a run's log")
+        try:
+            view = await run_log.view(tenant, run_id)
+        except RunLogUnavailable as exc:
+            raise Problem(502, f"execute: {exc}") from exc
+        if view is None:
+            raise Problem(404, "execute has no log of this run")
+        return view
+
+    async def api_run_log(request: Request) -> Response:
+        _only_tenant(request)
+        run_id = _run_id(request)
+        return JSONResponse(await full_log(_tenant(request, access), run_id))
 
     async def api_overview(request: Request) -> Response:
         _only_tenant(request)
@@ -305,7 +328,19 @@ def create_app(
         if detail is None:
             raise Problem(404, NOT_FOUND)
         pretty = json.dumps(detail.input, indent=2, sort_keys=True) if detail.input else None
-        return render("run.html", d=detail, tenant=tenant, input_json=pretty)
+        attempts, missing = None, None
+        try:
+            attempts = attempt_timeline(RunView.model_validate(await full_log(tenant, run_id)))
+        except Problem as exc:
+            missing = exc.detail
+        return render(
+            "run.html",
+            d=detail,
+            tenant=tenant,
+            input_json=pretty,
+            attempts=attempts,
+            missing=missing,
+        )
 
     async def page_workflows(request: Request) -> Response:
         _only_tenant(request)
@@ -349,6 +384,7 @@ def create_app(
     routes = [
         Route("/api/runs", guarded(api_runs)),
         Route("/api/runs/{run_id}", guarded(api_run)),
+        Route("/api/runs/{run_id}/log", guarded(api_run_log), methods=["GET"]),
         Route("/api/overview", guarded(api_overview)),
         Route("/api/workflows", guarded(api_workflows)),
         Route("/api/workflows/{workflow_id:path}", guarded(api_workflow)),

@@ -10,6 +10,7 @@ embedded bus.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from assay_console.actions import same_site
 from assay_console.app import Problem, _tenant
 from assay_console.outbox import EmbeddedOutbox
 from assay_console.reads import ConsoleReads, SqliteRunsTable
+from assay_console.runlog import DataDirRunLog
 from assay_console.serving import RunningConsole, _serve
 
 MAX_TASKS = 1000
@@ -66,7 +68,8 @@ async def start_embedded(
     """
     reads = ConsoleReads(rt.logs["console"], SqliteRunsTable(store))
     outbox = EmbeddedOutbox(rt.bus)
-    return await _serve(reads, settings, host, port, outbox, lambda a: process_routes(rt, a))
+    routes = functools.partial(process_routes, rt)
+    return await _serve(reads, settings, host, port, outbox, routes, DataDirRunLog(store.parent))
 
 
 async def _json(request: Request, access: Access) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from assay.engine.episode_view import RunView
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
 from assay_console.spend_views import SpendReport
 from assay_console.workflow_views import (
@@ -64,6 +65,7 @@ def document() -> dict[str, Any]:
                 ProposalsList,
                 ProposalView,
                 SpendReport,
+                RunView,
             )
         ],
         ref_template=REF,
@@ -133,6 +135,27 @@ def document() -> dict[str, Any]:
                     "summary": "One run: timeline, verdict, score, usage, input, output.",
                     "parameters": [run_id, tenant],
                     "responses": ok("RunDetail", "The run."),
+                }
+            },
+            "/api/runs/{run_id}/log": {
+                "get": {
+                    "summary": (
+                        "A run's full log, asked of the execute stage (which alone holds "
+                        "it): its branches, steps, attempts with state and duration, and "
+                        "intents — the view `assay runs show --json` prints."
+                    ),
+                    "parameters": [run_id, tenant],
+                    "responses": {
+                        **ok("RunView", "The run's log view."),
+                        "502": {
+                            "description": "Execute did not answer, or the run was tiered.",
+                            "content": _errors()["400"]["content"],
+                        },
+                        "503": {
+                            "description": "This console has no way to ask execute.",
+                            "content": _errors()["400"]["content"],
+                        },
+                    },
                 }
             },
             "/api/overview": {

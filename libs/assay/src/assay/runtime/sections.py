@@ -114,6 +114,13 @@ class ConsoleSettings(_Section):
     admin_token: str | None = Field(
         None, description="A token that reads every tenant (naming it with `?tenant=`)."
     )
+    execute_url: str | None = Field(
+        None,
+        description=(
+            "Distributed: the execute stage's status port (`http://execute:8080`), which "
+            "answers a run's full log for the run page; unset: the page shows no attempts."
+        ),
+    )
     session_secret: str | None = Field(
         None,
         description=(
