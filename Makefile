@@ -86,7 +86,7 @@ bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(UV) sync --locked --all-packages --group bench --quiet --compile-bytecode
 	$(VENV)/bin/python bench/run.py
 
-up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
+up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages, the console
 	$(VENV)/bin/assay up
 
 down:  ## stop what `make up` started; PURGE=1 also drops the database and roles it created
