@@ -8,6 +8,7 @@ descending run-id order (newest first) from the cursor, `limit + 1` rows at most
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import sqlite3
@@ -287,11 +288,9 @@ class ConsoleReads:
         sql, args = runs_query(tenant, filters, after, limit)
         keys = [k for (k,) in await self._table.fetch(sql, args)]
         more = len(keys) > limit
-        rows = []
-        for key in keys[:limit]:
-            doc = await self._log.get(RunRow.at(tenant, key))
-            if doc is not None:
-                rows.append(summary(RunRow.model_validate(doc)))
+        # One document per row, asked together: a pooled store answers them at once.
+        docs = await asyncio.gather(*(self._log.get(RunRow.at(tenant, k)) for k in keys[:limit]))
+        rows = [summary(RunRow.model_validate(doc)) for doc in docs if doc is not None]
         nxt = encode_cursor(filters, keys[limit - 1]) if more else None
         return RunsPage(runs=rows, next_cursor=nxt)
 
