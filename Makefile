@@ -87,7 +87,7 @@ bench: sync  ## figures beside their baselines -> bench/results/latest.json
 	$(VENV)/bin/python bench/run.py
 
 # `make up REPLICAS="execute=3 tournament=2"`: more processes of a stage, one consumer group.
-up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages
+up: bytecode  ## a local distributed deployment without Docker: Postgres, broker, S3, six stages, the console
 	$(VENV)/bin/assay up $(if $(REPLICAS),--replicas "$(REPLICAS)")
 
 down:  ## stop what `make up` started; PURGE=1 also drops the database and roles it created

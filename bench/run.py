@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import asyncpg
+from console import console_figures
 from engine import engine_figures
 from fleet import fleet_figures
 from pipeline import pipeline_figures
@@ -366,6 +367,7 @@ SECTIONS = (
     "grading",
     "fleet",
     "soak",
+    "console",
 )
 FIGURES_OF = {
     "eventlog": ("eventlog.sqlite.",),
@@ -377,6 +379,7 @@ FIGURES_OF = {
     "grading": ("sprt.", "bt."),
     "fleet": ("fleet.",),
     "soak": ("soak.",),
+    "console": ("console.",),
 }
 """The names each section's figures start with: `--write` replaces exactly those."""
 
@@ -407,6 +410,8 @@ def measure(sections: set[str]) -> dict[str, float]:
             figures.update(fleet_figures(tmp / "fleet"))
         if "soak" in sections:
             figures.update(soak_figures(tmp / "soak"))
+        if "console" in sections:
+            figures.update(console_figures(tmp / "console"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return figures
@@ -452,6 +457,8 @@ def main() -> None:
         "soak.bytes_growth_last_half": "~ 0, << soak.bytes_growth_first_half",
         "soak.results_missing": "== 0",
         "soak.rebuild_check_ok": "== 1",
+        "console.runs_page_p95_ms.sqlite": "<= 100",
+        "console.runs_page_p95_ms.postgres": "<= 100",
     }
     width = max(len(k) for k in figures)
     print(f"{'figure':<{width}}  {'value':>10}  target")

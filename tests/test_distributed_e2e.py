@@ -779,3 +779,38 @@ async def test_a_run_cancelled_in_its_tournament_group_is_never_judged(
     assert [g for g in graded if json.loads(g.value)["payload"]["run"]["run_id"] == run] == []
     usage = of_run(await read_topic(d.bootstrap, "assay.usage", lambda _: False, 5))
     assert [u for u in usage if u["purpose"] == "grading"] == []
+
+
+async def test_execute_answers_a_runs_full_log_for_its_tenant_only(
+    deployment: Deployment,
+) -> None:
+    """The console's run page asks execute's status port for what only execute holds: a
+    run's full log (branches, steps, attempts, intents), for the asking tenant only."""
+    from assay_console.runlog import HttpRunLog
+
+    d = deployment
+    tenant = await set_up_tenant(d, challenger=False)
+    other = await set_up_tenant(d, challenger=False)
+    task = TASKS[0]
+    await produce(d.bootstrap, task_records(tenant, [task]))
+    records = await await_results(d, {(tenant, task["idempotency_key"])})
+    (run,) = {
+        json.loads(r.value)["payload"]["run_id"]
+        for r in records
+        if json.loads(r.value)["payload"]["tenant"] == tenant
+    }
+    execute = f"http://127.0.0.1:{d.ports['execute']}"
+    view = await HttpRunLog(execute).view(tenant_id(tenant), run)
+    assert view is not None
+    assert (view["run_id"], view["tenant"], view["status"]) == (run, tenant, "succeeded")
+    attempts = [a for b in view["branches"] for s in b["steps"] for a in s["attempts"]]
+    assert attempts
+    assert all(a["state"] == "succeeded" and a["duration_ms"] is not None for a in attempts)
+    # Another tenant asking for this run gets what a missing run gets.
+    assert await HttpRunLog(execute).view(tenant_id(other), run) is None
+    async with httpx.AsyncClient() as client:
+        theirs = await client.get(f"{execute}/query/runs/{other}/{run}")
+        malformed = await client.get(f"{execute}/query/runs/{tenant}/not-a-run")
+    assert (theirs.status_code, theirs.json()) == (404, {"detail": "no such run"})
+    assert malformed.status_code == 400
+    assert "not a ULID" in malformed.json()["detail"]

@@ -55,7 +55,14 @@ def test_up_serves_every_stage_and_down_stops_everything_it_started(tmp_path: Pa
             "tournament",
             "aggregate",
             "decide",
+            "console",
         }
+        # `up` says where the console is, and it answers there (open, on loopback).
+        console = state["console"]
+        assert f"console on {console} (open" in up.stdout
+        _wait_for_console(console)
+        with urllib.request.urlopen(f"{console}workflows?tenant={uuid.uuid4()}") as r:
+            assert b"Workflows" in r.read()
         for info in state["stages"].values():
             with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/healthz") as r:
                 assert json.loads(r.read())["ok"] is True
@@ -81,6 +88,20 @@ def test_up_serves_every_stage_and_down_stops_everything_it_started(tmp_path: Pa
         time.sleep(0.2)
     assert not [p for p in pids if _alive(p)], "down left processes running"
     assert not (tmp_path / "stack.json").exists()
+
+
+def _wait_for_console(url: str, timeout_s: float = 60) -> None:
+    """The console binds its port once its process has its store open."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}healthz", timeout=2) as r:
+                if json.loads(r.read())["ok"]:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"no console at {url}"
+        time.sleep(0.2)  # nothing to wait on but the port: try again
 
 
 async def _wait_for_allocation(dsn: str, tenant: str, timeout_s: float = 60) -> None:

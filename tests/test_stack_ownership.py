@@ -39,6 +39,7 @@ from assay.devstack.ownership import (
 from assay.devstack.postgres import with_database
 from assay.devstack.processes import ProcessIdentity, identify
 from assay.runtime.embedded import STAGES
+from assay.runtime.sections import STAGE_ROLES
 from assay.store.pg_provision import role_dsn
 
 ASSAY = str(Path(sys.executable).parent / "assay")
@@ -162,12 +163,12 @@ async def test_up_on_a_server_it_did_not_start_leaves_the_users_database_and_rol
 ) -> None:
     stack_id = stack.state["stack"]
     assert stack.database == f"assay_{stack_id}"
-    assert stack.state["postgres"]["roles"] == {s: f"assay_{stack_id}_{s}" for s in STAGES}
+    assert stack.state["postgres"]["roles"] == {s: f"assay_{stack_id}_{s}" for s in STAGE_ROLES}
     await assert_users_objects_untouched(users)
     owners = await fetch(
         with_database(users.server.address, stack.database),
         "SELECT nspname, pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = ANY($1)",
-        list(STAGES),
+        list(STAGE_ROLES),
     )
     assert dict((r[0], r[1]) for r in owners) == stack.state["postgres"]["roles"]
     owned = load_objects(stack.workdir)

@@ -165,6 +165,11 @@ def test_a_run_page_shows_its_timeline_and_verdict(page: Page, served: str, shot
     assert page.locator("#timeline li").count() >= 3
     assert page.locator("#verdict tr").count() >= 2
     assert page.locator("#state").inner_text() == "graded"
+    # The attempts, from execute's log of the demo's run, drawn as a timeline.
+    bars = page.locator("#attempts g.attempt")
+    assert bars.count() >= 1
+    assert bars.first.get_attribute("data-state") == "succeeded"
+    assert box(bars.first.locator("rect"))["width"] >= 2
     page.click("#workflow-link")  # from a run to its workflow's ladder
     page.wait_for_url("**/workflows/arith?**")
     assert page.locator("#dag g.node").count() >= 2
@@ -353,3 +358,57 @@ def test_rejecting_an_open_proposal_from_its_page_takes_effect(
         seen = client.get(f"/api/proposals/{OPEN_PROPOSAL}").json()
         assert (seen["status"], seen["review"]) == ("rejected", "from the console")
         assert client.get("/api/proposals").json() == {"proposals": []}
+
+
+def test_a_login_sees_only_its_own_tenant(browser: Browser, served: str, shots: Path) -> None:
+    context = browser.new_context()  # no bearer token: the login cookie alone
+    tab = context.new_page()
+    try:
+        tab.goto(f"{served}runs?tenant={TENANT_B}")
+        tab.wait_for_url("**/login?next=*")  # not logged in: the login page, coming back
+        tab.fill("#token", "token-b")
+        tab.click("#login button[type=submit]")
+        tab.wait_for_url(f"**/runs?tenant={TENANT_B}")
+        assert tab.locator("tr.run").count() == 2
+        (session,) = [c for c in context.cookies() if c["name"] == "assay_session"]
+        assert session["httpOnly"]
+        assert session["sameSite"] == "Strict"
+        tab.goto(served)
+        tab.screenshot(path=shots / "logged-in-overview.png", full_page=True)
+        assert tab.locator("section.tenant").evaluate_all("s => s.map(e => e.dataset.tenant)") == [
+            str(TENANT_B)
+        ]
+        theirs = run_ref(DEMO_TENANT, 0).run_id
+        response = tab.goto(f"{served}runs/{theirs}?tenant={TENANT_B}")
+        assert response is not None
+        assert response.status == 404
+        response = tab.goto(f"{served}runs/{theirs}?tenant={DEMO_TENANT}")
+        assert response is not None
+        assert response.status == 404
+        tab.goto(f"{served}runs?tenant={TENANT_B}")
+        expect(tab.locator("#logout")).to_be_visible()
+        tab.click("#logout button")
+        tab.wait_for_url("**/login")
+        assert not [c for c in context.cookies() if c["name"] == "assay_session"]
+    finally:
+        context.close()
+
+
+def test_the_spend_page_draws(page: Page, served: str, shots: Path) -> None:
+    page.goto(f"{served}?tenant={DEMO_TENANT}")
+    page.get_by_role("link", name="spend").first.click()
+    page.wait_for_url("**/spend?**")
+    page.screenshot(path=shots / "spend.png", full_page=True)
+    # The demo's runs called the model: work calls drawn, one point per day, above zero.
+    work = page.locator("svg.spend-calls g.series[data-name=work] circle")
+    assert work.count() == 7
+    assert float(work.last.get_attribute("data-value") or 0) >= 8
+    assert box(page.locator("svg.spend-calls g.series[data-name=work] polyline"))["width"] > 100
+    # Each ceiling in the table with today's use; the grading one drawn on the chart.
+    assert page.locator("#ceilings tr.ceiling").count() == 3
+    grading = page.locator("#ceilings tr.ceiling[data-purpose=grading]")
+    assert float(grading.get_attribute("data-limit") or 0) > 0
+    expect(page.locator("svg.spend-calls g.limit[data-name=grading]")).to_have_count(1)
+    response = page.goto(f"{served}spend?tenant={TENANT_B}")
+    assert response is not None
+    assert response.status == 404

@@ -6,11 +6,11 @@ tenant, and answers with its outcome: 200 once the run shows the command's effec
 409 with the owning stage's reason when it refused it, or 202 with where to look when
 neither happened within `?wait=` seconds (default 10, at most 30; 0 does not wait).
 
-The API is authenticated by the bearer token alone — never a cookie — so a page of
-another site cannot make a browser act with its credentials. Still, an action accepts
-only a JSON body (a cross-site form cannot send one without a preflight the console
-never grants) and refuses a request whose `Origin` or `Sec-Fetch-Site` says it came
-from another site, which also covers an open console on loopback.
+Against cross-site request forgery an action accepts only a JSON body (a cross-site
+form cannot send one without a preflight the console never grants) and refuses a
+request whose `Origin` or `Sec-Fetch-Site` says it came from another site, which also
+covers an open console on loopback. A request that a login cookie (not a bearer token)
+authenticates must also carry the session's CSRF token (`sessions.py`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,18 @@ from assay.kernel import RunState
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import one_line
 from assay_console.access import Access
-from assay_console.app import NO_PROPOSAL, NOT_FOUND, Endpoint, Problem, _run_id, _tenant
+from assay_console.app import (
+    NO_PROPOSAL,
+    NOT_FOUND,
+    Endpoint,
+    Problem,
+    _run_id,
+    _tenant,
+    caller,
+)
 from assay_console.outbox import Outbox
 from assay_console.reads import MAX_LIMIT, ConsoleReads, RunDetail, RunFilters, RunSummary
+from assay_console.sessions import CSRF_HEADER
 from assay_console.workflow_views import ProposalView
 from assay_console.workflows import proposal_view
 
@@ -104,15 +113,30 @@ BODIES: dict[str, type[BaseModel]] = {
 }
 
 
-def same_site(request: Request) -> None:
-    """Refuse a state change that is not a same-site JSON request.
+def same_site(request: Request, access: Access) -> None:
+    """Refuse a state change that is not a same-site JSON request, or that a login
+    cookie authenticates without the session's CSRF token.
 
     Raises:
-        Problem: 415 without a JSON body; 403 from another origin.
+        Problem: 415 without a JSON body; 403 from another origin or without the
+            CSRF token; 401 when nobody is identified.
     """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise Problem(415, "an action takes a JSON body (content-type: application/json)")
+    same_origin(request)
+    session = caller(request, access).session
+    given = request.headers.get(CSRF_HEADER)
+    if session is not None and not access.sessions.csrf_matches(session, given):
+        raise Problem(403, f"a login session's action needs its CSRF token ({CSRF_HEADER})")
+
+
+def same_origin(request: Request) -> None:
+    """Refuse a request another site's page sent.
+
+    Raises:
+        Problem: 403 when `Sec-Fetch-Site` or `Origin` name another site.
+    """
     if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
         raise Problem(403, "cross-site request refused")
     origin = request.headers.get("origin")
@@ -224,7 +248,7 @@ def action_routes(
         return outbox
 
     async def run_action(request: Request) -> Response:
-        same_site(request)
+        same_site(request, access)
         _extra(request)
         verb = str(request.path_params["verb"])
         model = BODIES.get(verb)
@@ -254,7 +278,7 @@ def action_routes(
         return _answer(request, command, done, f"/api/runs/{run_id}", after)
 
     async def rollout_cancel(request: Request) -> Response:
-        same_site(request)
+        same_site(request, access)
         _extra(request)
         tenant = _tenant(request, access)
         group = str(request.path_params["group"])
@@ -270,7 +294,7 @@ def action_routes(
         return _answer(request, command, False, f"/api/runs?key={group}", None)
 
     async def review(request: Request) -> Response:
-        same_site(request)
+        same_site(request, access)
         _extra(request)
         tenant = _tenant(request, access)
         proposal, verb = str(request.path_params["proposal"]), str(request.path_params["verb"])

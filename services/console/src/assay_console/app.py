@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
@@ -18,16 +19,27 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from assay.engine.episode_view import RunView
 from assay.kernel import RunState
 from assay.kernel.ids import TenantId, is_run_id, tenant_id
 from assay.kernel.schema import one_line
-from assay_console.access import Access
-from assay_console.charts import dag_chart, forest_chart, sprt_chart
+from assay.runtime.settings import AssaySettings
+from assay_console.access import Access, Caller
+from assay_console.charts import (
+    attempt_timeline,
+    dag_chart,
+    forest_chart,
+    sprt_chart,
+    time_chart,
+)
 from assay_console.outbox import Outbox
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+from assay_console.runlog import RunLog, RunLogUnavailable
+from assay_console.sessions import SESSION_COOKIE
+from assay_console.spend_views import SpendReport, series
 from assay_console.workflows import proposal_view
 
 FILTERS = frozenset(RunFilters.model_fields)
@@ -51,11 +63,22 @@ MAX_WORKFLOW_ID = 256
 PROPOSAL_ID = re.compile(r"[0-9a-f]{16}")
 
 
+def caller(request: Request, access: Access) -> Caller:
+    """Who a request acts for: its bearer token's, or its login session's.
+
+    Raises:
+        Problem: 401 when neither identifies anyone.
+    """
+    cookie = request.cookies.get(SESSION_COOKIE)
+    found = access.caller(request.headers.get("authorization"), cookie)
+    if found is None:
+        raise Problem(401, "a bearer token (or a login) is required")
+    return found
+
+
 def _tenant(request: Request, access: Access) -> TenantId:
     """The tenant a request reads: its token's, or the admin's `?tenant=`."""
-    who = access.identify(request.headers.get("authorization"))
-    if who is None:
-        raise Problem(401, "a bearer token is required")
+    who = caller(request, access).who
     asked = request.query_params.get("tenant")
     if who.tenant is not None:
         if asked is not None and asked != str(who.tenant):
@@ -120,9 +143,23 @@ def _only_tenant(request: Request) -> None:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None) -> Starlette:
+def login_url(request: Request) -> str:
+    """The login page, coming back to this request's page once logged in."""
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return f"/login?next={quote(here, safe='')}"
+
+
+def create_app(
+    reads: ConsoleReads,
+    access: Access,
+    outbox: Outbox | None = None,
+    settings: AssaySettings | None = None,
+    run_log: RunLog | None = None,
+) -> Starlette:
     """The console app over `reads`, guarded by `access`; its actions publish to `outbox`
-    (None: a read-only console)."""
+    (None: a read-only console); the spend page reads the ceilings from `settings` (None:
+    it shows none, and says so); a run's full log is asked of `run_log` (None: not
+    shown)."""
     env = Environment(
         loader=PackageLoader("assay_console", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -140,6 +177,8 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
             except (Problem, BadQuery) as exc:
                 status = exc.status if isinstance(exc, Problem) else 400
                 detail = exc.detail if isinstance(exc, Problem) else str(exc)
+                if html and status == 401 and request.method == "GET":
+                    return RedirectResponse(login_url(request), status_code=303)
                 if html:
                     page = env.get_template("problem.html").render(status=status, detail=detail)
                     return HTMLResponse(page, status_code=status)
@@ -158,6 +197,24 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         if detail is None:
             raise Problem(404, NOT_FOUND)
         return Response(detail.model_dump_json(), media_type="application/json")
+
+    async def full_log(tenant: TenantId, run_id: str) -> dict[str, Any]:
+        if await reads.run(tenant, run_id) is None:
+            raise Problem(404, NOT_FOUND)  # the console's own record decides, in both modes
+        if run_log is None:
+            raise Problem(503, "this console has no way to ask execute for a run's log")
+        try:
+            view = await run_log.view(tenant, run_id)
+        except RunLogUnavailable as exc:
+            raise Problem(502, f"execute: {exc}") from exc
+        if view is None:
+            raise Problem(404, "execute has no log of this run")
+        return view
+
+    async def api_run_log(request: Request) -> Response:
+        _only_tenant(request)
+        run_id = _run_id(request)
+        return JSONResponse(await full_log(_tenant(request, access), run_id))
 
     async def api_overview(request: Request) -> Response:
         _only_tenant(request)
@@ -190,6 +247,47 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
             raise Problem(404, NO_PROPOSAL)
         return Response(proposal_view(row).model_dump_json(), media_type="application/json")
 
+    async def spend_report(request: Request) -> tuple[TenantId, SpendReport]:
+        extra = sorted(set(request.query_params) - {"tenant", "days", "bucket"})
+        if extra:
+            raise Problem(400, f"unknown parameter: {', '.join(extra)}")
+        raw = request.query_params.get("days", "7")
+        if not raw.isdigit():
+            raise Problem(400, f"days: {raw!r} is not a whole number of days")
+        bucket = request.query_params.get("bucket", "day")
+        tenant = _tenant(request, access)
+        return tenant, await reads.spend(tenant, int(raw), bucket, settings)
+
+    async def api_spend(request: Request) -> Response:
+        _, report = await spend_report(request)
+        return Response(report.model_dump_json(), media_type="application/json")
+
+    async def page_spend(request: Request) -> Response:
+        tenant, report = await spend_report(request)
+        xs, by_metric = series(report, datetime.now(UTC))
+        limits = {c.purpose: c.limit for c in report.ceilings if c.unit == "calls" and c.limit}
+        charts = {
+            metric: time_chart(
+                xs, lines, limits if metric == "calls" and report.bucket == "day" else {}
+            )
+            for metric, lines in by_metric.items()
+        }
+        rounds = report.judge.rounds
+        judge = (
+            time_chart(
+                [r.at.strftime("%m-%d %H:%M") for r in rounds],
+                {
+                    "agreement": [r.agreement or 0.0 for r in rounds],
+                    "order inconsistency": [r.order_inconsistency_rate or 0.0 for r in rounds],
+                },
+                {"min agreement": report.judge.min_agreement or 0.0},
+                y_max=1.0,
+            )
+            if rounds
+            else None
+        )
+        return render("spend.html", r=report, tenant=tenant, charts=charts, judge=judge)
+
     async def api_openapi(request: Request) -> Response:
         from assay_console.openapi import document
 
@@ -199,9 +297,7 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         return HTMLResponse(env.get_template(name).render(**context))
 
     async def page_overview(request: Request) -> Response:
-        who = access.identify(request.headers.get("authorization"))
-        if who is None:
-            raise Problem(401, "a bearer token is required")
+        who = caller(request, access).who
         if who.tenant is None and "tenant" not in request.query_params:
             tenants = await reads.tenants()
             views = [await reads.overview(t) for t in tenants]
@@ -232,7 +328,19 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
         if detail is None:
             raise Problem(404, NOT_FOUND)
         pretty = json.dumps(detail.input, indent=2, sort_keys=True) if detail.input else None
-        return render("run.html", d=detail, tenant=tenant, input_json=pretty)
+        attempts, missing = None, None
+        try:
+            attempts = attempt_timeline(RunView.model_validate(await full_log(tenant, run_id)))
+        except Problem as exc:
+            missing = exc.detail
+        return render(
+            "run.html",
+            d=detail,
+            tenant=tenant,
+            input_json=pretty,
+            attempts=attempts,
+            missing=missing,
+        )
 
     async def page_workflows(request: Request) -> Response:
         _only_tenant(request)
@@ -276,24 +384,28 @@ def create_app(reads: ConsoleReads, access: Access, outbox: Outbox | None = None
     routes = [
         Route("/api/runs", guarded(api_runs)),
         Route("/api/runs/{run_id}", guarded(api_run)),
+        Route("/api/runs/{run_id}/log", guarded(api_run_log), methods=["GET"]),
         Route("/api/overview", guarded(api_overview)),
         Route("/api/workflows", guarded(api_workflows)),
         Route("/api/workflows/{workflow_id:path}", guarded(api_workflow)),
         Route("/api/proposals", guarded(api_proposals)),
         Route("/api/proposals/{proposal}", guarded(api_proposal)),
+        Route("/api/spend", guarded(api_spend)),
         Route("/api/openapi.json", api_openapi),
         Route("/", guarded(page_overview, html=True)),
         Route("/runs", guarded(page_runs, html=True)),
         Route("/runs/{run_id}", guarded(page_run, html=True)),
         Route("/workflows", guarded(page_workflows, html=True)),
         Route("/proposals", guarded(page_proposals, html=True)),
+        Route("/spend", guarded(page_spend, html=True)),
         Route("/workflows/{workflow_id:path}", guarded(page_workflow, html=True)),
         Route("/static/{name}", guarded(static, html=True)),
         Route("/healthz", healthz),
     ]
     from assay_console.actions import action_routes  # it builds on this module
+    from assay_console.login import login_routes
 
-    routes[:0] = action_routes(reads, access, outbox, guarded)
+    routes[:0] = [*action_routes(reads, access, outbox, guarded), *login_routes(access, env)]
     app = Starlette(routes=routes)
     app.add_middleware(_SecurityHeaders)
     return app

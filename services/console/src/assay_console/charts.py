@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from assay.engine.episode_view import RunView
 from assay_console.workflow_views import SprtPath, SprtPoint, Strength, VersionNode
 
 WIDTH, HEIGHT = 640, 260
@@ -210,3 +211,138 @@ def dag_chart(versions: list[VersionNode]) -> DagChart:
     return DagChart(
         width=WIDTH, height=DAG_ROW * max(len(versions), 1) + 4, nodes=nodes, edges=edges
     )
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series of a time chart, as a polyline, with its points."""
+
+    name: str
+    points: str
+    dots: list[tuple[float, float, str]]
+    """x, y and the value's label, for each point."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A horizontal line: a ceiling or a threshold."""
+
+    name: str
+    y: float
+    label: str
+
+
+@dataclass(frozen=True)
+class TimeChart:
+    """Series over time (x: UTC buckets), with horizontal limits."""
+
+    width: int
+    height: int
+    left: int
+    right: int
+    top: int
+    bottom: int
+    lines: list[Line]
+    limits: list[Limit]
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+
+
+def time_chart(
+    xs: list[str], series: dict[str, list[float]], limits: dict[str, float], y_max: float = 0.0
+) -> TimeChart:
+    """Each series against the bucket labels `xs` (one value per bucket), and each limit
+    as a line; the y axis starts at zero and reaches the largest value, limit or `y_max`."""
+    top_value = max([y_max, *limits.values(), *(v for vs in series.values() for v in vs)])
+    y_hi = top_value * 1.1 or 1.0
+    inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    step = inner_w / max(len(xs) - 1, 1)
+
+    def sx(i: int) -> float:
+        return round(LEFT + step * i, 2)
+
+    def sy(y: float) -> float:
+        return round(TOP + inner_h * (y_hi - y) / y_hi, 2)
+
+    lines = [
+        Line(
+            name,
+            " ".join(f"{sx(i)},{sy(v)}" for i, v in enumerate(values)),
+            [(sx(i), sy(v), _fmt(round(v, 6))) for i, v in enumerate(values)],
+        )
+        for name, values in series.items()
+    ]
+    every = max(1, len(xs) // 6)
+    return TimeChart(
+        width=WIDTH,
+        height=HEIGHT,
+        left=LEFT,
+        right=RIGHT,
+        top=TOP,
+        bottom=BOTTOM,
+        lines=lines,
+        limits=[Limit(name, sy(v), _fmt(v)) for name, v in limits.items()],
+        x_ticks=[Tick(sx(i), x) for i, x in enumerate(xs) if i % every == 0],
+        y_ticks=[Tick(sy(t), _fmt(t)) for t in _ticks(0.0, y_hi) if 0 <= t <= y_hi],
+    )
+
+
+@dataclass(frozen=True)
+class AttemptBar:
+    """One attempt on the run's timeline: its row and its bar."""
+
+    branch: int
+    step: str
+    attempt: int
+    state: str
+    started_ms: int
+    duration_ms: int | None
+    error: str | None
+    x: float
+    width: float
+    y: float
+
+
+@dataclass(frozen=True)
+class AttemptTimeline:
+    """Every attempt of the shown branches against wall-clock time from the first start."""
+
+    width: int
+    height: int
+    left: int
+    span_ms: int
+    bars: list[AttemptBar]
+
+
+ATTEMPT_ROW = 22
+ATTEMPT_LEFT = 200
+
+
+def attempt_timeline(view: RunView) -> AttemptTimeline:
+    """Bars for each attempt of each branch of `view`, in order of start; an unfinished
+    attempt runs to the latest time the view knows."""
+    attempts = [(b.branch, s.step, a) for b in view.branches for s in b.steps for a in s.attempts]
+    if not attempts:
+        return AttemptTimeline(WIDTH, TOP + BOTTOM, ATTEMPT_LEFT, 0, [])
+    start = min(a.started_at_ms for _, _, a in attempts)
+    end = max(a.started_at_ms + (a.duration_ms or 0) for _, _, a in attempts)
+    span = max(end - start, 1)
+    inner = WIDTH - ATTEMPT_LEFT - RIGHT
+    bars = []
+    for row, (branch, step, a) in enumerate(sorted(attempts, key=lambda t: t[2].started_at_ms)):
+        ran = a.duration_ms if a.duration_ms is not None else end - a.started_at_ms
+        bars.append(
+            AttemptBar(
+                branch=branch,
+                step=step,
+                attempt=a.attempt,
+                state=a.state.value,
+                started_ms=a.started_at_ms - start,
+                duration_ms=a.duration_ms,
+                error=a.error,
+                x=round(ATTEMPT_LEFT + inner * (a.started_at_ms - start) / span, 2),
+                width=max(round(inner * ran / span, 2), 2.0),
+                y=TOP + row * ATTEMPT_ROW,
+            )
+        )
+    return AttemptTimeline(WIDTH, TOP + len(bars) * ATTEMPT_ROW + BOTTOM, ATTEMPT_LEFT, span, bars)

@@ -10,6 +10,7 @@ embedded bus.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from assay_console.actions import same_site
 from assay_console.app import Problem, _tenant
 from assay_console.outbox import EmbeddedOutbox
 from assay_console.reads import ConsoleReads, SqliteRunsTable
+from assay_console.runlog import DataDirRunLog
 from assay_console.serving import RunningConsole, _serve
 
 MAX_TASKS = 1000
@@ -66,11 +68,12 @@ async def start_embedded(
     """
     reads = ConsoleReads(rt.logs["console"], SqliteRunsTable(store))
     outbox = EmbeddedOutbox(rt.bus)
-    return await _serve(reads, settings, host, port, outbox, lambda a: process_routes(rt, a))
+    routes = functools.partial(process_routes, rt)
+    return await _serve(reads, settings, host, port, outbox, routes, DataDirRunLog(store.parent))
 
 
-async def _json(request: Request) -> Any:
-    same_site(request)
+async def _json(request: Request, access: Access) -> Any:
+    same_site(request, access)
     try:
         return json.loads(await request.body() or b"null")
     except json.JSONDecodeError as exc:
@@ -133,7 +136,7 @@ def process_routes(rt: Embedded, access: Access) -> Sequence[BaseRoute]:
 
     async def tasks(request: Request) -> Response:
         tenant = _tenant(request, access)
-        submitted = _tasks(str(tenant), await _json(request))
+        submitted = _tasks(str(tenant), await _json(request, access))
         await rt.bus.publish([commands.submit_task(t).entry for t in submitted])
         keys = [t.idempotency_key for t in submitted]
         return JSONResponse({"submitted": len(keys), "idempotency_keys": keys}, status_code=202)
@@ -141,7 +144,7 @@ def process_routes(rt: Embedded, access: Access) -> Sequence[BaseRoute]:
     async def workflows(request: Request) -> Response:
         tenant = _tenant(request, access)
         try:
-            given = Registration.model_validate(await _json(request))
+            given = Registration.model_validate(await _json(request, access))
             wf = validate(from_document(given.definition), frozenset(rt.deps.tools))
             cmd = commands.register_workflow(
                 tenant,

@@ -11,7 +11,7 @@ from assay.kernel.ids import tenant_id
 from assay.kernel.schema import one_line
 from assay.store.sqlite import SqliteEventLog
 from assay_console.reads import BadQuery, ConsoleReads, RunFilters, SqliteRunsTable
-from assay_console.stage import CONSOLE_EVENTS, RUNS_TABLE, fold_console
+from assay_console.stage import CONSOLE_EVENTS, CONSOLE_TABLES, fold_console
 
 
 async def runs_page(store: Path, tenant: str | None, query: dict[str, str]) -> dict[str, Any]:
@@ -21,7 +21,7 @@ async def runs_page(store: Path, tenant: str | None, query: dict[str, str]) -> d
     Raises:
         BadQuery: a filter or cursor does not parse, or the tenant is ambiguous.
     """
-    log = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=(RUNS_TABLE,)).open()
+    log = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=CONSOLE_TABLES).open()
     reads = ConsoleReads(log, SqliteRunsTable(store))
     try:
         if tenant is None:

@@ -13,7 +13,9 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from assay.engine.episode_view import RunView
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
+from assay_console.spend_views import SpendReport
 from assay_console.workflow_views import (
     ProposalsList,
     ProposalView,
@@ -62,6 +64,8 @@ def document() -> dict[str, Any]:
                 WorkflowDetail,
                 ProposalsList,
                 ProposalView,
+                SpendReport,
+                RunView,
             )
         ],
         ref_template=REF,
@@ -133,6 +137,27 @@ def document() -> dict[str, Any]:
                     "responses": ok("RunDetail", "The run."),
                 }
             },
+            "/api/runs/{run_id}/log": {
+                "get": {
+                    "summary": (
+                        "A run's full log, asked of the execute stage (which alone holds "
+                        "it): its branches, steps, attempts with state and duration, and "
+                        "intents — the view `assay runs show --json` prints."
+                    ),
+                    "parameters": [run_id, tenant],
+                    "responses": {
+                        **ok("RunView", "The run's log view."),
+                        "502": {
+                            "description": "Execute did not answer, or the run was tiered.",
+                            "content": _errors()["400"]["content"],
+                        },
+                        "503": {
+                            "description": "This console has no way to ask execute.",
+                            "content": _errors()["400"]["content"],
+                        },
+                    },
+                }
+            },
             "/api/overview": {
                 "get": {
                     "summary": "A tenant at a glance.",
@@ -156,6 +181,29 @@ def document() -> dict[str, Any]:
                     ),
                     "parameters": [workflow_id, tenant],
                     "responses": ok("WorkflowDetail", "The workflow."),
+                }
+            },
+            "/api/spend": {
+                "get": {
+                    "summary": (
+                        "A tenant's model calls, tokens and dollars by purpose over time, "
+                        "its spend ceilings with today's use, and its judge's calibration "
+                        "rounds (agreement with the verifier, order inconsistency)."
+                    ),
+                    "parameters": [
+                        tenant,
+                        _param(
+                            "days",
+                            "UTC days back, today included (1 to 90; default 7).",
+                            {"type": "integer"},
+                        ),
+                        _param(
+                            "bucket",
+                            "`day` (default) or `hour`.",
+                            {"type": "string", "enum": ["day", "hour"]},
+                        ),
+                    ],
+                    "responses": ok("SpendReport", "The spend report."),
                 }
             },
             "/api/proposals": {

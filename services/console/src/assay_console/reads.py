@@ -8,12 +8,13 @@ descending run-id order (newest first) from the cursor, `limit + 1` rows at most
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,9 +27,19 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, is_run_id, new_run_id, tenant_id
 from assay.kernel.scores import Score
 from assay.messages import Usage, VerifierResult
+from assay.runtime.settings import AssaySettings
 from assay.store.pg_schema import quoted
 from assay.store.ports import EventLog
 from assay_console.ladder import ProposalRow
+from assay_console.spend import calibration_stream
+from assay_console.spend_views import (
+    MAX_DAYS,
+    JudgeHealth,
+    SpendReport,
+    bucket_rows,
+    calibration_points,
+    ceilings,
+)
 from assay_console.stage import (
     GradeSeen,
     IndeterminateSeen,
@@ -239,7 +250,9 @@ class PostgresRunsTable:
         return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=2), schema)
 
     async def fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        parts = sql.replace("console_runs", f"{self._schema}.console_runs").split("?")
+        for table in ("console_runs", "console_usage"):
+            sql = sql.replace(table, f"{self._schema}.{table}")
+        parts = sql.split("?")
         numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
         async with self._pool.acquire() as conn:
             return [tuple(r) for r in await conn.fetch(numbered, *args)]
@@ -275,11 +288,9 @@ class ConsoleReads:
         sql, args = runs_query(tenant, filters, after, limit)
         keys = [k for (k,) in await self._table.fetch(sql, args)]
         more = len(keys) > limit
-        rows = []
-        for key in keys[:limit]:
-            doc = await self._log.get(RunRow.at(tenant, key))
-            if doc is not None:
-                rows.append(summary(RunRow.model_validate(doc)))
+        # One document per row, asked together: a pooled store answers them at once.
+        docs = await asyncio.gather(*(self._log.get(RunRow.at(tenant, k)) for k in keys[:limit]))
+        rows = [summary(RunRow.model_validate(doc)) for doc in docs if doc is not None]
         nxt = encode_cursor(filters, keys[limit - 1]) if more else None
         return RunsPage(runs=rows, next_cursor=nxt)
 
@@ -336,6 +347,49 @@ class ConsoleReads:
     async def proposal(self, tenant: TenantId, proposal_id: str) -> ProposalRow | None:
         """One proposal of the tenant; None when the console has seen no such one."""
         return await proposal_row(self._log, tenant, proposal_id)
+
+    async def spend(
+        self, tenant: TenantId, days: int, bucket: str, settings: AssaySettings | None
+    ) -> SpendReport:
+        """The tenant's spend by purpose over the last `days` UTC days (today included),
+        by `hour` or `day`, its ceilings, and its judge's calibration rounds.
+
+        Raises:
+            BadQuery: `days` out of range or an unknown bucket.
+        """
+        if not 1 <= days <= MAX_DAYS:
+            raise BadQuery(f"days: between 1 and {MAX_DAYS}")
+        if bucket not in ("hour", "day"):
+            raise BadQuery(f"bucket: {bucket!r} is not hour or day")
+        now = datetime.now(UTC)
+        since = datetime.combine(now.date() - timedelta(days=days - 1), time(), UTC)
+        width = 3_600_000 if bucket == "hour" else 86_400_000
+        sql = (
+            f"SELECT hour_ms - hour_ms % {width}, purpose, count(*),"
+            " CAST(sum(CASE WHEN failed THEN 1 ELSE 0 END) AS BIGINT),"
+            " CAST(sum(prompt_tokens) AS BIGINT), CAST(sum(completion_tokens) AS BIGINT),"
+            " CAST(sum(cost_micro_usd) AS BIGINT)"
+            " FROM console_usage WHERE tenant = ? AND hour_ms >= ? GROUP BY 1, 2 ORDER BY 1, 2"
+        )
+        rows = await self._table.fetch(sql, (str(tenant), int(since.timestamp() * 1000)))
+        buckets = bucket_rows(
+            [
+                (int(t), str(p), int(c), int(f), int(i), int(o), int(m))
+                for t, p, c, f, i, o, m in rows
+            ]
+        )
+        limits, notes = ceilings(settings, tenant, buckets, now.date())
+        rounds = calibration_points(await self._log.read(calibration_stream(tenant)))
+        minimum = settings.calibration.min_agreement if settings is not None else None
+        return SpendReport(
+            tenant=tenant,
+            bucket="hour" if bucket == "hour" else "day",
+            since=since,
+            buckets=buckets,
+            ceilings=limits,
+            judge=JudgeHealth(min_agreement=minimum, rounds=rounds),
+            notes=notes,
+        )
 
     async def tenants(self) -> list[TenantId]:
         """Tenants with a run (for an administrator's overview)."""

@@ -21,6 +21,7 @@ from assay_console.access import Access
 from assay_console.app import create_app
 from assay_console.outbox import EmbeddedOutbox, KafkaOutbox, Outbox
 from assay_console.reads import ConsoleReads, PostgresRunsTable, SqliteRunsTable
+from assay_console.runlog import DataDirRunLog, HttpRunLog, RunLog
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,15 @@ async def start_console(
         OSError: the address cannot be bound.
     """
     outbox = EmbeddedOutbox(bus) if bus is not None else None
-    return await _serve(ConsoleReads(log_, SqliteRunsTable(store)), settings, host, port, outbox)
+    reads = ConsoleReads(log_, SqliteRunsTable(store))
+    run_log = DataDirRunLog(store.parent)
+    return await _serve(reads, settings, host, port, outbox, run_log=run_log)
 
 
 async def start_distributed(log_: EventLog, settings: AssaySettings) -> RunningConsole:
     """Serve the console beside `assay serve console`, over its Postgres schema, on
-    `ASSAY_CONSOLE_HOST:ASSAY_CONSOLE_PORT`; its actions go to `ASSAY_KAFKA_BOOTSTRAP`.
+    `ASSAY_CONSOLE_HOST:ASSAY_CONSOLE_PORT`; its actions go to `ASSAY_KAFKA_BOOTSTRAP`,
+    and a run's full log is asked of execute at `ASSAY_CONSOLE_EXECUTE_URL`.
 
     Raises:
         AccessInvalid: no token is configured and the host is not a loopback address.
@@ -83,7 +87,9 @@ async def start_distributed(log_: EventLog, settings: AssaySettings) -> RunningC
     outbox = None
     if settings.kafka.bootstrap:
         outbox = await KafkaOutbox(settings.kafka.bootstrap).open()
-    running = await _serve(ConsoleReads(log_, table), settings, None, None, outbox)
+    url = settings.console.execute_url
+    run_log = HttpRunLog(url) if url else None
+    running = await _serve(ConsoleReads(log_, table), settings, None, None, outbox, run_log=run_log)
     log.warning("console on %s", running.url)
     return running
 
@@ -95,11 +101,13 @@ async def _serve(
     port: int | None,
     outbox: Outbox | None,
     extra: Callable[[Access], Sequence[BaseRoute]] | None = None,
+    run_log: RunLog | None = None,
 ) -> RunningConsole:
     host = host or settings.console.host
     port = settings.console.port if port is None else port
     try:
-        access = Access.parse(settings.console.tokens, settings.console.admin_token, host)
+        c = settings.console
+        access = Access.parse(c.tokens, c.admin_token, host, c.session_secret, c.session_ttl_s)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -112,7 +120,7 @@ async def _serve(
         if outbox is not None:
             await outbox.close()
         raise
-    app = create_app(reads, access, outbox)
+    app = create_app(reads, access, outbox, settings, run_log)
     if extra is not None:  # ahead of the console's own routes (its /healthz too)
         app.router.routes[:0] = [*extra(access)]
     sock.listen(128)  # connections wait in the backlog until the server accepts them

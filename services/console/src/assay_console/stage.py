@@ -2,7 +2,9 @@
 
 It consumes `assay.runs` (a run's input), `assay.run-status` (its lifecycle),
 `assay.verified` (its verdict and usage, for every run), `assay.graded` (its score)
-and `assay.results` (a served run's result and output); it emits nothing. Each
+and `assay.results` (a served run's result and output); it emits nothing. It also
+folds each model call (`assay.usage`) and judge calibration round for the spend and
+judge health page (`spend.py`). Each
 fact lands as an event on the run's stream in the console's own log, and folds
 into one `RunRow` per run. The store keeps the `console_runs` table in step with
 those rows in the same transaction (a `DocumentTable`), so the runs list is one
@@ -45,6 +47,7 @@ from assay.record import (
 from assay.record.compaction import Compacted, with_compaction
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 from assay_console.ladder import LADDER_EVENTS, LADDER_HANDLERS, fold_ladder
+from assay_console.spend import SPEND_EVENTS, SPEND_HANDLERS, USAGE_TABLE, fold_spend
 
 
 class RunSeen(Event):
@@ -116,6 +119,7 @@ CONSOLE_EVENTS = EventRegistry(
         GradeSeen,
         ResultSeen,
         *LADDER_EVENTS,
+        *SPEND_EVENTS,
         Compacted,
     ]
 )
@@ -174,6 +178,10 @@ RUNS_TABLE = DocumentTable(
 """Every run of a tenant, by run id (creation order) and by each filter."""
 
 
+CONSOLE_TABLES = (RUNS_TABLE, USAGE_TABLE)
+"""The tables the console's store keeps in step with its documents."""
+
+
 def run_stream(tenant: Any, run_id: str) -> BranchKey:
     """The console's stream of one run."""
     return BranchKey.main(tenant, f"run:{run_id}")
@@ -212,6 +220,8 @@ def fold_console(record: LogRecord) -> list[StateDelta]:
     workflow (`ladder.py`)."""
     if isinstance(record.event, LADDER_EVENTS):
         return fold_ladder(record)
+    if isinstance(record.event, SPEND_EVENTS):
+        return fold_spend(record)
     tenant = record.key.tenant
     event = record.event
     if isinstance(event, ResultSeen):
@@ -293,7 +303,8 @@ def create_stage(deps: StageDeps) -> StageSpec:
             on_run_graded,
             on_run_result,
             *LADDER_HANDLERS,
+            *SPEND_HANDLERS,
         ),
         deps=deps.sprt,
-        tables=(RUNS_TABLE,),
+        tables=CONSOLE_TABLES,
     )

@@ -58,6 +58,7 @@ from assay_execute.driving import (
     reported,
 )
 from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
+from assay_execute.queries import QUERIES
 from assay_execute.retention import Retention, backlog_gauges
 
 
@@ -300,6 +301,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         background=(timer(Waiting.kind, wait_due, executing.driver.clock),),
         gauges=backlog_gauges,
         metrics=() if suspension is None else (suspension.metrics.registry,),
+        queries=QUERIES,
     )
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import assert_never
+from typing import Any, assert_never
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -400,3 +400,16 @@ def _short(digest: str) -> str:
 def _flat(text: str, limit: int) -> str:
     one = " ".join(text.split())
     return one if len(one) <= limit else one[: limit - 1] + "…"
+
+
+async def run_log(log: EventLog, tenant: TenantId, run: str) -> tuple[int, dict[str, Any]]:
+    """A run's full log view for one tenant, as the execute stage answers the console:
+    200 and the view's JSON form; 404 when the tenant has no such run (another tenant's
+    included); 410 when its records were tiered to an archive (the tombstone's JSON)."""
+    try:
+        view = await find_run(log, run, tenant)
+    except RunTiered as tiered:
+        return 410, {"detail": f"run {run} was tiered to an archive", **tiered.to_json()}
+    if view is None:
+        return 404, {"detail": "no such run"}
+    return 200, view.to_json()

@@ -1,4 +1,5 @@
-"""A distributed deployment on one machine: the six stages as OS processes on a broker,
+"""A distributed deployment on one machine: the six stages (and the console, for
+`assay up`) as OS processes on a broker,
 a database and an S3 bucket of their own. Used by `assay up`, the end-to-end tests
 and the pipeline benchmark."""
 
@@ -27,6 +28,7 @@ from assay.devstack.kafka import start_tansu
 from assay.devstack.postgres import create_database, drop_database, drop_roles, ensure_database
 from assay.kernel.errors import AssayError
 from assay.runtime.embedded import STAGES
+from assay.runtime.sections import STAGE_ROLES
 from assay.runtime.settings import AssaySettings
 from assay.store.pg_provision import provision_stage, stage_role
 
@@ -91,6 +93,8 @@ class Deployment:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     """Stage processes by name: the stage's, or a replica's (`start(stage, name=...)`)."""
     ports: dict[str, int] = field(default_factory=dict)
+    console_url: str | None = None
+    """The console's pages and API, once `start("console")` started it."""
 
     @property
     def bootstrap(self) -> str:
@@ -113,6 +117,7 @@ class Deployment:
             **self.env,
             "ASSAY_DATABASE_URL": self.dsns[stage],
             "ASSAY_HTTP_PORT": str(port),
+            **(self._console_env() if stage == "console" else {}),
             **(env or {}),
         }
         with open(self.workdir / f"{name}.log", "ab") as out:
@@ -124,6 +129,16 @@ class Deployment:
                 start_new_session=self.detached,
             )
         self.ports[name] = port
+
+    def _console_env(self) -> dict[str, str]:
+        """The console on a free loopback port (open: no token, loopback only), asking
+        execute's status port for a run's full log."""
+        port = free_port()
+        self.console_url = f"http://127.0.0.1:{port}/"
+        env = {"ASSAY_CONSOLE_HOST": "127.0.0.1", "ASSAY_CONSOLE_PORT": str(port)}
+        if "execute" in self.ports:
+            env["ASSAY_CONSOLE_EXECUTE_URL"] = f"http://127.0.0.1:{self.ports['execute']}"
+        return env
 
     def wait_healthy(self, timeout_s: float = 60) -> None:
         """Block until every started process answers /healthz with ok."""
@@ -237,8 +252,9 @@ async def deploy(
             default a fresh, uniquely named one.
         bucket: the blob bucket; by default a uniquely named one.
         detached: stage processes run in their own sessions, outliving the caller.
-        stages: the stages started here (every stage is provisioned); a test that
-            needs fewer, or replicas, starts them with `Deployment.start`.
+        stages: the stages started here (every stage, and the console, is provisioned);
+            a test that needs fewer, or replicas, starts them with `Deployment.start`;
+            `console` after `execute` serves the console too (`console_url`).
         extra_env: more environment for every stage process (settings, PYTHONPATH).
         roles: each stage's login role (created or altered by provisioning: roles are
             the server's, not the database's). By default, with a fresh database, roles
@@ -256,7 +272,7 @@ async def deploy(
         if database is None:
             name = f"e2e_{uuid.uuid4().hex[:10]}"
             if roles is None:  # dropped last: once the database they own things in is gone
-                roles, owned_roles = {s: f"assay_{name}_{s}" for s in STAGES}, True
+                roles, owned_roles = {s: f"assay_{name}_{s}" for s in STAGE_ROLES}, True
                 undo.push_async_callback(drop_roles, postgres.address, list(roles.values()))
             admin = await create_database(postgres.address, name)
             owned = (postgres.address, name)
@@ -280,10 +296,10 @@ async def deploy(
         from assay.runtime.distributed import create_topics
 
         await create_topics(AssaySettings.from_env(env))
-        named = {s: (roles or {}).get(s) or stage_role(s) for s in STAGES}
+        named = {s: (roles or {}).get(s) or stage_role(s) for s in STAGE_ROLES}
         dsns = {
             s: await provision_stage(admin, s, f"pw-{s}-{uuid.uuid4().hex[:6]}", role=named[s])
-            for s in STAGES
+            for s in STAGE_ROLES
         }
         d = Deployment(
             workdir,

@@ -37,6 +37,7 @@ from assay.devstack.processes import (
 )
 from assay.devstack.s3 import resolve_s3
 from assay.runtime.embedded import STAGES
+from assay.runtime.sections import STAGE_ROLES
 
 STATE = "stack.json"
 """The running stack: its settings, addresses, and each process it started."""
@@ -64,9 +65,10 @@ def _state(
         "database": d.admin_dsn.rpartition("@")[2],
         "postgres": {
             "database": objects.database_name,
-            "roles": {stage: objects.role(stage) for stage in STAGES},
+            "roles": {stage: objects.role(stage) for stage in STAGE_ROLES},
             "server_started": not borrowed,
         },
+        "console": d.console_url,
         "stages": {
             stage: {
                 "pid": proc.pid,
@@ -84,8 +86,9 @@ def _state(
 
 
 async def up(workdir: Path, replicas: Mapping[str, int] | None = None) -> int:
-    """Start everything, wait until every stage is healthy, print the addresses.
-    `replicas`: processes per stage (`deployment.parse_replicas`), one where not given.
+    """Start everything, wait until every stage is healthy, print the addresses (the
+    console's too: it runs like a stage, on loopback without a token). `replicas`:
+    processes per stage (`deployment.parse_replicas`), one where not given.
 
     On a Postgres server it did not start, the stack's database and roles are its own
     (`ownership.claim`); returns 2 when a stack is already recorded in `workdir`.
@@ -108,7 +111,7 @@ async def up(workdir: Path, replicas: Mapping[str, int] | None = None) -> int:
         # topics; stage positions from an earlier stack would point past their ends
         # and skip records. The database starts empty too.
         if borrowed:
-            await claim(postgres.address, workdir, objects, STAGES)
+            await claim(postgres.address, workdir, objects, STAGE_ROLES)
         else:  # a server of our own: nobody else's objects are on it
             await create_database(postgres.address, objects.database_name)
         d = await deploy(
@@ -119,7 +122,8 @@ async def up(workdir: Path, replicas: Mapping[str, int] | None = None) -> int:
             database=objects.database_name,
             bucket=f"assay-{objects.stack}",
             detached=True,
-            roles={stage: objects.role(stage) for stage in STAGES},
+            roles={stage: objects.role(stage) for stage in STAGE_ROLES},
+            stages=(*STAGES, "console"),
             replicas=replicas,
         )
     except BaseException:
@@ -134,6 +138,7 @@ async def up(workdir: Path, replicas: Mapping[str, int] | None = None) -> int:
     print(f"  s3 endpoint       {s3.address}")
     for stage, proc in d.procs.items():
         print(f"  {stage:<17} http://127.0.0.1:{d.ports[stage]}/healthz  (pid {proc.pid})")
+    print(f"  console on {d.console_url} (open: no token configured, loopback only)")
     print(f"  export ASSAY_KAFKA_BOOTSTRAP={d.bootstrap}")
     print(f"  check: assay rebuild --check --database-url {_without_password(d.admin_dsn)}")
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -130,6 +131,7 @@ async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> Non
             settings.http.port,
             collector.refresh,
             readiness=readiness,
+            queries=[(q.pattern, functools.partial(q.answer, event_log)) for q in spec.queries],
         )
         await status.start()
         stack.push_async_callback(status.close)

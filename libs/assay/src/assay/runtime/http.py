@@ -1,7 +1,8 @@
 """`/healthz` (liveness), `/readyz` (readiness) and Prometheus `/metrics` for one stage
-process, on plain asyncio.
+process, on plain asyncio — and the stage's read-only queries (`StageSpec.queries`),
+answered as JSON.
 
-Three read-only endpoints do not justify a web framework; this serves HTTP/1.0
+A few read-only endpoints do not justify a web framework; this serves HTTP/1.0
 style request/response and closes the connection.
 """
 
@@ -10,11 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
+
+Query = tuple[re.Pattern[str], Callable[[re.Match[str]], Awaitable[tuple[int, object]]]]
+"""A read-only query: `GET` paths matching the pattern are answered with a status and a
+JSON document."""
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 410: "Gone"}
 
 Health = Callable[[], dict[str, object]]
 """Returns a JSON-able status; `"ok": False` makes /healthz answer 503."""
@@ -31,12 +38,14 @@ class StatusServer:
         refresh: Callable[[], Awaitable[None]] | None = None,
         *,
         readiness: Health | None = None,
+        queries: Sequence[Query] = (),
     ) -> None:
         self.registry = registry
         self.health = health
         self.readiness = readiness
         """`/readyz`: `"ready": False` answers 503 (absent: the same as /healthz)."""
         self.port = port
+        self.queries = tuple(queries)
         self.refresh = refresh
         """Called before each /metrics answer (gauges read from the stage's state)."""
         self._server: asyncio.Server | None = None
@@ -52,6 +61,14 @@ class StatusServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+    def _query(
+        self, path: str
+    ) -> tuple[Callable[[re.Match[str]], Awaitable[tuple[int, object]]], re.Match[str]] | None:
+        for pattern, answer in self.queries:
+            if (match := pattern.fullmatch(path)) is not None:
+                return answer, match
+        return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -75,6 +92,11 @@ class StatusServer:
                 if self.refresh is not None:
                     await self.refresh()
                 body, code, ctype = generate_latest(self.registry), "200 OK", CONTENT_TYPE_LATEST
+            elif (found := self._query(path)) is not None:
+                answer, match = found
+                answered, doc = await answer(match)
+                body, ctype = json.dumps(doc).encode(), "application/json"
+                code = f"{answered} {REASONS.get(answered, 'Error')}"
             else:
                 body, code, ctype = b"not found\n", "404 Not Found", "text/plain"
             writer.write(

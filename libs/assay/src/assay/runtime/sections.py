@@ -114,6 +114,23 @@ class ConsoleSettings(_Section):
     admin_token: str | None = Field(
         None, description="A token that reads every tenant (naming it with `?tenant=`)."
     )
+    execute_url: str | None = Field(
+        None,
+        description=(
+            "Distributed: the execute stage's status port (`http://execute:8080`), which "
+            "answers a run's full log for the run page; unset: the page shows no attempts."
+        ),
+    )
+    session_secret: str | None = Field(
+        None,
+        description=(
+            "Key signing login sessions (the `/login` cookie); unset: a random key per "
+            "process, so sessions end when it restarts and are not shared between replicas."
+        ),
+    )
+    session_ttl_s: int = Field(
+        12 * 3600, ge=60, description="How long a login session lasts, in seconds."
+    )
 
 
 _DEFAULT_LIMITS = Limits()

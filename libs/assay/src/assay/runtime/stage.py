@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import copy
 import enum
+import re
 import typing
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -72,6 +73,15 @@ Gauges = Callable[[EventLog], Awaitable[Sequence[Gauge]]]
 
 
 @dataclass(frozen=True)
+class StageQuery:
+    """A read-only query a stage answers over its own store: `GET` paths that match
+    `pattern` are answered by `answer(log, match)` with a status and a JSON document."""
+
+    pattern: re.Pattern[str]
+    answer: Callable[[EventLog, re.Match[str]], Awaitable[tuple[int, object]]]
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """A stage: its name, its log's event types and fold, and its handlers.
 
@@ -93,6 +103,9 @@ class StageSpec:
     own filtered, paged queries."""
     metrics: tuple[CollectorRegistry, ...] = ()
     """Metrics the stage keeps itself (beside the §15 signals), exported on `/metrics`."""
+    queries: tuple[StageQuery, ...] = ()
+    """Read-only queries the stage answers on its HTTP port, for what only it holds (the
+    console asks execute for a run's log)."""
 
     @property
     def topics(self) -> list[str]:

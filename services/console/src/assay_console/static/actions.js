@@ -1,6 +1,11 @@
 // The run page's actions: confirm, POST the JSON the API takes, show the outcome.
 "use strict";
 (function () {
+  // A login session's CSRF token (none with a bearer token or an open console).
+  function csrfToken() {
+    const found = document.cookie.split("; ").find((c) => c.startsWith("assay_csrf="));
+    return found ? found.slice("assay_csrf=".length) : "";
+  }
   const box = document.getElementById("actions");
   if (!box) return;
   const outcome = document.getElementById("outcome");
@@ -13,7 +18,7 @@
     try {
       const res = await fetch(url, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers: { "content-type": "application/json", "x-assay-csrf": csrfToken() },
         body: JSON.stringify(body),
       });
       const answer = await res.json();

@@ -19,6 +19,13 @@
     setInterval(refresh, every);
     document.addEventListener("visibilitychange", refresh);
   }
+  // Logged in with a cookie: offer to log out, with the session's CSRF token.
+  const csrf = (document.cookie.split("; ").find((c) => c.startsWith("assay_csrf=")) || "").slice(11);
+  const logout = document.getElementById("logout");
+  if (logout && csrf) {
+    logout.elements.namedItem("csrf").value = csrf;
+    logout.hidden = false;
+  }
   const table = document.getElementById("runs");
   if (table && table.dataset.poll === "1") poll(table, document.getElementById("rows"));
   const ladder = document.getElementById("ladder");
