@@ -127,6 +127,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_LADDER_PASS_RATE_MARGIN": ("0.2", "ladder.pass_rate_margin", 0.2),
     "ASSAY_LADDER_MIN_PASS_RATE_RUNS": ("8", "ladder.min_pass_rate_runs", 8),
     "ASSAY_LADDER_MAX_ORDER_INCONSISTENCY": ("0.4", "ladder.max_order_inconsistency", 0.4),
+    "ASSAY_LADDER_MAX_CHALLENGERS": ("3", "ladder.max_challengers", 3),
     "ASSAY_HELD_OUT_FRACTION": ("0.3", "ladder.held_out_fraction", 0.3),
     "ASSAY_KAFKA_BOOTSTRAP": ("k:9092", "kafka.bootstrap", "k:9092"),
     "ASSAY_KAFKA_MEMBER_TIMEOUT_MS": ("6000", "kafka.member_timeout_ms", 6000),
@@ -169,6 +170,9 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_CONSOLE_PORT": ("9091", "console.port", 9091),
     "ASSAY_CONSOLE_TOKENS": ("t=x", "console.tokens", "t=x"),
     "ASSAY_CONSOLE_ADMIN_TOKEN": ("adm", "console.admin_token", "adm"),
+    "ASSAY_CONSOLE_EXECUTE_URL": ("http://x:8080", "console.execute_url", "http://x:8080"),
+    "ASSAY_CONSOLE_SESSION_SECRET": ("k", "console.session_secret", "k"),
+    "ASSAY_CONSOLE_SESSION_TTL_S": ("600", "console.session_ttl_s", 600),
 }
 
 NEEDS = {  # a variable that only parses beside another
