@@ -6,7 +6,9 @@ entry criteria becomes the challenger and climbs the promotion ladder
 (`assay.grading.ladder`) on its selection evidence: shadow -> trial -> current,
 or shadow -> canary -> ramp -> current for a tournament-graded workflow. Any
 `Capped` episode or a pass-rate regression rolls it back; the sequential test
-may reject it. Each move publishes the allocation ingest routes by.
+may reject it. Each move publishes the allocation ingest routes by. A drifted task
+mix, or a judge the calibration distrusts, holds the promotion (`task_mix.py`,
+`judge_health.py`).
 
 Single writer per workflow: the partition key makes one consumer the writer,
 and a commit appends to the workflow's stream only if the stream still ends
@@ -45,6 +47,7 @@ from assay_decide.events import (
 from assay_decide.judge_health import calibration_hold, on_judge_calibrated
 from assay_decide.proposals import on_review_proposal, propose
 from assay_decide.state import Allocation, Known, fold_decide
+from assay_decide.task_mix import on_task_mix_drifted, on_task_mix_rebased, task_mix_hold
 from assay_decide.workflow import Workflow
 
 __all__ = [
@@ -125,7 +128,7 @@ async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> 
     if msg.baseline_version != alloc.current:
         return
     standing = await w.standing(alloc)
-    hold = await calibration_hold(uow)
+    hold = await task_mix_hold(uow, w.id) or await calibration_hold(uow)
     move = step(standing, msg, uow.deps.ladder, uow.deps.sprt, judge_hold=hold)
     if move.accepted_now:
         standing = _latch_accepted(w, msg, move, standing)
@@ -160,7 +163,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
         events=DECIDE_EVENTS,
         fold=fold_decide,
         handlers=routes(
-            on_workflow_registered, on_review_proposal, on_variant_aggregate, on_judge_calibrated
+            on_workflow_registered,
+            on_review_proposal,
+            on_variant_aggregate,
+            on_judge_calibrated,
+            on_task_mix_drifted,
+            on_task_mix_rebased,
         ),
         deps=Deciding.of(deps),
     )

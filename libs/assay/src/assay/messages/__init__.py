@@ -78,6 +78,7 @@ if TYPE_CHECKING:
         SelectionRecord,
         SiblingResult,
     )
+    from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
 else:
     __getattr__ = lazy_exports(
         __name__,
@@ -155,6 +156,7 @@ else:
                 "SelectionRecord",
                 "SiblingResult",
             ],
+            "assay.messages.task_mix": ["AcknowledgeDrift", "TaskMixDrifted", "TaskMixRebased"],
             "assay.messages.registry": ["MESSAGES"],
         },
     )
@@ -162,6 +164,7 @@ else:
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGES",
+    "AcknowledgeDrift",
     "AllocationChanged",
     "AttemptIndeterminate",
     "AttemptView",
@@ -217,6 +220,8 @@ __all__ = [
     "SiblingResult",
     "SignalRun",
     "StrengthSummary",
+    "TaskMixDrifted",
+    "TaskMixRebased",
     "TaskSubmitted",
     "ToolUnavailableDelta",
     "UnknownSchema",

@@ -67,6 +67,7 @@ from assay.messages.rollouts import (
     rollout_cost_unknown,
     rollout_result_v2_to_v3,
 )
+from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
     [
@@ -99,6 +100,9 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         RolledBack,
         ProposalRequested,
         ReviewProposal,
+        TaskMixDrifted,
+        TaskMixRebased,
+        AcknowledgeDrift,
         UsageRecorded,
     ]
 )

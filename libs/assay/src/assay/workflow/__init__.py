@@ -1,5 +1,6 @@
 """Workflows are data (§4): the IR, formats, templates, conditions and load-time checks."""
 
+from assay.workflow.drift import TASK_ID_CLASS, DriftSpec
 from assay.workflow.formats import (
     JsonFormat,
     WorkflowFormat,
@@ -56,12 +57,14 @@ __all__ = [
     "MAX_AWAIT_TIMEOUT_S",
     "MAX_SUBWORKFLOW_DEPTH",
     "MIN_AWAIT_TIMEOUT_S",
+    "TASK_ID_CLASS",
     "AnyStep",
     "AwaitStep",
     "BudgetSpec",
     "ConditionalBranch",
     "ConditionalStep",
     "ControlGraph",
+    "DriftSpec",
     "GradingSpec",
     "JsonFormat",
     "ModelStep",

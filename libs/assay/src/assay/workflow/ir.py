@@ -18,6 +18,7 @@ from pydantic import (
 from assay.kernel.canonical import canonical_bytes, digest
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import StepId, WorkflowId, WorkflowVersion
+from assay.workflow.drift import DriftSpec
 
 
 class _Frozen(BaseModel):
@@ -403,13 +404,17 @@ class WorkflowDef(_Frozen):
     resources: ResourceSpec | None = Field(
         None, description="What a run asks of the model's GPU (§14.2); left out while unset."
     )
+    drift: DriftSpec | None = Field(
+        None, description="Task-mix drift check (§12.5); left out while unset."
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_resources(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Left out while unset, so versions written before it hash as they always did."""
+        """Left out while unset, so versions written before them hash as they always did."""
         data: dict[str, Any] = handler(self)
-        if data.get("resources") is None:
-            data.pop("resources", None)
+        for name in ("resources", "drift"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
     def model_call_width(self) -> int:
