@@ -167,10 +167,22 @@ class Transition(_Frozen):
     )
 
 
-BUILTIN_VERIFIER_KINDS = frozenset({"exact", "regex", "json_schema", "command"})
+BUILTIN_VERIFIER_KINDS = frozenset({"exact", "regex", "json_schema", "command", "context"})
 """Verifier kinds Assay ships; others come from the `assay.verifiers` entry-point group."""
 
-_OMITTED_WHEN_UNSET = ("argv", "timeout_s", "params")
+_OMITTED_WHEN_UNSET = ("argv", "timeout_s", "params", "expect")
+
+
+class ContextExpectation(_Frozen):
+    """What a `context` verifier expects a model call to have had (§10.1)."""
+
+    packed: list[str] = Field(
+        default_factory=list,
+        description="References that must be packed: `task.<field>`, `steps.<id>.output`, `plan`.",
+    )
+    tools_offered: list[str] = Field(
+        default_factory=list, description="Tools the model must have been offered."
+    )
 
 
 class VerifierSpec(_Frozen):
@@ -207,6 +219,13 @@ class VerifierSpec(_Frozen):
     )
     params: dict[str, Any] | None = Field(
         None, description="Parameters of a verifier kind registered by an installed package."
+    )
+    expect: ContextExpectation | None = Field(
+        None,
+        description=(
+            "context: what the step's last model call (every model call, without `step`) "
+            "must have had in its context and been offered."
+        ),
     )
 
     @model_serializer(mode="wrap")
