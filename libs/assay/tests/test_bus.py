@@ -58,6 +58,7 @@ from assay.kernel.scores import Ungraded, UngradedReason, WinRecord
 from assay.messages import (
     MAX_MESSAGE_BYTES,
     MESSAGES,
+    AcknowledgeDrift,
     AllocationChanged,
     AttemptIndeterminate,
     BranchChild,
@@ -93,6 +94,8 @@ from assay.messages import (
     RunVerified,
     SelectionRecord,
     SignalRun,
+    TaskMixDrifted,
+    TaskMixRebased,
     TaskSubmitted,
     ToolUnavailableDelta,
     Usage,
@@ -866,6 +869,25 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             f"{t}:{WORKFLOW}",
         ),
         (ChallengerRejected(**verdict, reason="worse"), f"{t}:{WORKFLOW}"),
+        (
+            TaskMixDrifted(
+                **by_workflow,
+                current=VERSION,
+                psi={"input.language": 0.3},
+                threshold=0.2,
+                window=500,
+                sampled=1000,
+                reference_tasks=500,
+            ),
+            f"{t}:{WORKFLOW}",
+        ),
+        (
+            TaskMixRebased(
+                **by_workflow, current=VERSION, cause="promoted", reference_tasks=500, sampled=500
+            ),
+            f"{t}:{WORKFLOW}",
+        ),
+        (AcknowledgeDrift(**by_workflow, reason="new market"), f"{t}:{WORKFLOW}"),
         (
             RolledBack(
                 **by_workflow,

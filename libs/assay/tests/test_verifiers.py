@@ -342,7 +342,7 @@ async def test_results_carry_identity_kind_and_version_in_order() -> None:
         ("shape", "json_schema", JsonSchemaVerifier.version, False),
     ]
     assert all(r.evidence for r in results)
-    assert set(BUILTIN_VERIFIERS) == {"exact", "regex", "json_schema"}
+    assert set(BUILTIN_VERIFIERS) == {"exact", "regex", "json_schema", "context"}
     assert await verify_episode(make_episode(SOLVED), []) == []
 
 

@@ -13,6 +13,8 @@ Derived state, per tenant (read models and fold in `state.py`):
   (`pending`, `approved`, `rejected`);
 - `open_proposal/<workflow>`: the proposal waiting for an operator, absent without one;
 - `unproposed/<workflow>`: why the last request for a proposal yielded none;
+- `task_mix_hold/<workflow>`: the task-mix drift ingest found, while it holds the
+  workflow's promotion (`task_mix.py`);
 - `judge_health/latest`: the tenant's last judge calibration that judged anything
   (on the tenant's stream `judge-health`): what holds promotion when agreement is low.
 """
@@ -26,7 +28,15 @@ from pydantic import Field
 from assay.grading.ladder import Standing
 from assay.kernel import TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import WinRecord
-from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, Rung, Usage
+from assay.messages import (
+    AllocationChanged,
+    JudgeCalibrated,
+    Ladder,
+    Rung,
+    TaskMixDrifted,
+    TaskMixRebased,
+    Usage,
+)
 from assay.messages.loop import allocation_changed_v1_to_v2, allocation_changed_v2_to_v3
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import BranchKey, Event, EventRegistry
@@ -163,6 +173,24 @@ class ProposalReviewed(Event):
     by: Literal["operator", "ungated"] = Field(description="Who reviewed it.")
 
 
+class TaskMixHeld(Event):
+    """Ingest found the workflow's task mix drifted: promotion waits for a new reference."""
+
+    type: ClassVar[str] = "TaskMixHeld"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    drift: TaskMixDrifted = Field(description="What ingest found, as announced.")
+
+
+class TaskMixReleased(Event):
+    """Ingest took a new reference mix: a drift noted before no longer holds promotion."""
+
+    type: ClassVar[str] = "TaskMixReleased"
+    version: ClassVar[int] = 1
+    workflow_id: WorkflowId = Field(description="Workflow.")
+    rebased: TaskMixRebased = Field(description="The new reference, as announced.")
+
+
 DECIDE_EVENTS = EventRegistry(
     [
         AllocationSet,
@@ -173,6 +201,8 @@ DECIDE_EVENTS = EventRegistry(
         ProposalNotMade,
         ProposalReviewed,
         JudgeHealthNoted,
+        TaskMixHeld,
+        TaskMixReleased,
     ]
 )
 

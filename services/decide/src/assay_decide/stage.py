@@ -18,6 +18,8 @@ ties to the one admitted first. A promotion ends every other challenger's time:
 their strengths were deltas from the previous current version, their evidence
 compares them with it, and neither says anything against the new one — they are
 rejected as superseded (and may be proposed or registered again as new versions).
+A drifted task mix, or a judge the calibration distrusts, holds a promotion
+(`task_mix.py`, `judge_health.py`).
 
 Single writer per workflow: the partition key makes one consumer the writer,
 and a commit appends to the workflow's stream only if the stream still ends
@@ -68,6 +70,7 @@ from assay_decide.events import (
 from assay_decide.judge_health import calibration_hold, on_judge_calibrated
 from assay_decide.proposals import on_review_proposal, propose
 from assay_decide.state import Allocation, Known, fold_decide
+from assay_decide.task_mix import on_task_mix_drifted, on_task_mix_rebased, task_mix_hold
 from assay_decide.workflow import Workflow
 
 __all__ = [
@@ -150,7 +153,7 @@ async def on_variant_aggregate(msg: VariantAggregate, uow: DecideUnitOfWork) -> 
         return
     standings = await w.standings(alloc)
     standing = standings[msg.workflow_version]
-    hold = await calibration_hold(uow)
+    hold = await task_mix_hold(uow, w.id) or await calibration_hold(uow)
     move = _outranked(
         step(standing, msg, uow.deps.ladder, uow.deps.sprt, judge_hold=hold), msg, alloc, standings
     )
@@ -219,7 +222,12 @@ def create_stage(deps: StageDeps) -> StageSpec:
         events=DECIDE_EVENTS,
         fold=fold_decide,
         handlers=routes(
-            on_workflow_registered, on_review_proposal, on_variant_aggregate, on_judge_calibrated
+            on_workflow_registered,
+            on_review_proposal,
+            on_variant_aggregate,
+            on_judge_calibrated,
+            on_task_mix_drifted,
+            on_task_mix_rebased,
         ),
         deps=Deciding.of(deps),
     )

@@ -12,7 +12,14 @@ from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model
 
 from assay.grading.ladder import Standing
 from assay.kernel import WorkflowId, WorkflowVersion
-from assay.messages import AllocationChanged, JudgeCalibrated, Ladder, LiveChallenger, Rung
+from assay.messages import (
+    AllocationChanged,
+    JudgeCalibrated,
+    Ladder,
+    LiveChallenger,
+    Rung,
+    TaskMixDrifted,
+)
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import Delete, LogRecord, Patch, ReadModel, StateDelta
 from assay.workflow import WorkflowDef
@@ -26,6 +33,8 @@ from assay_decide.events import (
     ProposalMade,
     ProposalNotMade,
     ProposalReviewed,
+    TaskMixHeld,
+    TaskMixReleased,
 )
 
 
@@ -178,6 +187,12 @@ class JudgeHealth(ReadModel, JudgeCalibrated):
     kind: ClassVar[str] = "judge_health"
 
 
+class MixHold(ReadModel, TaskMixDrifted):
+    """The drift that holds a workflow's promotion, absent while none does."""
+
+    kind: ClassVar[str] = "task_mix_hold"
+
+
 LATEST = "latest"
 
 
@@ -192,6 +207,7 @@ DECIDE_STATE: tuple[type[ReadModel], ...] = (
     OpenProposal,
     Unproposed,
     JudgeHealth,
+    MixHold,
 )
 """Every kind of document decide keeps, by its read model."""
 
@@ -238,6 +254,10 @@ def fold_decide(record: LogRecord) -> list[StateDelta]:
             ]
         case ProposalNotMade() as e:
             out.append(Unproposed.model_validate(e.model_dump()).put(t, e.workflow_id))
+        case TaskMixHeld(drift=d):
+            out.append(MixHold.model_validate(d.model_dump()).put(t, d.workflow_id))
+        case TaskMixReleased(workflow_id=workflow):
+            out.append(Delete(MixHold.at(t, workflow)))
         case JudgeHealthNoted(calibration=c):
             out.append(JudgeHealth.model_validate(c.model_dump()).put(t, LATEST))
         case ProposalReviewed() as e:

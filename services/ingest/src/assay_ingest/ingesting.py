@@ -11,7 +11,7 @@ from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.replay import ReplayPolicy
 from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
-from assay.kernel import TenantId
+from assay.kernel import TenantId, WorkflowId
 from assay.runtime import UnitOfWork
 from assay.runtime.admission import Admission
 
@@ -38,6 +38,10 @@ class Ingesting:
         default_factory=lambda: defaultdict(asyncio.Lock)
     )
     """Per tenant: held while a task reserves replay, until that reservation commits."""
+    mix_locks: defaultdict[tuple[TenantId, WorkflowId], asyncio.Lock] = field(
+        default_factory=lambda: defaultdict(asyncio.Lock)
+    )
+    """Per workflow: held while a task takes a slot of its task-mix window, until it commits."""
 
 
 IngestUnitOfWork = UnitOfWork[Ingesting]

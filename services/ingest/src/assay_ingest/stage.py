@@ -19,6 +19,10 @@ of the IR), parent-pointered (each stored version names the versions it derives
 from) and never edited (a re-registration of a stored version changes nothing)
 (`versions.py`). A task with a rollout spec becomes a group (`rollouts.py`).
 
+A workflow that declares `drift` has its tasks' mix watched at admission, against the
+mix its current version was promoted under; what ingest finds goes on
+`assay.workflows` for decide (`task_mix.py`).
+
 One handler per message type, routed by its annotation; `create_stage` only
 wires them. What the handlers record and what it folds to are in `state.py`.
 """
@@ -26,6 +30,7 @@ wires them. What the handlers record and what it folds to are in `state.py`.
 from __future__ import annotations
 
 import time
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 
 from assay.bus.topics import RUN_STATUS, RUNS
@@ -90,6 +95,13 @@ from assay_ingest.state import (
     WorkflowStored,
     fold_ingest,
 )
+from assay_ingest.task_mix import (
+    on_acknowledge_drift,
+    on_promoted,
+    sample,
+    task_mix_gauges,
+    watched,
+)
 from assay_ingest.versions import StoredDefinition, check_calls, parents_of, resolve
 
 
@@ -115,15 +127,22 @@ async def on_task(msg: TaskSubmitted, uow: IngestUnitOfWork) -> None:
         await admit(uow, msg, task_id, alloc)
         return
     plan = route(alloc, task_id)
-    if not any(p.purpose is Purpose.SHADOW for p in plan.runs):
+    shadow = any(p.purpose is Purpose.SHADOW for p in plan.runs)
+    mix = watched(alloc) is not None
+    if not shadow and not mix:
         await _spawn(msg, uow, alloc, task_id, plan)
         return
     # A tenant's shadow-spawning tasks reserve replay one at a time in this process, each
-    # committed before the next reads the meter: the meter's compare-and-swap then meets
-    # only writers in other processes, instead of losing, again and again, to this
-    # process's own partitions.
-    async with uow.deps.replay_locks[uow.tenant], uow.step():
-        await _spawn(msg, uow, alloc, task_id, plan)
+    # committed before the next reads the meter, and a workflow's watched tasks take their
+    # window slots one at a time: each compare-and-swap then meets only writers in other
+    # processes, instead of losing, again and again, to this process's own partitions.
+    async with AsyncExitStack() as held:
+        if shadow:
+            await held.enter_async_context(uow.deps.replay_locks[uow.tenant])
+        if mix:
+            await held.enter_async_context(uow.deps.mix_locks[(uow.tenant, msg.workflow_id)])
+        async with uow.step():
+            await _spawn(msg, uow, alloc, task_id, plan)
 
 
 async def _spawn(
@@ -147,6 +166,7 @@ async def _spawn(
     for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
         deps.admission.release(str(gone.run_id))
     deps.admission.count_budget_cuts(len(admitted.cut), uow)
+    await sample(uow, alloc, msg.input, keyed=msg.task_key is not None)
     refs = []
     for planned in admitted.plan.runs:
         ref = _run_ref(msg, alloc, task_id, admitted.plan, planned, run_id_of(planned), split)
@@ -291,6 +311,8 @@ async def on_allocation(msg: AllocationChanged, uow: IngestUnitOfWork) -> None:
     current = await uow.get(Allocation, msg.workflow_id)
     if current is not None and current.generation >= msg.generation:
         return  # an older or repeated allocation: the newest generation wins
+    if current is not None:
+        await on_promoted(uow, current, Allocation.model_validate(msg.model_dump(mode="json")))
     uow.record(
         BranchKey.main(uow.tenant, f"allocation:{msg.workflow_id}"),
         AllocationApplied(allocation=msg.model_dump(mode="json")),
@@ -315,7 +337,14 @@ def create_stage(deps: StageDeps) -> StageSpec:
         events=INGEST_EVENTS,
         fold=with_compaction(fold_ingest),
         handlers={
-            **routes(on_task, on_rollout_progress, on_cancel_rollout, on_workflow, on_allocation),
+            **routes(
+                on_task,
+                on_rollout_progress,
+                on_cancel_rollout,
+                on_workflow,
+                on_allocation,
+                on_acknowledge_drift,
+            ),
             **deps.admission.handlers(),  # run-status lets admitted KV go (§14.2)
         },
         deps=ingesting,
@@ -325,6 +354,11 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
 
 async def _gauges(log: EventLog, deps: StageDeps) -> list[Gauge]:
-    """The replay meters, and admission's refusals and held KV."""
+    """The replay meters, each watched workflow's task-mix PSI, and admission's refusals
+    and held KV."""
     today = datetime.now(UTC).date().isoformat()
-    return [*await replay_gauges(log, deps.replay, today), *deps.admission.gauges()]
+    return [
+        *await replay_gauges(log, deps.replay, today),
+        *await task_mix_gauges(log),
+        *deps.admission.gauges(),
+    ]

@@ -17,6 +17,7 @@ from assay.record.compaction import Compacted
 from assay_ingest.replay import REPLAY_EVENTS, CutRun, ReplayMeter, fold_replay
 from assay_ingest.rollouts import ROLLOUT_EVENTS, RolloutGroup, RolloutInput, fold_rollout
 from assay_ingest.routing import Allocation
+from assay_ingest.task_mix import TASK_MIX_EVENTS, TaskMix, TaskMixRow, fold_task_mix
 from assay_ingest.versions import LatestVersion, StoredDefinition
 
 
@@ -113,6 +114,7 @@ INGEST_EVENTS = EventRegistry(
         TaskAccepted,
         *REPLAY_EVENTS,
         *ROLLOUT_EVENTS,
+        *TASK_MIX_EVENTS,
         Compacted,
     ]
 )
@@ -156,7 +158,7 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [Put(Allocation.at(t, Allocation.model_validate(a).workflow_id), a)]
         case TaskAccepted() as e:
             return [AcceptedTask.model_validate(e.model_dump()).put(t, e.idempotency_key)]
-    return fold_replay(record) or fold_rollout(record)
+    return fold_replay(record) or fold_rollout(record) or fold_task_mix(record)
 
 
 INGEST_STATE: tuple[type[ReadModel], ...] = (
@@ -167,5 +169,7 @@ INGEST_STATE: tuple[type[ReadModel], ...] = (
     ReplayMeter,
     RolloutGroup,
     RolloutInput,
+    TaskMix,
+    TaskMixRow,
 )
 """Every kind of document ingest stores, as its read model."""

@@ -1,6 +1,6 @@
 """Operator commands and intake as an outside producer sends them: the one place the CLI
 and the console build `CancelRun`, `SignalRun`, `RewindRun`, `CancelRollout`,
-`ReviewProposal`, `TaskSubmitted` and `WorkflowRegistered` entries.
+`ReviewProposal`, `AcknowledgeDrift`, `TaskSubmitted` and `WorkflowRegistered` entries.
 
 Each function validates what it is given and returns the entry for its topic, keyed and
 with a message id derived from what it asks (asking the same thing twice is one message
@@ -20,6 +20,7 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import RunId, TenantId, WorkflowId, is_run_id
 from assay.kernel.schema import one_line
 from assay.messages import (
+    AcknowledgeDrift,
     CancelRollout,
     CancelRun,
     ReviewProposal,
@@ -128,6 +129,24 @@ def review_proposal(
         raise CommandInvalid(f"invalid review: {one_line(exc)}") from exc
     verb = "approve" if approve else "reject"
     return Command(producer_entry(WORKFLOWS, msg, tenant, f"review:{proposal}:{verb}"), "decide")
+
+
+def acknowledge_drift(tenant: TenantId, workflow: str, drift: int, reason: str) -> Command:
+    """An `AcknowledgeDrift` onto `assay.workflows`: ingest takes the drifted task mix as
+    the new reference, which releases the promotion decide held for it. `drift` names
+    the drift acknowledged (the tasks watched when it was found): acknowledging it twice
+    is one message, a later drift's acknowledgement another.
+
+    Raises:
+        CommandInvalid: the workflow id or the reason does not parse.
+    """
+    try:
+        msg = AcknowledgeDrift(tenant=tenant, workflow_id=WorkflowId(workflow), reason=reason)
+    except ValidationError as exc:
+        raise CommandInvalid(f"invalid drift acknowledgement: {one_line(exc)}") from exc
+    return Command(
+        producer_entry(WORKFLOWS, msg, tenant, f"ack-drift:{workflow}:{drift}"), "ingest"
+    )
 
 
 def submit_task(task: TaskSubmitted) -> Command:

@@ -10,6 +10,7 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
 from assay.messages import (
+    AcknowledgeDrift,
     AllocationChanged,
     AttemptIndeterminate,
     BranchRun,
@@ -37,6 +38,8 @@ from assay.messages import (
     RunStatusChanged,
     RunVerified,
     SignalRun,
+    TaskMixDrifted,
+    TaskMixRebased,
     TaskSubmitted,
     UsageRecorded,
     VariantAggregate,
@@ -92,7 +95,7 @@ def _k(*fields: str) -> Callable[[Versioned], str]:
 
 
 def _workflow_key(msg: Versioned) -> str:
-    if isinstance(msg, ReviewProposal):
+    if isinstance(msg, ReviewProposal | TaskMixDrifted | TaskMixRebased | AcknowledgeDrift):
         return f"{msg.tenant}:{msg.workflow_id}"
     assert isinstance(msg, WorkflowRegistered)
     return f"{msg.tenant}:{msg.definition.get('id', '')}"
@@ -143,7 +146,7 @@ TOPICS: dict[str, Topic] = {
         ),
         Topic(
             WORKFLOWS,
-            (WorkflowRegistered, ReviewProposal),
+            (WorkflowRegistered, ReviewProposal, TaskMixDrifted, TaskMixRebased, AcknowledgeDrift),
             _workflow_key,
             "tenant:workflow_id",
         ),

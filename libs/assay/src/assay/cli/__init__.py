@@ -335,6 +335,14 @@ def _parser() -> argparse.ArgumentParser:
         help="each workflow's versions on the promotion ladder and the held-out gap (JSON)",
     )
     ladder.add_argument("--tenant", default=None, help="one tenant's UUID (default: all)")
+    ladder_sub = ladder.add_subparsers(dest="ladder_command")
+    ack_drift = ladder_sub.add_parser(
+        "ack-drift",
+        help="accept a workflow's drifted task mix as the new reference (releases the hold)",
+    )
+    ack_drift.add_argument("workflow", help="the workflow id")
+    ack_drift.add_argument("--tenant", default=None, help="its tenant's UUID, when ambiguous")
+    ack_drift.add_argument("--reason", default="", help="why, for the record")
     # `assay proposals` (cli/proposals.py): the slow loop's proposed versions.
     proposals = sub.add_parser(
         "proposals", help="versions the slow loop proposed; approve or reject them (JSON)"
@@ -596,7 +604,12 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.ladder import ladder_command
         from assay.cli.logs import tenant_arg
 
-        return await ladder_command(data_dir, tenant_arg(args.tenant) if args.tenant else None)
+        who = tenant_arg(args.tenant) if args.tenant else None
+        if args.ladder_command == "ack-drift":
+            from assay.cli.drift import ack_drift_command
+
+            return await ack_drift_command(data_dir, args.workflow, who, args.reason)
+        return await ladder_command(data_dir, who)
     if args.command == "proposals":
         from assay.cli import proposals as pr
         from assay.cli.logs import tenant_arg

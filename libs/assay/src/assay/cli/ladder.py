@@ -4,15 +4,17 @@ Per tenant and workflow: the allocation (generation, current version, every
 live challenger with its rung, share, ladder and standing — the first one also in
 the single-challenger fields — and what holds it — the drift check, or
 the tenant's judge whose scheduled calibration found it disagreeing with the
-verifier, whose last finding is shown beside it), what grading the workflow's runs
-cost beside what it decided (judge calls and dollars, in all and per promotion
-decided), then every version
+verifier, whose last finding is shown beside it, or the task mix: ingest's last
+window against the reference mix, each feature's PSI, and whether that drift holds
+promotion until `assay ladder ack-drift WORKFLOW` acknowledges it), what grading the
+workflow's runs cost beside what it decided (judge calls and dollars, in all and per
+promotion decided), then every version
 the aggregate has seen — the rungs it climbed and how its time ended, its
 verifier pass rate on selection and on held-out tasks, and for a challenger its
 win rate (draws excluded) on both; each with the gap, selection minus held-out
 (§12.5: a widening gap is the overfitting alarm). Read from the decide and
-aggregate stages' state: the data directory's SQLite files, or, with
-`ASSAY_DATABASE_URL` set, the `decide` and `aggregate` schemas it can read.
+aggregate stages' state (and ingest's, for the task mix): the data directory's SQLite
+files, or, with `ASSAY_DATABASE_URL` set, the schemas it can read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from assay.cli.drift import summary
 from assay.cli.logs import stage_state
 from assay.kernel.ids import TenantId
 from assay.kernel.spend import MICRO
@@ -118,9 +121,10 @@ def version_report(version: str, tally: dict[str, Any]) -> dict[str, Any]:
 
 
 async def reports(
-    decide: EventLog, aggregate: EventLog, tenant: TenantId | None
+    decide: EventLog, aggregate: EventLog, tenant: TenantId | None, ingest: EventLog | None = None
 ) -> list[dict[str, Any]]:
-    """One report per (tenant, workflow) the decide stage holds an allocation for."""
+    """One report per (tenant, workflow) the decide stage holds an allocation for (with its
+    task-mix watch from `ingest`'s state, when given)."""
     tallies: dict[tuple[TenantId, str], dict[str, Any]] = defaultdict(dict)
     for who, version, doc in await aggregate.scan_kind("version"):
         tallies[(who, str(doc["workflow_id"]))][version] = doc
@@ -130,6 +134,8 @@ async def reports(
         workflow, _, version = key.rpartition("/")
         standings[(who, workflow)][version] = doc
     judged = {who: doc for who, _, doc in await decide.scan_kind("judge_health")}
+    holds = {(who, w): doc for who, w, doc in await decide.scan_kind("task_mix_hold")}
+    mixes = {} if ingest is None else {(w, k): d for w, k, d in await ingest.scan_kind("task_mix")}
     out = []
     for who, workflow, alloc in sorted(
         await decide.scan_kind("allocation"), key=lambda r: (str(r[0]), r[1])
@@ -190,6 +196,7 @@ async def reports(
                     list(seen.values()),
                     sum(1 for v in versions if v["decision"] is not None),
                 ),
+                "task_mix": summary(mixes.get((who, workflow)), holds.get((who, workflow))),
                 "versions": versions,
             }
         )
@@ -219,8 +226,9 @@ async def read_reports(data_dir: Path, tenant: TenantId | None) -> list[dict[str
     async with (
         stage_state(data_dir, "decide", missing) as decide,
         stage_state(data_dir, "aggregate", missing) as aggregate,
+        stage_state(data_dir, "ingest", missing) as ingest,
     ):
-        return await reports(decide, aggregate, tenant)
+        return await reports(decide, aggregate, tenant, ingest)
 
 
 async def ladder_command(data_dir: Path, tenant: TenantId | None) -> int:

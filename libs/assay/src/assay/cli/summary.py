@@ -33,7 +33,7 @@ async def summarise(
 ) -> dict[str, Any]:
     """Everything the table shows, as data."""
     decide, ingest = rt.logs["decide"], rt.logs["ingest"]
-    found = await reports(decide, rt.logs["aggregate"], tenant)
+    found = await reports(decide, rt.logs["aggregate"], tenant, rt.logs["ingest"])
     report = found[0] if found else None
     shards = [
         d for k, d in await rt.logs["tournament"].scan(tenant, "meter") if k.startswith("grading")

@@ -27,6 +27,7 @@ from assay.engine.context import (
     RunSpec,
 )
 from assay.engine.events import Routed, RunStarted, Signalled, Suspended
+from assay.engine.model_context import with_contexts
 from assay.engine.models import Model
 from assay.engine.suspension import Suspension
 from assay.engine.tools import Tool
@@ -230,7 +231,7 @@ class Driver:
             run=spec.ref,
             definition=wf.model_dump(mode="json", by_alias=True),
             input=dict(spec.input),
-            attempts=run.totals.attempts,
+            attempts=with_contexts(wf, spec.input, run.totals.attempts, spec.plan),
             outputs=run.outputs,
             output=(
                 run.outputs.get(wf.output_step) if failed_step is None and not cancelled else None

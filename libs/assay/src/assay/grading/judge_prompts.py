@@ -6,7 +6,9 @@ it is the same for every call with one rubric, so a server's prefix cache can
 reuse it. The **episode part** (the user message) holds the episodes, each
 rendered from the facts the episode holds and nothing else: whether execution
 succeeded (and where its attempts ran out), the task input, the final output,
-and every attempt of every step with its state and its output or error. Run
+and every attempt of every step with its state, its output or error, and for a
+model call what its context held (references and sizes: packed, available and not
+packed, dropped by budget, tools offered — §10.1). Run
 ids, versions, roles and prompts are never shown: the judge compares work, not
 provenance.
 
@@ -35,7 +37,7 @@ from assay.grading.judges import JudgeFailed
 from assay.kernel.canonical import digest
 
 if TYPE_CHECKING:
-    from assay.messages.episode import Episode
+    from assay.messages.episode import ContextRef, Episode, ModelContext
     from assay.workflow.ir import RubricItem
 
 DEFAULT_EPISODE_CHARS = 12_000
@@ -232,7 +234,7 @@ def render_episode(episode: Episode, budget: int) -> str:
     for n, view in enumerate(episode.attempts, 1):
         head = (
             f"\n{n}. step {view.step}, attempt {view.attempt}, iteration {view.iteration}: "
-            f"{view.state.value}"
+            f"{view.state.value}{_context_line(view.context)}"
         )
         for tag, body in (("output", view.output), ("error", view.error)):
             if body is not None:
@@ -248,6 +250,23 @@ def render_episode(episode: Episode, budget: int) -> str:
         return out
     keep = budget - len(_EPISODE_CUT.format(n=len(out)))
     return out[:keep] + _EPISODE_CUT.format(n=len(out) - keep)
+
+
+def _context_line(context: ModelContext | None) -> str:
+    """What a model call had (references and sizes, never the texts): the judge can ask
+    whether the agent had what it needed."""
+    if context is None:
+        return ""
+
+    def refs(items: Sequence[ContextRef]) -> str:
+        return ", ".join(f"{r.ref} ({r.chars} chars)" for r in items) or "none"
+
+    tools = ", ".join(context.tools_offered) or "none"
+    return (
+        f"\n   context: packed {refs(context.packed)}; available, not packed "
+        f"{refs(context.available)}; dropped by budget {refs(context.dropped)}; "
+        f"tools offered {tools}"
+    )
 
 
 def _fit(texts: list[str], room: int) -> list[str]:

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
         SelectionRecord,
         SiblingResult,
     )
+    from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
 else:
     __getattr__ = lazy_exports(
         __name__,
@@ -159,6 +160,7 @@ else:
                 "SelectionRecord",
                 "SiblingResult",
             ],
+            "assay.messages.task_mix": ["AcknowledgeDrift", "TaskMixDrifted", "TaskMixRebased"],
             "assay.messages.registry": ["MESSAGES"],
         },
     )
@@ -166,6 +168,7 @@ else:
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGES",
+    "AcknowledgeDrift",
     "AllocationChanged",
     "AttemptIndeterminate",
     "AttemptView",
@@ -223,6 +226,8 @@ __all__ = [
     "SiblingResult",
     "SignalRun",
     "StrengthSummary",
+    "TaskMixDrifted",
+    "TaskMixRebased",
     "TaskSubmitted",
     "ToolUnavailableDelta",
     "UnknownSchema",

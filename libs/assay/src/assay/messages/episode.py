@@ -8,13 +8,36 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from assay.kernel.attempts import AttemptState
 from assay.kernel.canonical import canonical_bytes
 from assay.kernel.ids import AttemptNo, StepId
 from assay.kernel.schema import Versioned
 from assay.messages.models import RunRef, Usage
+
+
+class ContextRef(BaseModel):
+    """One piece of what a model call could read: a reference and its size, not a copy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ref: str = Field(description="What it is: `task.<field>`, `steps.<id>.output` or `plan`.")
+    chars: int = Field(ge=0, description="Its size in characters, as it would be rendered.")
+
+
+class ModelContext(BaseModel):
+    """What one model call had (§10.1): what was packed into its context, what was
+    available and not packed, what a budget dropped, and the tools it was offered."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    packed: list[ContextRef] = Field(description="Packed into the context, in prompt order.")
+    available: list[ContextRef] = Field(description="Available to the call and not packed.")
+    dropped: list[ContextRef] = Field(description="Packed, then dropped to fit a budget.")
+    tools_offered: list[str] = Field(description="Tools the model was offered, by name.")
+
+    def holds(self, ref: str) -> bool:
+        """Whether `ref` was packed."""
+        return any(r.ref == ref for r in self.packed)
 
 
 class AttemptView(Versioned):
@@ -31,6 +54,9 @@ class AttemptView(Versioned):
     error: str | None = Field(None, description="Why it did not succeed.")
     usage: Usage = Field(description="Model usage of this attempt.")
     duration_ms: int = Field(ge=0, description="Wall-clock time of the attempt.")
+    context: ModelContext | None = Field(
+        None, description="A model attempt's context (None: a tool attempt, or not recorded)."
+    )
 
 
 class Episode(Versioned):

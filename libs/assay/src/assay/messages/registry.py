@@ -70,6 +70,7 @@ from assay.messages.rollouts import (
     rollout_cost_unknown,
     rollout_result_v2_to_v3,
 )
+from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
     [
@@ -103,6 +104,9 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         RolledBack,
         ProposalRequested,
         ReviewProposal,
+        TaskMixDrifted,
+        TaskMixRebased,
+        AcknowledgeDrift,
         UsageRecorded,
     ]
 )

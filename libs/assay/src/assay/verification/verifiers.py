@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Protocol
 
-from assay.messages.episode import Episode
+from assay.messages.episode import Episode, ModelContext
 from assay.messages.models import VerifierResult
 from assay.sandbox.port import SandboxProvider
 from assay.verification.command import DEFAULT_TIMEOUT_S, CommandVerifier
@@ -101,6 +101,45 @@ class JsonSchemaVerifier:
         return True, "valid against the schema"
 
 
+class ContextVerifier:
+    """A model call had what it needed (§10.1): every reference in `expect.packed` was
+    packed into its context and every tool in `expect.tools_offered` offered to it — the
+    step's last model call, or, without `step`, some model call of the run. The evidence
+    says where each missing reference was: available and not packed, dropped by a
+    budget, or not there at all."""
+
+    kind = "context"
+    version = "1"
+
+    async def check(self, spec: VerifierSpec, episode: Episode, subject: str) -> tuple[bool, str]:
+        assert spec.expect is not None
+        calls = [
+            a.context
+            for a in episode.attempts
+            if a.context is not None and (spec.step is None or a.step == spec.step)
+        ]
+        if not calls:
+            return False, "no model call recorded its context"
+        if spec.step is not None:
+            calls = calls[-1:]  # the step's last call: the one whose output is checked
+        missing = [r for r in spec.expect.packed if not any(c.holds(r) for c in calls)]
+        offered = {t for c in calls for t in c.tools_offered}
+        unoffered = [t for t in spec.expect.tools_offered if t not in offered]
+        if not missing and not unoffered:
+            return True, f"packed {spec.expect.packed}; offered {spec.expect.tools_offered}"
+        why = [f"{r} {_whereabouts(r, calls)}" for r in missing]
+        why += [f"tool {t} not offered" for t in unoffered]
+        return False, _clip("; ".join(why), 400)
+
+
+def _whereabouts(ref: str, calls: list[ModelContext]) -> str:
+    if any(r.ref == ref for c in calls for r in c.dropped):
+        return "was dropped by the context budget"
+    if any(r.ref == ref for c in calls for r in c.available):
+        return "was available and not packed"
+    return "was not available"
+
+
 def _checked(outcome: object) -> tuple[bool, str]:
     """A verifier's `(passed, evidence)`; anything else raises, so only a real `True` passes."""
     if (
@@ -114,7 +153,7 @@ def _checked(outcome: object) -> tuple[bool, str]:
 
 
 BUILTIN_VERIFIERS: dict[str, Verifier] = {
-    v.kind: v for v in (ExactVerifier(), RegexVerifier(), JsonSchemaVerifier())
+    v.kind: v for v in (ExactVerifier(), RegexVerifier(), JsonSchemaVerifier(), ContextVerifier())
 }
 """The built-in verifiers that need nothing but the episode (`command` needs a sandbox)."""
 

@@ -1,5 +1,6 @@
 """Workflows are data (§4): the IR, formats, templates, conditions and load-time checks."""
 
+from assay.workflow.drift import TASK_ID_CLASS, DriftSpec
 from assay.workflow.formats import (
     JsonFormat,
     WorkflowFormat,
@@ -17,6 +18,7 @@ from assay.workflow.ir import (
     BudgetSpec,
     ConditionalBranch,
     ConditionalStep,
+    ContextExpectation,
     GradingSpec,
     ModelStep,
     NotAWorkStep,
@@ -56,12 +58,15 @@ __all__ = [
     "MAX_AWAIT_TIMEOUT_S",
     "MAX_SUBWORKFLOW_DEPTH",
     "MIN_AWAIT_TIMEOUT_S",
+    "TASK_ID_CLASS",
     "AnyStep",
     "AwaitStep",
     "BudgetSpec",
     "ConditionalBranch",
     "ConditionalStep",
+    "ContextExpectation",
     "ControlGraph",
+    "DriftSpec",
     "GradingSpec",
     "JsonFormat",
     "ModelStep",

@@ -18,6 +18,7 @@ from pydantic import (
 from assay.kernel.canonical import canonical_bytes, digest
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import StepId, WorkflowId, WorkflowVersion
+from assay.workflow.drift import DriftSpec
 
 
 class _Frozen(BaseModel):
@@ -166,10 +167,22 @@ class Transition(_Frozen):
     )
 
 
-BUILTIN_VERIFIER_KINDS = frozenset({"exact", "regex", "json_schema", "command"})
+BUILTIN_VERIFIER_KINDS = frozenset({"exact", "regex", "json_schema", "command", "context"})
 """Verifier kinds Assay ships; others come from the `assay.verifiers` entry-point group."""
 
-_OMITTED_WHEN_UNSET = ("argv", "timeout_s", "params")
+_OMITTED_WHEN_UNSET = ("argv", "timeout_s", "params", "expect")
+
+
+class ContextExpectation(_Frozen):
+    """What a `context` verifier expects a model call to have had (§10.1)."""
+
+    packed: list[str] = Field(
+        default_factory=list,
+        description="References that must be packed: `task.<field>`, `steps.<id>.output`, `plan`.",
+    )
+    tools_offered: list[str] = Field(
+        default_factory=list, description="Tools the model must have been offered."
+    )
 
 
 class VerifierSpec(_Frozen):
@@ -206,6 +219,13 @@ class VerifierSpec(_Frozen):
     )
     params: dict[str, Any] | None = Field(
         None, description="Parameters of a verifier kind registered by an installed package."
+    )
+    expect: ContextExpectation | None = Field(
+        None,
+        description=(
+            "context: what the step's last model call (every model call, without `step`) "
+            "must have had in its context and been offered."
+        ),
     )
 
     @model_serializer(mode="wrap")
@@ -420,13 +440,17 @@ class WorkflowDef(_Frozen):
     resources: ResourceSpec | None = Field(
         None, description="What a run asks of the model's GPU (§14.2); left out while unset."
     )
+    drift: DriftSpec | None = Field(
+        None, description="Task-mix drift check (§12.5); left out while unset."
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_resources(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Left out while unset, so versions written before it hash as they always did."""
+        """Left out while unset, so versions written before them hash as they always did."""
         data: dict[str, Any] = handler(self)
-        if data.get("resources") is None:
-            data.pop("resources", None)
+        for name in ("resources", "drift"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
     def model_call_width(self) -> int:

@@ -21,6 +21,7 @@ from assay.workflow.ir import (
     SubworkflowStep,
     ToolStep,
     Transition,
+    VerifierSpec,
     WorkflowDef,
 )
 from assay.workflow.templates import malformed, placeholders
@@ -339,6 +340,8 @@ def _check_verifiers(wf: WorkflowDef, declared: set[StepId], kinds: frozenset[st
                 raise WorkflowInvalid(f"workflow {wf.id!r}: {where} pattern: {exc}") from exc
         elif v.kind == "json_schema" and v.json_schema is None:
             raise WorkflowInvalid(f"workflow {wf.id!r}: {where} (json_schema) needs `json_schema`")
+        elif v.kind == "context":
+            _check_context(wf, where, v, declared)
         elif v.kind == "command":
             if not v.argv or not v.argv[0].strip():
                 raise WorkflowInvalid(
@@ -346,6 +349,21 @@ def _check_verifiers(wf: WorkflowDef, declared: set[StepId], kinds: frozenset[st
                 )
             for arg in v.argv:
                 _check_template(wf, where, arg, declared)
+
+
+def _check_context(wf: WorkflowDef, where: str, v: VerifierSpec, declared: set[StepId]) -> None:
+    """A context verifier names what it expects, of a model step, in references a model
+    call can have."""
+    if v.expect is None or not (v.expect.packed or v.expect.tools_offered):
+        raise WorkflowInvalid(
+            f"workflow {wf.id!r}: {where} (context) needs `expect` with `packed` or `tools_offered`"
+        )
+    if v.step is not None and not isinstance(wf.node(v.step), ModelStep):
+        raise WorkflowInvalid(f"workflow {wf.id!r}: {where} (context) checks a model step")
+    for ref in v.expect.packed:
+        if ref == "plan":
+            continue
+        _check_path(wf, where, tuple(ref.split(".")), declared)
 
 
 def check_version_bump(parent: WorkflowDef, child: WorkflowDef, *, rewrite: bool) -> StepIdDiff:
