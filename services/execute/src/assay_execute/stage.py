@@ -300,6 +300,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         background=(timer(Waiting.kind, wait_due, executing.driver.clock),),
         gauges=backlog_gauges,
         metrics=() if suspension is None else (suspension.metrics.registry,),
+        sandbox=deps.sandbox,
     )
 
 

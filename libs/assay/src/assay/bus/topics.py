@@ -37,6 +37,8 @@ from assay.messages import (
     RunVerified,
     SignalRun,
     TaskSubmitted,
+    TenantDeleted,
+    TenantStageDeleted,
     UsageRecorded,
     VariantAggregate,
     WorkflowRegistered,
@@ -56,6 +58,9 @@ RESULTS = "assay.results"
 AGGREGATES = "assay.aggregates"
 DECISIONS = "assay.decisions"
 USAGE = "assay.usage"
+TENANTS = "assay.tenants"
+"""A tenant's deletion and each stage's answer, keyed by the tenant alone: every stage
+consumes it, and one partition of it holds all of a tenant's."""
 
 
 def dlq(stage: str) -> str:
@@ -191,6 +196,7 @@ TOPICS: dict[str, Topic] = {
             "tenant:workflow_id",
         ),
         Topic(USAGE, (UsageRecorded,), _k("tenant"), "tenant"),
+        Topic(TENANTS, (TenantDeleted, TenantStageDeleted), _k("tenant"), "tenant"),
     ]
 }
 

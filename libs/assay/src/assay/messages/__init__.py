@@ -78,6 +78,7 @@ if TYPE_CHECKING:
         SelectionRecord,
         SiblingResult,
     )
+    from assay.messages.tenants import TenantDeleted, TenantStageDeleted
 else:
     __getattr__ = lazy_exports(
         __name__,
@@ -155,6 +156,7 @@ else:
                 "SelectionRecord",
                 "SiblingResult",
             ],
+            "assay.messages.tenants": ["TenantDeleted", "TenantStageDeleted"],
             "assay.messages.registry": ["MESSAGES"],
         },
     )
@@ -218,6 +220,8 @@ __all__ = [
     "SignalRun",
     "StrengthSummary",
     "TaskSubmitted",
+    "TenantDeleted",
+    "TenantStageDeleted",
     "ToolUnavailableDelta",
     "UnknownSchema",
     "Usage",

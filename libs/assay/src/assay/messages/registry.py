@@ -67,6 +67,7 @@ from assay.messages.rollouts import (
     rollout_cost_unknown,
     rollout_result_v2_to_v3,
 )
+from assay.messages.tenants import TenantDeleted, TenantStageDeleted
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
     [
@@ -100,6 +101,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         ProposalRequested,
         ReviewProposal,
         UsageRecorded,
+        TenantDeleted,
+        TenantStageDeleted,
     ]
 )
 """Every message type that travels on a topic, at its current version."""
