@@ -9,6 +9,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide", "console")
 BUS = "bus.sqlite"
 """The embedded bus keeps a deleted tenant's messages until its topic retention, as
 Kafka's topics do; it is not a stage's store."""
@@ -88,3 +89,66 @@ def _tombstone(where: str, row: dict[str, Any], command: str) -> bool:
     if table == "inbox":
         return bool(row["message_id"] == command)
     return False
+
+
+async def pg_rows_of(admin_dsn: str, tenant: str) -> dict[str, list[dict[str, Any]]]:
+    """`rows_of` for a distributed deployment: every row of `tenant` in every table of
+    every stage's schema (the outbox by key), as column -> value."""
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        tables = await conn.fetch(
+            "SELECT table_schema, table_name, array_agg(column_name::text) AS columns"
+            " FROM information_schema.columns WHERE table_schema = ANY($1::text[])"
+            " GROUP BY 1, 2 ORDER BY 1, 2",
+            list(STAGES),
+        )
+        out: dict[str, list[dict[str, Any]]] = {}
+        for t in tables:
+            name = f'"{t["table_schema"]}"."{t["table_name"]}"'
+            if "tenant" in t["columns"]:
+                rows = await conn.fetch(f"SELECT * FROM {name} WHERE tenant = $1::uuid", tenant)
+            elif t["table_name"] == "outbox":
+                query = (
+                    f"SELECT topic, key, value, headers FROM {name} WHERE key = $1 OR key LIKE $2"
+                )
+                rows = await conn.fetch(query, tenant, f"{tenant}:%")
+            else:
+                continue
+            out[f"{t['table_schema']}/{t['table_name']}"] = sorted(
+                (dict(r) for r in rows), key=repr
+            )
+        return out
+    finally:
+        await conn.close()
+
+
+async def pg_leftovers(admin_dsn: str, tenant: str, command: str) -> dict[str, list[Any]]:
+    """`leftovers` for a distributed deployment."""
+    found: dict[str, list[Any]] = {}
+    for where, rows in (await pg_rows_of(admin_dsn, tenant)).items():
+        left = [r for r in rows if not _tombstone(where, r, command)]
+        if left:
+            found[where] = left
+    return found
+
+
+async def bucket_objects(env: dict[str, str], prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix` in the deployment's bucket, by key."""
+    import aioboto3
+
+    session = aioboto3.Session(
+        aws_access_key_id=env["ASSAY_S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["ASSAY_S3_SECRET_ACCESS_KEY"],
+        region_name=env["ASSAY_S3_REGION"],
+    )
+    out: dict[str, bytes] = {}
+    async with session.client("s3", endpoint_url=env["ASSAY_S3_ENDPOINT"]) as s3:
+        paginator = s3.get_paginator("list_objects_v2")
+        async for page in paginator.paginate(Bucket=env["ASSAY_S3_BUCKET"], Prefix=prefix):
+            for obj in page.get("Contents", []):
+                got = await s3.get_object(Bucket=env["ASSAY_S3_BUCKET"], Key=obj["Key"])
+                async with got["Body"] as body:
+                    out[obj["Key"]] = await body.read()
+    return out

@@ -134,15 +134,37 @@ async def status_command(data_dir: Path, tenant: str, *, as_json: bool) -> int:
     return 0
 
 
+async def deployed(url: str) -> list[str]:
+    """The stages whose schema the database at `url` holds (the console is optional)."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(url)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise AssayError(f"cannot connect to $ASSAY_DATABASE_URL: {exc}") from exc
+    try:
+        found = [
+            stage
+            for stage in STAGE_ROLES
+            if await conn.fetchval("SELECT to_regclass($1)", f"{stage}.state") is not None
+        ]
+    finally:
+        await conn.close()
+    if "ingest" not in found:
+        raise AssayError("no ingest schema in $ASSAY_DATABASE_URL's database")
+    return found
+
+
 @asynccontextmanager
 async def _stores(data_dir: Path) -> AsyncIterator[dict[str, EventLog]]:
     """Every stage's store there is, read only: its schema in `ASSAY_DATABASE_URL`, else
     its SQLite file in `data_dir` (a stage without one is left out)."""
-    with_db = bool(AssaySettings.from_env().database.url)
+    url = AssaySettings.from_env().database.url
+    stages = await deployed(url) if url else STAGE_ROLES
     async with AsyncExitStack() as stack:
         logs: dict[str, EventLog] = {}
-        for stage in STAGE_ROLES:
-            if not with_db and not (data_dir / f"{stage}.sqlite").is_file():
+        for stage in stages:
+            if not url and not (data_dir / f"{stage}.sqlite").is_file():
                 continue
             logs[stage] = await stack.enter_async_context(
                 stage_state(data_dir, stage, "run the pipeline first")
@@ -205,7 +227,7 @@ async def _distributed(
     async with AsyncExitStack() as stack:
         logs: dict[str, EventLog] = {
             stage: await stack.enter_async_context(postgres_log(url, stage))
-            for stage in STAGE_ROLES
+            for stage in await deployed(url)
         }
         now = await progress_of(logs, tenant)
         if now.done:
