@@ -29,6 +29,7 @@ from assay.kernel import WorkflowId, tenant_id
 from assay.messages import TaskSubmitted, WorkflowRegistered, message_id, seal
 from assay.record import StateKey
 from assay.runtime import Embedded
+from assay.runtime.embedded import STAGES
 from assay.store import OutboxEntry, S3BlobStore
 from assay.workflow import load_workflow
 from tests.pipeline import (
@@ -46,6 +47,7 @@ from tests.pipeline import (
     task_records,
     wait_for,
 )
+from tests.tenant_stores import bucket_objects, pg_leftovers, pg_rows_of
 
 pytestmark = [
     pytest.mark.slow,
@@ -814,3 +816,71 @@ async def test_execute_answers_a_runs_full_log_for_its_tenant_only(
     assert (theirs.status_code, theirs.json()) == (404, {"detail": "no such run"})
     assert malformed.status_code == 400
     assert "not a ULID" in malformed.json()["detail"]
+
+
+async def _steady(d: Deployment, tenant: str) -> dict[str, Any]:
+    """The tenant's rows and blobs once two reads a second apart agree (late grading and
+    decisions of its tasks have landed)."""
+    last: dict[str, Any] | None = None
+    for _ in range(60):
+        now = {
+            "rows": await pg_rows_of(d.admin_dsn, tenant),
+            "blobs": await bucket_objects(d.env, f"tenants/{tenant}/"),
+        }
+        if now == last:
+            return now
+        last = now
+        await asyncio.sleep(1.0)  # nothing to wait on: a stage's late write has no event here
+    raise AssertionError(f"tenant {tenant}'s state never settled")
+
+
+async def test_a_tenant_is_deleted_from_every_schema_and_its_bucket_prefix(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    gone, kept = [await set_up_tenant(d, challenger=False) for _ in range(2)]
+    tasks = TASKS[200:203]
+    await produce(d.bootstrap, [r for t in (gone, kept) for r in task_records(t, tasks)])
+    await await_results(d, {(t, task["idempotency_key"]) for t in (gone, kept) for task in tasks})
+    before = await _steady(d, kept)
+    mine = await _steady(d, gone)
+    assert mine["blobs"]
+    assert {w.split("/")[0] for w, rows in mine["rows"].items() if rows} == set(STAGES)
+
+    env = {**d.env, "ASSAY_DATABASE_URL": d.admin_dsn}
+
+    def tenant_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [ASSAY, "tenant", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    done = tenant_cli("delete", gone, "--reason", "contract ended", "--json")
+    assert done.returncode == 0, done.stderr
+    progress = json.loads(done.stdout)
+    assert progress["deleted"] is True
+    assert sorted(progress["stages"]) == sorted(STAGES)  # the console is not deployed here
+    (command,) = {s["command"] for s in progress["stages"].values()}
+
+    assert await pg_leftovers(d.admin_dsn, gone, command) == {}
+    assert await bucket_objects(d.env, f"tenants/{gone}/") == {}
+    assert {
+        "rows": await pg_rows_of(d.admin_dsn, kept),
+        "blobs": await bucket_objects(d.env, f"tenants/{kept}/"),
+    } == before
+
+    again = tenant_cli("delete", gone)
+    assert again.returncode == 0, again.stderr
+    assert f"deleted in {len(STAGES)} of {len(STAGES)} stages" in again.stdout
+    unknown = tenant_cli("delete", str(uuid.uuid4()))
+    assert unknown.returncode == 2
+    assert "nothing was published" in unknown.stderr
+
+    # A task of the deleted tenant is refused at ingest, and says why.
+    await produce(d.bootstrap, task_records(gone, [{**TASKS[203], "idempotency_key": "late"}]))
+    key = f"{gone}:late".encode()
+    dead = await read_topic(
+        d.bootstrap, "assay.dlq.ingest", lambda rs: any(r.key == key for r in rs), 60
+    )
+    (late,) = [r for r in dead if r.key == key]
+    assert f"tenant {gone} was deleted" in dict(late.headers)["assay-dlq-reason"].decode()
+    assert await pg_leftovers(d.admin_dsn, gone, command) == {}

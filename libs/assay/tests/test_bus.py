@@ -26,6 +26,7 @@ from assay.bus import (
     RUN_STATUS,
     RUNS,
     TASKS,
+    TENANTS,
     TOPICS,
     USAGE,
     VERIFIED,
@@ -97,6 +98,8 @@ from assay.messages import (
     TaskMixDrifted,
     TaskMixRebased,
     TaskSubmitted,
+    TenantDeleted,
+    TenantStageDeleted,
     ToolUnavailableDelta,
     Usage,
     UsageRecorded,
@@ -916,6 +919,8 @@ def samples() -> dict[type[Versioned], tuple[Versioned, str]]:
             ),
             t,
         ),
+        (TenantDeleted(tenant=TENANT, reason="gone"), t),
+        (TenantStageDeleted(tenant=TENANT, stage="verify", command="m", blobs=0, workspaces=0), t),
     ]
     return {type(msg): (msg, key) for msg, key in items}
 
@@ -940,6 +945,7 @@ def test_every_message_type_travels_on_exactly_one_topic() -> None:
         AGGREGATES,
         DECISIONS,
         USAGE,
+        TENANTS,
     }
 
 
@@ -950,7 +956,7 @@ def test_every_topic_key_starts_with_the_tenant() -> None:
         topic = next(t for t in TOPICS.values() if isinstance(msg, t.carries))
         key = topic.key(msg)
         assert key == expected, (topic.name, key)
-        if topic.name == USAGE:
+        if topic.name in (USAGE, TENANTS):
             assert key == str(TENANT)
         else:
             assert key.startswith(f"{TENANT}:")

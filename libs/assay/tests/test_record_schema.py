@@ -110,6 +110,8 @@ from assay.messages import (
     SignalRun,
     StrengthSummary,
     TaskSubmitted,
+    TenantDeleted,
+    TenantStageDeleted,
     ToolUnavailableDelta,
     Usage,
     UsageRecorded,
@@ -568,6 +570,10 @@ MESSAGE_EXAMPLES: list[Versioned] = [
         cost_usd=0.00042,
     ),
     CancelRollout(tenant=TENANT, idempotency_key="order-18", reason="enough"),
+    TenantDeleted(tenant=TENANT, reason="contract ended"),
+    TenantStageDeleted(
+        tenant=TENANT, stage="verify", command="0f3a9c2e5b7d4a1c", blobs=12, workspaces=0
+    ),
     RolloutClosed(
         tenant=TENANT,
         task_id=TASK,

@@ -208,6 +208,12 @@ class MemoryBlobs:
     async def delete(self, tenant: TenantId, ref: str) -> None:
         self.blobs.pop((tenant, ref), None)
 
+    async def delete_tenant(self, tenant: TenantId) -> int:
+        mine = [k for k in self.blobs if k[0] == tenant]
+        for k in mine:
+            del self.blobs[k]
+        return len(mine)
+
 
 # -- what the record must say -----------------------------------------------------------------
 

@@ -380,6 +380,9 @@ class DiesOnDelete:
             raise Crash("killed between the Reduced commit and the delete")
         await self.inner.delete(tenant, ref)
 
+    async def delete_tenant(self, tenant: TenantId) -> int:
+        return await self.inner.delete_tenant(tenant)
+
 
 async def test_a_crash_after_the_reduced_commit_is_completed_when_the_result_comes_back(
     stores: Stores, blobs: FsBlobStore, tmp_path: Path

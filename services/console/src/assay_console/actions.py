@@ -1,5 +1,5 @@
 """The console's actions: approve or signal a waiting run, cancel a run or a rollout
-group, rewind a run, approve or reject a proposal.
+group, rewind a run, approve or reject a proposal, delete a tenant (`tenants`).
 
 Each produces the command the CLI produces (`assay.bus.commands`) for the request's
 tenant, and answers with its outcome: 200 once the run shows the command's effect,
@@ -330,12 +330,15 @@ def action_routes(
             text, media_type="text/javascript", headers={"cache-control": "max-age=300"}
         )
 
+    from assay_console.tenants import tenant_routes  # it builds on this module
+
     return [
         Route("/static/actions.js", script),
         Route("/static/proposals.js", script),
         Route("/api/runs/{run_id}/{verb}", guarded(run_action), methods=["POST"]),
         Route("/api/rollouts/{group}/cancel", guarded(rollout_cancel), methods=["POST"]),
         Route("/api/proposals/{proposal}/{verb}", guarded(review), methods=["POST"]),
+        *tenant_routes(reads, access, publishing, guarded),
     ]
 
 
@@ -364,8 +367,9 @@ def openapi_paths(ref: str, errors: dict[str, Any]) -> tuple[dict[str, Any], dic
     model's reference; `errors` are the common error answers)."""
     from pydantic.json_schema import models_json_schema
 
+    from assay_console.tenants import openapi_paths as tenant_paths
+
     models: list[type[BaseModel]] = [ActionOutcome, *BODIES.values(), ReviewBody]
-    _, defs = models_json_schema([(m, "serialization") for m in models], ref_template=ref)
 
     def post(summary: str, body: str, params: list[dict[str, Any]]) -> dict[str, Any]:
         outcome = {"application/json": {"schema": {"$ref": ref.format(model="ActionOutcome")}}}
@@ -425,6 +429,10 @@ def openapi_paths(ref: str, errors: dict[str, Any]) -> tuple[dict[str, Any], dic
     paths["/api/proposals/{proposal}/reject"] = post(
         "Reject a proposal: the proposer is asked for the next one.", "ReviewBody", [proposal]
     )
+    tenants, tenant_models = tenant_paths(ref, errors, post)
+    paths |= tenants
+    models += tenant_models
+    _, defs = models_json_schema([(m, "serialization") for m in models], ref_template=ref)
     return paths, defs["$defs"]
 
 

@@ -27,10 +27,11 @@ from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, is_run_id, new_run_id, tenant_id
 from assay.kernel.scores import Score
 from assay.messages import Usage, VerifierResult
+from assay.record.erasure import Tombstone, tombstone_at
 from assay.runtime.settings import AssaySettings
 from assay.store.pg_schema import quoted
 from assay.store.ports import EventLog
-from assay_console.ladder import ProposalRow
+from assay_console.ladder import ProposalRow, WorkflowRow
 from assay_console.spend import calibration_stream
 from assay_console.spend_views import (
     MAX_DAYS,
@@ -272,6 +273,20 @@ class ConsoleReads:
     async def close(self) -> None:
         """Close the table's connection (the log is its owner's)."""
         await self._table.close()
+
+    async def tombstone(self, tenant: TenantId) -> Tombstone | None:
+        """The console's tombstone of a deleted tenant (its own part of the deletion)."""
+        doc = await self._log.get(tombstone_at(tenant))
+        return None if doc is None else Tombstone.model_validate(doc)
+
+    async def knows(self, tenant: TenantId) -> bool:
+        """Whether the console's read model holds a workflow or a run of `tenant`, or its
+        tombstone: the tenants the console's API can delete."""
+        if await self.tombstone(tenant) is not None:
+            return True
+        if await self._log.scan(tenant, WorkflowRow.kind):
+            return True
+        return bool((await self.runs(tenant, RunFilters(), None, 1)).runs)
 
     async def runs(
         self, tenant: TenantId, filters: RunFilters, cursor: str | None, limit: int

@@ -302,6 +302,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         gauges=backlog_gauges,
         metrics=() if suspension is None else (suspension.metrics.registry,),
         queries=QUERIES,
+        sandbox=deps.sandbox,
     )
 
 

@@ -180,4 +180,5 @@ def create_stage(deps: StageDeps) -> StageSpec:
         fold=with_compaction(fold_verify),
         handlers=routes(on_run_executed, on_cancel_grading),
         deps=Verifying(registry=verifier_registry(deps.sandbox, deps.verifiers)),
+        sandbox=deps.sandbox,
     )

@@ -1,6 +1,7 @@
 """Operator commands and intake as an outside producer sends them: the one place the CLI
 and the console build `CancelRun`, `SignalRun`, `RewindRun`, `CancelRollout`,
-`ReviewProposal`, `AcknowledgeDrift`, `TaskSubmitted` and `WorkflowRegistered` entries.
+`ReviewProposal`, `AcknowledgeDrift`, `TenantDeleted`, `TaskSubmitted` and
+`WorkflowRegistered` entries.
 
 Each function validates what it is given and returns the entry for its topic, keyed and
 with a message id derived from what it asks (asking the same thing twice is one message
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from assay.bus.topics import RUN_COMMANDS, TASKS, WORKFLOWS, producer_entry
+from assay.bus.topics import RUN_COMMANDS, TASKS, TENANTS, WORKFLOWS, producer_entry
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import RunId, TenantId, WorkflowId, is_run_id
 from assay.kernel.schema import one_line
@@ -27,6 +28,7 @@ from assay.messages import (
     RewindRun,
     SignalRun,
     TaskSubmitted,
+    TenantDeleted,
     WorkflowRegistered,
 )
 from assay.store.ports import OutboxEntry
@@ -147,6 +149,21 @@ def acknowledge_drift(tenant: TenantId, workflow: str, drift: int, reason: str) 
     return Command(
         producer_entry(WORKFLOWS, msg, tenant, f"ack-drift:{workflow}:{drift}"), "ingest"
     )
+
+
+def delete_tenant(tenant: TenantId, reason: str) -> Command:
+    """A `TenantDeleted` onto `assay.tenants`, keyed by the tenant: every stage deletes what
+    it holds of it. One message id per tenant, whatever the reason: asking twice is one
+    deletion.
+
+    Raises:
+        CommandInvalid: the reason is too long.
+    """
+    try:
+        msg = TenantDeleted(tenant=tenant, reason=reason)
+    except ValidationError as exc:
+        raise CommandInvalid(f"invalid tenant deletion: {one_line(exc)}") from exc
+    return Command(producer_entry(TENANTS, msg, tenant, f"delete-tenant:{tenant}"), "ingest")
 
 
 def submit_task(task: TaskSubmitted) -> Command:

@@ -41,6 +41,8 @@ from assay.messages import (
     TaskMixDrifted,
     TaskMixRebased,
     TaskSubmitted,
+    TenantDeleted,
+    TenantStageDeleted,
     UsageRecorded,
     VariantAggregate,
     WorkflowRegistered,
@@ -60,6 +62,9 @@ RESULTS = "assay.results"
 AGGREGATES = "assay.aggregates"
 DECISIONS = "assay.decisions"
 USAGE = "assay.usage"
+TENANTS = "assay.tenants"
+"""A tenant's deletion and each stage's answer, keyed by the tenant alone: every stage
+consumes it, and one partition of it holds all of a tenant's."""
 
 
 def dlq(stage: str) -> str:
@@ -202,6 +207,7 @@ TOPICS: dict[str, Topic] = {
             "tenant:workflow_id",
         ),
         Topic(USAGE, (UsageRecorded,), _k("tenant"), "tenant"),
+        Topic(TENANTS, (TenantDeleted, TenantStageDeleted), _k("tenant"), "tenant"),
     ]
 }
 

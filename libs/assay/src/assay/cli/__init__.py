@@ -385,10 +385,37 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the judge ASSAY_JUDGE_* (or ASSAY_MODEL_*) describe (default: the stub judge)",
     )
+    _tenant_parser(sub)
     from assay.cli.fleet import add_parser as add_fleet  # `assay fleet` (cli/fleet.py)
 
     add_fleet(sub)
     return p
+
+
+def _tenant_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`assay tenant delete` and `assay tenant status` (cli/tenants.py)."""
+    tenant = sub.add_parser("tenant", help="delete a tenant, or see how far its deletion is")
+    cmds = tenant.add_subparsers(dest="tenant_command", required=True)
+    delete = cmds.add_parser(
+        "delete",
+        help="every stage deletes the tenant's records, blobs and workspaces (TenantDeleted)",
+        description=(
+            "Publish a TenantDeleted on assay.tenants: every stage deletes what it holds of"
+            " the tenant and keeps a tombstone; the tenant's later tasks are refused. Waits"
+            " until every stage is done. An unknown tenant (no workflow of it in ingest) is"
+            " an error; a tenant already deleted is a no-op."
+        ),
+    )
+    delete.add_argument("tenant", help="the tenant's UUID")
+    delete.add_argument("--reason", default="", help="why, recorded in each tombstone")
+    delete.add_argument("--no-wait", action="store_true", help="publish and return at once")
+    delete.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for every stage (300)"
+    )
+    delete.add_argument("--json", action="store_true", help="print the progress as JSON")
+    status = cmds.add_parser("status", help="which stages deleted the tenant")
+    status.add_argument("tenant", help="the tenant's UUID")
+    status.add_argument("--json", action="store_true", help="print JSON")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -632,6 +659,19 @@ async def _dispatch(args: argparse.Namespace) -> int:
         from assay.cli.calibrate import calibrate_command
 
         return await calibrate_command(args.calibration_set, judge_from_env=args.judge_from_env)
+    if args.command == "tenant":
+        from assay.cli import tenants
+
+        if args.tenant_command == "status":
+            return await tenants.status_command(data_dir, args.tenant, as_json=args.json)
+        return await tenants.delete_command(
+            data_dir,
+            args.tenant,
+            reason=args.reason,
+            wait=not args.no_wait,
+            timeout_s=args.timeout,
+            as_json=args.json,
+        )
     if args.command == "fleet":
         from assay.cli.fleet_commands import dispatch as fleet_dispatch
 

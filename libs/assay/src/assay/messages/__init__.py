@@ -81,6 +81,7 @@ if TYPE_CHECKING:
         SiblingResult,
     )
     from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
+    from assay.messages.tenants import TenantDeleted, TenantStageDeleted
 else:
     __getattr__ = lazy_exports(
         __name__,
@@ -161,6 +162,7 @@ else:
                 "SiblingResult",
             ],
             "assay.messages.task_mix": ["AcknowledgeDrift", "TaskMixDrifted", "TaskMixRebased"],
+            "assay.messages.tenants": ["TenantDeleted", "TenantStageDeleted"],
             "assay.messages.registry": ["MESSAGES"],
         },
     )
@@ -229,6 +231,8 @@ __all__ = [
     "TaskMixDrifted",
     "TaskMixRebased",
     "TaskSubmitted",
+    "TenantDeleted",
+    "TenantStageDeleted",
     "ToolUnavailableDelta",
     "UnknownSchema",
     "Usage",

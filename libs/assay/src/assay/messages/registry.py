@@ -71,6 +71,7 @@ from assay.messages.rollouts import (
     rollout_result_v2_to_v3,
 )
 from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
+from assay.messages.tenants import TenantDeleted, TenantStageDeleted
 
 MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
     [
@@ -108,6 +109,8 @@ MESSAGES: SchemaRegistry[Versioned] = SchemaRegistry(
         TaskMixRebased,
         AcknowledgeDrift,
         UsageRecorded,
+        TenantDeleted,
+        TenantStageDeleted,
     ]
 )
 """Every message type that travels on a topic, at its current version."""

@@ -17,14 +17,17 @@ from collections import Counter
 from pydantic import ValidationError
 
 from assay.bus.relay import OutboxRelay
-from assay.bus.topics import dlq
+from assay.bus.topics import TENANTS, dlq
 from assay.bus.transport import BusMessage, Measured, Source
 from assay.crash import crash_point
 from assay.kernel.errors import Refused
+from assay.kernel.ids import TenantId
 from assay.kernel.schema import UnknownSchema, one_line
 from assay.kernel.waiting import sleep_or
 from assay.messages import MAX_MESSAGE_BYTES, MESSAGES, TaskSubmitted
 from assay.messages.envelope import Envelope, message_id, open_envelope, seal
+from assay.messages.tenants import TenantDeleted
+from assay.record.erasure import ERASED_KIND
 from assay.runtime.retention import StageRetention
 from assay.runtime.signals import Signals
 from assay.runtime.stage import Background, Handler, StageSpec, UnitOfWork
@@ -49,6 +52,9 @@ RETRIES = 3
 CONFLICTS = 20
 """Times a handler runs again because another writer changed what it read
 (`StreamChanged`: a compare-and-swap that lost); these do not count as failures."""
+ERASED_REFRESH_S = 5.0
+"""How often a stage re-reads which tenants were deleted: another replica of the stage may
+have carried a deletion out (its own it learns at once)."""
 
 
 def decode(m: BusMessage) -> tuple[Envelope, object]:
@@ -140,6 +146,9 @@ class StageRunner:
         self._before_final = f"{spec.name}.before_final_commit"
         self._after_final = f"{spec.name}.after_final_commit"
         """Crash points around a handler's last commit (position, inbox, outbox)."""
+        self.erased: set[TenantId] | None = None
+        """Tenants deleted here (their tombstones), whose messages the stage refuses;
+        read from the store on first use."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume and relay until `stop` is set."""
@@ -147,7 +156,7 @@ class StageRunner:
             raise RuntimeError(f"stage {self.spec.name} has no source to consume from")
         crash_point(self._started)
         relay = asyncio.create_task(self.relay.run(stop), name=f"{self.spec.name}-relay")
-        background = [*self.spec.background]
+        background = [*self.spec.background, self._watch_erased]
         if self.retention is not None:
             background.append(self.retention.run)
         chores = [
@@ -170,6 +179,16 @@ class StageRunner:
         ends = await source.end_offsets(self.spec.topics)
         stored = await self.log.positions()
         return {tp: max(0, end - stored.get(tp, 0)) for tp, end in ends.items()}
+
+    async def _read_erased(self) -> set[TenantId]:
+        self.erased = {tenant for tenant, _, _ in await self.log.scan_kind(ERASED_KIND)}
+        return self.erased
+
+    async def _watch_erased(self, _log: EventLog, stop: asyncio.Event) -> None:
+        """Re-read the deleted tenants every `ERASED_REFRESH_S` until `stop`."""
+        while not stop.is_set():
+            await self._read_erased()
+            await sleep_or(stop, ERASED_REFRESH_S)
 
     async def _keep(self, task: Background, stop: asyncio.Event) -> None:
         """Run a background task until `stop`; if a service it needs is away, run it
@@ -214,12 +233,19 @@ class StageRunner:
         if handler is None:  # a type this stage does not act on (e.g. Promoted for ingest)
             await self._commit(CommitBatch(position=position))
             return
+        erased = self.erased if self.erased is not None else await self._read_erased()
+        if env.tenant in erased and m.topic != TENANTS:
+            reason = f"tenant {env.tenant} was deleted: its messages are refused"
+            await self._dead_letter(m, position, reason)
+            return
         if await self.log.seen(env.tenant, env.id):
             await self._commit(CommitBatch(position=position))
             self.duplicates += 1
             return
         with handling(self.spec.name, env, m.topic, m.partition):
             await self._attempts(m, env, msg, handler, position)
+        if isinstance(msg, TenantDeleted) and self.erased is not None:
+            self.erased.add(env.tenant)
 
     async def _attempts(
         self,

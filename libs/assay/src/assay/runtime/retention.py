@@ -90,6 +90,12 @@ RETENTION: tuple[Kept, ...] = (
     Kept(ALL_STAGES, "outbox rows", "until the relay has shipped them", "nothing"),
     Kept(ALL_STAGES, "consumer positions", "always (one per partition)", "overwritten"),
     Kept(
+        ALL_STAGES,
+        "a deleted tenant's tombstone (`tenant` stream, `tenant_erased` document)",
+        "always: never pruned (the stage refuses the tenant's messages while it is there)",
+        "-",
+    ),
+    Kept(
         "bus",
         "embedded bus records (`bus.sqlite`)",
         f"until every stage reading the topic has handled them and {_var('topic_retention_s')}"

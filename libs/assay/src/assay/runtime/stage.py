@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from assay.bus.topics import TOPICS, topic_for
+from assay.bus.topics import TENANTS, TOPICS, topic_for
 from assay.crash import crash_point, crash_points_armed
 from assay.engine.models import Model
 from assay.engine.retention import RetentionPolicy
@@ -37,10 +37,13 @@ from assay.kernel.errors import Refused
 from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
 from assay.messages.envelope import Envelope, message_id, seal
+from assay.messages.tenants import TenantDeleted
+from assay.record.erasure import TenantErased, with_erasure
 from assay.record.events import BranchKey, Event, EventRegistry, LogRecord
 from assay.record.state import DocumentTable, Fold, ReadModel
 from assay.runtime.admission import Admission
 from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
+from assay.runtime.tenant_deletion import tenant_deletion
 from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider, SuspendPolicy
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
@@ -106,6 +109,19 @@ class StageSpec:
     queries: tuple[StageQuery, ...] = ()
     """Read-only queries the stage answers on its HTTP port, for what only it holds (the
     console asks execute for a run's log)."""
+    sandbox: SandboxProvider | None = None
+    """Where the stage's workspaces are (execute's tools, verify's commands): a tenant's
+    deletion removes the tenant's."""
+
+    def __post_init__(self) -> None:
+        """Every stage takes part in a tenant's deletion (`assay.runtime.tenant_deletion`):
+        its log registers and folds the tombstone, and it handles `TenantDeleted`."""
+        self.events.register(TenantErased)
+        object.__setattr__(self, "fold", with_erasure(self.fold))
+        handlers = {topic: dict(by_type) for topic, by_type in self.handlers.items()}
+        own = handlers.setdefault(TENANTS, {})
+        own.setdefault(TenantDeleted.type, tenant_deletion(self.name, self.sandbox))
+        object.__setattr__(self, "handlers", handlers)
 
     @property
     def topics(self) -> list[str]:
@@ -215,6 +231,7 @@ class _Pending:
     messages: list[Versioned] = field(default_factory=list)
     expect: list[tuple[BranchKey, Lsn]] = field(default_factory=list)
     fence: Lease | None = None
+    erase: TenantId | None = None
     taken: list[Versioned] = field(default_factory=list)
     committed: int = 0
     undo: list[Callable[[], None]] = field(default_factory=list)
@@ -313,6 +330,11 @@ class UnitOfWork(Generic[D]):
             )
         self._touch()
         self._pending.records.append((key, event))
+
+    def erase(self) -> None:
+        """Delete every row the stage holds of this tenant at the next commit, before what
+        the commit writes (`CommitBatch.erase`): a tenant's deletion."""
+        self._pending.erase = self.tenant
 
     def expect(self, key: BranchKey, end: Lsn) -> None:
         """Compare-and-swap: the next commit lands only if stream `key` still ends at
@@ -454,10 +476,16 @@ class UnitOfWork(Generic[D]):
         """Hand the pending writes over as a batch (the runner adds position and inbox)."""
         p = self._pending
         batch = CommitBatch(
-            records=p.records, outbox=p.outbox, fence=p.fence, expect=p.expect, **final
+            records=p.records,
+            outbox=p.outbox,
+            fence=p.fence,
+            expect=p.expect,
+            erase=p.erase,
+            **final,
         )
         p.taken, p.taken_then = p.messages, p.then
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        p.erase = None
         p.undo, p.then = [], []
         return batch
 
@@ -466,6 +494,7 @@ class UnitOfWork(Generic[D]):
         what was registered with `on_discard` since the last commit."""
         p = self._pending
         p.records, p.outbox, p.messages, p.expect, p.fence = [], [], [], [], None
+        p.erase = None
         undo, p.undo, p.then = p.undo, [], []
         for step in reversed(undo):
             step()

@@ -334,6 +334,22 @@ class LocalSandbox:
         ws = self._own(workspace)
         await asyncio.to_thread(self._remove_tree, ws.path)
 
+    async def discard_tenant(self, tenant: TenantId) -> int:
+        """Remove the tenant's directory of workspaces; how many runs had one."""
+        try:
+            path = self.base / str(uuid.UUID(str(tenant)))
+        except ValueError as exc:
+            raise SandboxError(f"tenant {str(tenant)[:80]!r} is not a tenant id") from exc
+        return await asyncio.to_thread(self._remove_tenant, path)
+
+    def _remove_tenant(self, path: Path) -> int:
+        with self._dirs:
+            if not path.is_dir():
+                return 0
+            runs = sum(1 for _ in path.iterdir())
+            _remove(path)
+            return runs
+
     def _remove_tree(self, path: Path) -> None:
         with self._dirs:
             _remove(path)

@@ -217,6 +217,11 @@ class SandboxProvider(Protocol):
         """Remove the workspace and everything in it. Discarding twice is harmless."""
         ...
 
+    async def discard_tenant(self, tenant: TenantId) -> int:
+        """Remove every workspace of `tenant` (a tenant's deletion); how many runs had
+        one. A tenant with none is a no-op (0)."""
+        ...
+
 
 @dataclass(frozen=True)
 class SuspendPolicy:

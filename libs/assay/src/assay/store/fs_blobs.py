@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
 
 from assay.kernel.canonical import digest
@@ -70,6 +71,18 @@ class FsBlobStore:
     async def delete(self, tenant: TenantId, ref: str) -> None:
         path = self._path(tenant, ref)
         await asyncio.to_thread(path.unlink, missing_ok=True)
+
+    async def delete_tenant(self, tenant: TenantId) -> int:
+        """Remove the tenant's directory; how many blobs it held."""
+        return await asyncio.to_thread(self._delete_tree, self._root / str(tenant))
+
+    @staticmethod
+    def _delete_tree(path: Path) -> int:
+        if not path.is_dir():
+            return 0
+        count = sum(1 for p in path.rglob("*") if p.is_file())
+        shutil.rmtree(path, ignore_errors=False)
+        return count
 
     async def close(self) -> None:
         """Nothing to release; present for symmetry with networked stores."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from assay.kernel.ids import Lsn
+from assay.kernel.ids import Lsn, TenantId
 from assay.record.events import LogRecord
 from assay.record.state import Fold, Patch, StateKey
 from assay.store.pg_fold import apply_to
@@ -59,6 +59,8 @@ async def commit_deleting(
                 raise StaleFence(
                     f"stream {lease.stream}: fence {lease.fence} is stale; the run was taken over"
                 )
+        if batch.erase is not None:
+            await erase_tenant(conn, s, batch.erase)
         if batch.inbox is not None:
             landed = await conn.fetchval(
                 f"INSERT INTO {s}.inbox VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1",
@@ -109,6 +111,22 @@ async def commit_deleting(
             )
             await conn.execute("SELECT pg_notify($1, '')", channel)
     return lsns
+
+
+TENANT_TABLES = ("log", "state", "checkpoints", "leases", "inbox")
+"""The tables of a stage's schema with a tenant column (its document tables follow `state`
+by trigger); the outbox is keyed by the tenant instead."""
+
+
+async def erase_tenant(conn: Connection, s: str, tenant: TenantId) -> None:
+    """Delete every row of `tenant` in schema `s` (`CommitBatch.erase`); the caller holds
+    `state` and `log` against writers."""
+    for table in TENANT_TABLES:
+        await conn.execute(f"DELETE FROM {s}.{table} WHERE tenant = $1", tenant)
+    t = str(tenant)
+    await conn.execute(
+        f"DELETE FROM {s}.outbox WHERE key = $1 OR left(key, $2) = $3", t, len(t) + 1, f"{t}:"
+    )
 
 
 async def _delete_branch(conn: Connection, s: str, deletion: BranchDeletion) -> None:

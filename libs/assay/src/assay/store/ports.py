@@ -156,6 +156,12 @@ class CommitBatch:
     """Documents removed outright (not through the fold), after the deletions and
     truncations and before `records`: the documents of records this batch deletes that
     no record left in the log folds to, so that `rebuild` stays identical."""
+    erase: TenantId | None = None
+    """A tenant of whom every row of the store goes first, before anything else of the
+    batch: its records, documents, checkpoints, leases and inbox entries, and the outbox
+    rows keyed by it (`tenant` or `tenant:...`, as every topic keys). The fold is not run
+    backwards; the batch's own records (a tombstone) are written after. Rare: an adapter
+    may take a slower path for such a batch."""
     expect: list[tuple[BranchKey, Lsn]] = field(default_factory=list)
     """Compare-and-swap: each branch must end at this LSN (hold exactly that many
     records) when the batch commits, else `StreamChanged` and nothing is written. The
@@ -172,12 +178,13 @@ class CommitBatch:
             or self.deletions
             or self.truncations
             or self.forget
+            or self.erase
         )
 
     @property
     def removes(self) -> bool:
         """Whether the batch deletes records or documents outside the fold (a slow path)."""
-        return bool(self.deletions or self.truncations or self.forget)
+        return bool(self.deletions or self.truncations or self.forget or self.erase)
 
     def check_expect(self) -> None:
         """Raise `ValueError` unless the batch appends to every branch it `expect`s."""
@@ -359,4 +366,9 @@ class BlobStore(Protocol):
 
     async def delete(self, tenant: TenantId, ref: str) -> None:
         """Remove a blob of this tenant (no-op if absent)."""
+        ...
+
+    async def delete_tenant(self, tenant: TenantId) -> int:
+        """Remove every blob of this tenant (its whole prefix); how many went. Deleting
+        a tenant that has none is a no-op (0)."""
         ...

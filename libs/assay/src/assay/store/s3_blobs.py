@@ -192,6 +192,26 @@ class S3BlobStore:
         key = self.key(tenant, ref)
         await self._s3.delete_object(Bucket=self._bucket, Key=key)
 
+    def tenant_prefix(self, tenant: TenantId) -> str:
+        """The key prefix of every object of `tenant`."""
+        return f"{self._prefix}tenants/{tenant}/"
+
+    async def delete_tenant(self, tenant: TenantId) -> int:
+        """Remove every object under the tenant's prefix, a page (at most 1000) at a time;
+        how many went."""
+        prefix = self.tenant_prefix(tenant)
+        gone = 0
+        while True:
+            page = await self._s3.list_objects_v2(Bucket=self._bucket, Prefix=prefix)
+            keys = [o["Key"] for o in page.get("Contents", []) if "Key" in o]
+            if not keys:
+                return gone
+            await self._s3.delete_objects(
+                Bucket=self._bucket,
+                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+            )
+            gone += len(keys)
+
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))

@@ -295,6 +295,12 @@ class SqliteEventLog(SqliteSpendLedger):
                     f"stream {lease.stream}: fence {lease.fence} is stale "
                     f"(now {held[0] if held else 'none'}); the run was taken over"
                 )
+        if batch.erase is not None:
+            erase_tenant(db, batch.erase)
+            gone = _t(batch.erase)
+            for cache in (next_lsn, self._next_lsn):
+                for stale in [r for r in cache if r[0] == gone]:
+                    del cache[stale]
         if batch.inbox is not None:
             tenant, mid = batch.inbox
             try:
@@ -582,6 +588,19 @@ class SqliteEventLog(SqliteSpendLedger):
                 db.execute("ROLLBACK")
             raise
         return RebuildReport(n, len(before), len(after), _differences(before, after))
+
+
+TENANT_TABLES = ("log", "state", "checkpoints", "leases", "inbox")
+"""The tables of a stage's store with a tenant column (its document tables follow `state`
+by trigger); the outbox is keyed by the tenant instead."""
+
+
+def erase_tenant(db: sqlite3.Cursor, tenant: TenantId) -> None:
+    """Delete every row of `tenant` (`CommitBatch.erase`)."""
+    t = _t(tenant)
+    for table in TENANT_TABLES:
+        db.execute(f"DELETE FROM {table} WHERE tenant=?", (t,))
+    db.execute("DELETE FROM outbox WHERE key=? OR substr(key, 1, ?)=?", (t, len(t) + 1, f"{t}:"))
 
 
 def _delete_branch(db: sqlite3.Cursor, key: BranchKey, end: int) -> None:
