@@ -138,6 +138,7 @@ from assay.record import (
     apply_delta,
 )
 from assay.record.compaction import Compacted, RestatedDocument
+from assay.record.erasure import TenantErased
 from assay_aggregate import AGGREGATE_EVENTS
 from assay_aggregate.stage import FailuresKept, VersionTallied
 from assay_decide import DECIDE_EVENTS
@@ -1120,6 +1121,35 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
         ],
     ),
 }
+
+FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures"
+
+
+def _from_fixture(registry: EventRegistry, stage: str, type_: str) -> Event:
+    """An example read from the stage's golden fixture of `type_`'s current version."""
+    model = registry.types()[type_]
+    path = FIXTURES / "events" / stage / f"{type_}.v{model.version}.json"
+    return registry.decode(type_, model.version, json.loads(path.read_text()))
+
+
+# Every stage's log can hold a tenant's tombstone; the task-mix watch's records.
+for _stage_examples in EVENT_EXAMPLES.values():
+    _stage_examples[1].append(TenantErased(command="0f3a9c2e5b7d4a1c", reason="contract ended"))
+for _fixture_stage, _fixture_types in {
+    "ingest": ("TaskMixSampled", "TaskMixReferenced", "TaskMixMeasured", "TaskMixReset"),
+    "decide": ("TaskMixHeld", "TaskMixReleased"),
+}.items():
+    EVENT_EXAMPLES[_fixture_stage][1].extend(
+        _from_fixture(EVENT_EXAMPLES[_fixture_stage][0], _fixture_stage, t) for t in _fixture_types
+    )
+for _message_type in ("TaskMixDrifted", "TaskMixRebased", "AcknowledgeDrift"):
+    _message_model = MESSAGES.types()[_message_type]
+    _message_path = FIXTURES / "messages" / f"{_message_type}.v{_message_model.version}.json"
+    MESSAGE_EXAMPLES.append(
+        MESSAGES.decode(
+            _message_type, _message_model.version, json.loads(_message_path.read_text())
+        )
+    )
 
 
 def _round_trip(registry: SchemaRegistry[Any], msg: Versioned) -> Versioned:

@@ -9,6 +9,7 @@ from contextlib import closing
 from pathlib import Path
 
 from assay.kernel.ids import BranchId, MessageId, RunId, TenantId
+from assay.kernel.spend import Spend, SpendLimit
 from assay.record import StateKey
 from assay.store import BlobStore, CommitBatch, ConsumerPosition, EventLog, OutboxEntry, connect
 from assay.store.sqlite import TENANT_TABLES
@@ -38,6 +39,8 @@ async def _fill(log: EventLog, tenant: TenantId, n: int) -> None:
     await log.commit(CommitBatch(outbox=[OutboxEntry("assay.usage", str(tenant), b"u")]))
     await log.put_checkpoint(main(tenant, "s0"), 0, b"snapshot")  # type: ignore[arg-type]
     assert await log.claim(tenant, "s0", "worker", ttl_ms=60_000) is not None
+    held = await log.reserve(tenant, "grading", "2026-12-02", Spend(calls=1), SpendLimit())
+    assert held is not None  # the spend ledger has the tenant's row too
 
 
 async def _holding(log: EventLog, tenant: TenantId) -> list[object]:

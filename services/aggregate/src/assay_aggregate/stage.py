@@ -29,6 +29,7 @@ from assay.messages import RunGraded, VariantAggregate
 from assay.messages.proposals import FAILURES_KEPT, FailureEvidence, as_evidence
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, StateDelta
 from assay.record.compaction import Compacted, with_compaction
+from assay.record.erasure import TenantErased
 from assay.runtime import Gauge, StageDeps, StageSpec, UnitOfWork, routes
 from assay.store import EventLog
 from assay_aggregate.tallies import Failures, HeldOutTallies, RankedSums, Tally
@@ -94,7 +95,7 @@ class FailuresKept(Event):
     )
 
 
-AGGREGATE_EVENTS = EventRegistry([VersionTallied, FailuresKept, Compacted])
+AGGREGATE_EVENTS = EventRegistry([TenantErased, VersionTallied, FailuresKept, Compacted])
 
 
 @AGGREGATE_EVENTS.upcaster("VersionTallied", 1)

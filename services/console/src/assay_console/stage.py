@@ -45,6 +45,7 @@ from assay.record import (
     TableColumn,
 )
 from assay.record.compaction import Compacted, with_compaction
+from assay.record.erasure import TenantErased
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 from assay_console.ladder import LADDER_EVENTS, LADDER_HANDLERS, fold_ladder
 from assay_console.spend import SPEND_EVENTS, SPEND_HANDLERS, USAGE_TABLE, fold_spend
@@ -112,6 +113,7 @@ class ResultSeen(Event):
 
 CONSOLE_EVENTS = EventRegistry(
     [
+        TenantErased,  # every stage log can hold a tenant's tombstone
         RunSeen,
         StatusSeen,
         IndeterminateSeen,

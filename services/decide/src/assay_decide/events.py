@@ -40,6 +40,7 @@ from assay.messages import (
 from assay.messages.loop import allocation_changed_v1_to_v2, allocation_changed_v2_to_v3
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import BranchKey, Event, EventRegistry
+from assay.record.erasure import TenantErased
 
 STREAM_PREFIX = "workflow:"
 
@@ -193,6 +194,7 @@ class TaskMixReleased(Event):
 
 DECIDE_EVENTS = EventRegistry(
     [
+        TenantErased,  # every stage log can hold a tenant's tombstone
         AllocationSet,
         ChallengerDecided,
         EvidenceAccepted,

@@ -14,6 +14,7 @@ from assay.kernel import RunId, TaskId, WorkflowId, WorkflowVersion
 from assay.messages import Purpose, Role, Rung
 from assay.record import Event, EventRegistry, LogRecord, Put, ReadModel, StateDelta
 from assay.record.compaction import Compacted
+from assay.record.erasure import TenantErased
 from assay_ingest.replay import REPLAY_EVENTS, CutRun, ReplayMeter, fold_replay
 from assay_ingest.rollouts import ROLLOUT_EVENTS, RolloutGroup, RolloutInput, fold_rollout
 from assay_ingest.routing import Allocation
@@ -109,6 +110,7 @@ class AcceptedTask(ReadModel):
 
 INGEST_EVENTS = EventRegistry(
     [
+        TenantErased,  # every stage log can hold a tenant's tombstone
         WorkflowStored,
         AllocationApplied,
         TaskAccepted,

@@ -10,6 +10,7 @@ from assay.kernel import RunId, TaskId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import Score
 from assay.record import Event, EventRegistry
 from assay.record.compaction import Compacted
+from assay.record.erasure import TenantErased
 
 
 def outcome_class(passed: bool) -> str:
@@ -230,6 +231,7 @@ class CalibrationRan(Event):
 
 TOURNAMENT_EVENTS = EventRegistry(
     [
+        TenantErased,  # every stage log can hold a tenant's tombstone
         ReferenceSet,
         ChallengerParked,
         EpisodeSummarised,

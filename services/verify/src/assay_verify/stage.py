@@ -24,6 +24,7 @@ from assay.messages import (
 )
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, ReadModel, StateDelta
 from assay.record.compaction import Compacted, with_compaction
+from assay.record.erasure import TenantErased
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
 from assay.verification import Verifier, verifier_registry, verify_episode
 from assay.workflow import WorkflowDef
@@ -54,7 +55,7 @@ class VerificationStopped(Event):
     reason: str = Field(description="Why, for people.")
 
 
-VERIFY_EVENTS = EventRegistry([RunVerdictRecorded, VerificationStopped, Compacted])
+VERIFY_EVENTS = EventRegistry([TenantErased, RunVerdictRecorded, VerificationStopped, Compacted])
 
 
 @VERIFY_EVENTS.upcaster("RunVerdictRecorded", 1)

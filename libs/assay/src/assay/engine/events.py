@@ -25,6 +25,7 @@ from assay.kernel.schema import Versioned
 from assay.messages.branching import BranchDelta, BranchTree
 from assay.messages.models import RunRef, Usage
 from assay.record.compaction import Compacted, fold_compacted
+from assay.record.erasure import TenantErased
 from assay.record.events import Event, EventRegistry, LogRecord
 from assay.record.state import Delete, Patch, Put, StateDelta, StateKey
 
@@ -360,6 +361,7 @@ class Tiered(Event):
 
 WORK_EVENTS = EventRegistry(
     [
+        TenantErased,  # every stage log can hold a tenant's tombstone
         RunStarted,
         Forked,
         AttemptStarted,

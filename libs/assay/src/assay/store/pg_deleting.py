@@ -113,7 +113,7 @@ async def commit_deleting(
     return lsns
 
 
-TENANT_TABLES = ("log", "state", "checkpoints", "leases", "inbox")
+TENANT_TABLES = ("log", "state", "checkpoints", "leases", "inbox", "spend")
 """The tables of a stage's schema with a tenant column (its document tables follow `state`
 by trigger); the outbox is keyed by the tenant instead."""
 

@@ -590,7 +590,7 @@ class SqliteEventLog(SqliteSpendLedger):
         return RebuildReport(n, len(before), len(after), _differences(before, after))
 
 
-TENANT_TABLES = ("log", "state", "checkpoints", "leases", "inbox")
+TENANT_TABLES = ("log", "state", "checkpoints", "leases", "inbox", "spend")
 """The tables of a stage's store with a tenant column (its document tables follow `state`
 by trigger); the outbox is keyed by the tenant instead."""
 
