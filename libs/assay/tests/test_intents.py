@@ -475,27 +475,6 @@ def test_attempt_started_records_the_arguments_recovery_needs() -> None:
     assert started.args == {"item": "x"}
 
 
-async def test_a_rollout_sibling_calls_no_unsafe_tool_outside_its_sandbox(
-    work_log: EventLog,
-) -> None:
-    """N siblings would repeat the effect N times: the attempt fails, no intent is written."""
-    sink = EffectSink()
-    spec = spec_for(one_tool_workflow("charge"))
-    sibling = spec.ref.model_copy(
-        update={"rollout": RolloutRef(group="g", index=0, size=3, mode="best_of_n")}
-    )
-    spec = RunSpec(ref=sibling, definition=spec.definition, input=spec.input, branch=spec.branch)
-    episode = await Driver(StubModel(), toolset(sink, Behaviour())).drive(
-        spec, LogJournal(work_log)
-    )
-    (attempt,) = episode.attempts
-    assert attempt.state is AttemptState.FAILED
-    assert attempt.error is not None
-    assert "a rollout sibling or a shadow run never publishes" in attempt.error
-    assert intents([r.event for r in await work_log.read(spec.key)]) == []
-    assert sink.calls == []
-
-
 async def test_a_rollout_siblings_model_calls_stop_at_its_cap(work_log: EventLog) -> None:
     wf = WorkflowDef.model_validate(
         {

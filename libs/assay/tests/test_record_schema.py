@@ -32,6 +32,13 @@ from assay.engine.events import (
     Tiered,
     TieringQueued,
 )
+from assay.engine.staged_events import (
+    EffectDiscarded,
+    EffectPublished,
+    EffectPublishing,
+    EffectStaged,
+    Publication,
+)
 from assay.grading.ladder import Standing
 from assay.kernel import (
     AttemptNo,
@@ -840,6 +847,31 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                 request_id="t/r/0/answer/1",
             ),
             Routed(step=StepId("route"), iteration=0, to=StepId("answer"), branch=0),
+            EffectStaged(
+                step=StepId("charge"),
+                attempt=AttemptNo(1),
+                iteration=0,
+                tool="charge",
+                effect_key="k" * 64,
+                args_hash="a" * 64,
+            ),
+            EffectPublishing(
+                branch=0,
+                effect_key="k" * 64,
+                state=IntentState.DISPATCHED,
+                tool="charge",
+                request_id="t/r/publish/k",
+            ),
+            EffectPublished(
+                branch=0,
+                effect_key="k" * 64,
+                tool="charge",
+                state=Publication.INDETERMINATE,
+                error="timed out after 30.0s",
+            ),
+            EffectDiscarded(
+                branch=0, effect_key="k" * 64, tool="charge", reason="sibling #1 was not selected"
+            ),
             CancelRequested(reason="wrong input"),
             Suspended(step=StepId("ask"), iteration=0, signal="approval", deadline_ms=1),
             Signalled(step=StepId("ask"), iteration=0, signal="approval", payload="ok"),

@@ -58,6 +58,7 @@ from assay_execute.driving import (
     reported,
 )
 from assay_execute.forks import forks_of, new_rewind, refuse_if_driven, run_ended
+from assay_execute.publication import settle_staged_effects
 from assay_execute.queries import QUERIES
 from assay_execute.retention import Retention, backlog_gauges
 
@@ -222,7 +223,10 @@ async def on_result(msg: RunResult, uow: ExecuteUnitOfWork) -> None:
 
 
 async def on_rollout_result(msg: RolloutResult, uow: ExecuteUnitOfWork) -> None:
-    """Grading of every sibling of a rollout group ended with its selection (§13)."""
+    """Grading of every sibling of a rollout group ended with its selection (§13): the
+    winner's staged effects are published and the others' discarded (`publication`),
+    before retention may reduce or tier any sibling."""
+    await settle_staged_effects(msg, uow)
     for sibling in msg.siblings:
         status: GradingStatus = "cancelled" if sibling.ended == "cancelled" else "graded"
         await uow.deps.retention.grading_ended(uow, sibling.run_id, status)

@@ -31,6 +31,7 @@ from assay.bus.topics import RUN_STATUS, USAGE
 from assay.engine.context import Cancelled, RunContext
 from assay.engine.events import AttemptFinished, AttemptStarted, Intent
 from assay.engine.models import Model, ModelError, prices_of
+from assay.engine.staging import EffectStaged, args_hash, effect_key, stageable, staged_output
 from assay.engine.tools import (
     Pure,
     Queryable,
@@ -142,6 +143,7 @@ class AttemptRunner:
         intents: list[Intent] = []
         while (ev := run.replay.take(Intent, step.id, attempt=n)) is not None:
             intents.append(ev)
+        run.replay.take(EffectStaged, step.id, attempt=n)  # committed with the attempt's end
         finished = run.replay.take(AttemptFinished, step.id, attempt=n)
         if finished is not None:
             return finished
@@ -251,6 +253,8 @@ class AttemptRunner:
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=why)
         confined = tool.needs_sandbox and not tool.needs_network  # touches its workspace only
         if isinstance(tool.effects, Unsafe) and run.spec.speculative and not confined:
+            if stageable(run.spec, tool):  # a sibling's: published only if it is selected
+                return await self._stage(run, tool, step, n, iteration, args, t0)
             return await self._finish(
                 run,
                 step.id,
@@ -258,9 +262,9 @@ class AttemptRunner:
                 AttemptState.FAILED,
                 t0,
                 error=(
-                    f"tool {step.tool!r} has unsafe effects outside the sandbox, which a rollout "
-                    "sibling or a shadow run never publishes: they would repeat effects the "
-                    "task already had (DESIGN §12, §13)"
+                    f"tool {step.tool!r} has unsafe effects outside the sandbox, which a "
+                    "shadow run never publishes and a rollout sibling stages only without a "
+                    "workspace: they would repeat effects the task already had (DESIGN §12, §13)"
                 ),
             )
         ref = run.spec.ref
@@ -330,6 +334,32 @@ class AttemptRunner:
             return await self._indeterminate(run, step.id, n, intent, error or "", t0)
         # Idempotent (a retry reuses the key) or a queryable call that did not land.
         return await self._finish(run, step.id, n, state, t0, error=error, tool=tool)
+
+    async def _stage(
+        self,
+        run: RunContext,
+        tool: Tool,
+        step: ToolStep,
+        n: AttemptNo,
+        iteration: int,
+        args: dict[str, str],
+        t0: float,
+    ) -> AttemptFinished:
+        """Stage the call instead of making it: `EffectStaged` and the attempt's end, with the
+        staged marker as its output, in one durable commit (`assay.engine.staging`)."""
+        key = effect_key(run.spec, step.id, iteration, tool.name)
+        staged = EffectStaged(
+            step=step.id,
+            attempt=n,
+            iteration=iteration,
+            tool=tool.name,
+            effect_key=key,
+            args_hash=args_hash(args),
+        )
+        output = staged_output(tool.name, key)
+        return await self._finish(
+            run, step.id, n, AttemptState.SUCCEEDED, t0, output=output, before=(staged,)
+        )
 
     async def _commit_outcome(
         self,
@@ -507,7 +537,7 @@ class AttemptRunner:
         interrupted: bool = False,
         tool: Tool | None = None,
         workspace: str | None = None,
-        before: Sequence[Intent] = (),
+        before: Sequence[Intent | EffectStaged] = (),
     ) -> AttemptFinished:
         """Close attempt N (after its unwritten start and `before`, in the same commit)."""
         attempt_transition(

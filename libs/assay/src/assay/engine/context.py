@@ -126,9 +126,10 @@ class RunSpec:
 
     @property
     def speculative(self) -> bool:
-        """A rollout sibling or a shadow run: it calls no unsafe tool that reaches outside its
-        own sandbox workspace — N siblings would repeat the effect N times (§13), and a
-        shadow run re-executes a task the current version already served (§12.4)."""
+        """A rollout sibling or a shadow run: it makes no unsafe call that reaches outside its
+        own sandbox workspace — N siblings would repeat the effect N times (§13; a sibling
+        stages it, `assay.engine.staging`), and a shadow run re-executes a task the current
+        version already served (§12.4)."""
         return self.ref.rollout is not None or self.ref.purpose is Purpose.SHADOW
 
 

@@ -18,6 +18,7 @@ from assay.engine.run_state import (
     TieringDue,
     Waiting,
 )
+from assay.engine.staged_events import STAGING_EVENTS, fold_staging
 from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import AttemptNo, RunId, StepId
 from assay.kernel.intents import IntentState
@@ -383,6 +384,7 @@ WORK_EVENTS = EventRegistry(
         SandboxCheckpointed,
         SandboxReleased,
         Compacted,
+        *STAGING_EVENTS,
     ]
 )
 
@@ -412,6 +414,8 @@ def fold_work(record: LogRecord) -> list[StateDelta]:
     match record.event:
         case Compacted():  # retention's checkpoint (`assay.runtime.retention`)
             return fold_compacted(record)
+        case event if isinstance(event, STAGING_EVENTS):  # a rollout sibling's staged effects
+            return fold_staging(record)
         case RunStarted(run=ref):
             started = {
                 "status": "running",

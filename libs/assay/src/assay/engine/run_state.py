@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from assay.engine.staged_events import StagedEffectView
 from assay.kernel.attempts import AttemptState
 from assay.kernel.ids import StepId, TaskId, WorkflowId, WorkflowVersion
 from assay.kernel.intents import IntentState
@@ -146,6 +147,7 @@ WORK_STATE: tuple[type[ReadModel], ...] = (
     BranchingDone,
     BranchVerdict,
     TieringDue,
+    StagedEffectView,
 )
 """Every kind of document `fold_work` stores, as its read model."""
 
@@ -159,6 +161,7 @@ __all__ = [
     "GradingStatus",
     "IntentView",
     "RunView",
+    "StagedEffectView",
     "TieringDue",
     "Waiting",
 ]
