@@ -14,6 +14,7 @@ from assay.kernel import RunId, TaskId, WorkflowId, WorkflowVersion
 from assay.messages import Purpose, Role, Rung
 from assay.record import Event, EventRegistry, LogRecord, Put, ReadModel, StateDelta
 from assay.record.compaction import Compacted
+from assay_ingest.matrix import MATRIX_EVENTS, RolloutMatrix, fold_matrix
 from assay_ingest.replay import REPLAY_EVENTS, CutRun, ReplayMeter, fold_replay
 from assay_ingest.rollouts import ROLLOUT_EVENTS, RolloutGroup, RolloutInput, fold_rollout
 from assay_ingest.routing import Allocation
@@ -113,6 +114,7 @@ INGEST_EVENTS = EventRegistry(
         TaskAccepted,
         *REPLAY_EVENTS,
         *ROLLOUT_EVENTS,
+        *MATRIX_EVENTS,
         Compacted,
     ]
 )
@@ -156,7 +158,7 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [Put(Allocation.at(t, Allocation.model_validate(a).workflow_id), a)]
         case TaskAccepted() as e:
             return [AcceptedTask.model_validate(e.model_dump()).put(t, e.idempotency_key)]
-    return fold_replay(record) or fold_rollout(record)
+    return fold_replay(record) or fold_rollout(record) or fold_matrix(record)
 
 
 INGEST_STATE: tuple[type[ReadModel], ...] = (
@@ -167,5 +169,6 @@ INGEST_STATE: tuple[type[ReadModel], ...] = (
     ReplayMeter,
     RolloutGroup,
     RolloutInput,
+    RolloutMatrix,
 )
 """Every kind of document ingest stores, as its read model."""
