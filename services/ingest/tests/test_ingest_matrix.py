@@ -15,7 +15,17 @@ import assay_ingest
 from assay.bus import DECISIONS, TASKS, WORKFLOWS
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.grading import StubJudge
-from assay.messages import Purpose, Role, RolloutSpec, RunSpawned, WorkflowRegistered
+from assay.messages import (
+    CancelRollout,
+    CancelRun,
+    Purpose,
+    Role,
+    RolloutClosed,
+    RolloutProgress,
+    RolloutSpec,
+    RunSpawned,
+    WorkflowRegistered,
+)
 from assay.record import StateKey
 from assay.runtime import StageDeps
 from assay.runtime.admission import Admission
@@ -202,3 +212,31 @@ async def test_another_tenants_version_is_no_candidate(h: Harness) -> None:
     assert "candidate 'theirs' cannot run: version" in reason
     assert "names no stored version" in reason
     assert await h.log.get(StateKey(OTHER, "rollout", "m-5")) is None
+
+
+async def test_a_cancelled_matrix_lets_go_of_the_capacity_its_unstarted_candidates_held(
+    h: Harness,
+) -> None:
+    await two_versions(h, resources=RESOURCES)  # three runs fit the declared capacity
+    prompts = [{"name": f"c{i}", "prompt": f"#{i} {{{{ task.question }}}}"} for i in range(2)]
+    one_at_a_time = matrix(*prompts, budget={"max_concurrency": 1})
+    await h.send(TASKS, task("m-6", rollout=one_at_a_time))  # all three held, one started
+    (first,) = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+    await h.send(TASKS, CancelRollout(tenant=TENANT, idempotency_key="m-6", reason="enough"))
+    assert [type(m) for _, m in map(decoded, await h.take())] == [CancelRun]
+    ended = RolloutProgress(
+        tenant=TENANT,
+        idempotency_key="m-6",
+        run_id=first.run.run_id,
+        index=0,
+        ended="cancelled",
+        model_calls=0,
+    )
+    await h.send(TASKS, ended)
+    (closed,) = [m for _, m in map(decoded, await h.take()) if isinstance(m, RolloutClosed)]
+    assert closed.candidates is not None
+    assert [c.name for c in closed.candidates] == ["c0", "c1", "current"]
+    assert closed.reason == "cancelled"
+    await h.send(TASKS, task("m-7", rollout=matrix(*prompts)))  # the three fit again
+    spawned = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+    assert len(spawned) == 3

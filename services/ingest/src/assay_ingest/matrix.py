@@ -34,7 +34,7 @@ from pydantic import Field
 
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.replay import METER_STREAM, admit, meter_of
-from assay.kernel import Lsn, Refused, RunId, WorkflowVersion
+from assay.kernel import Lsn, Refused, RunId, WorkflowVersion, run_id_from
 from assay.messages import Purpose, Role, RolloutSpec, TaskSubmitted
 from assay.messages.candidates import CURRENT, Candidate, MatrixEstimate, PlannedCandidate
 from assay.record import BranchKey, Event, LogRecord, ReadModel, StateDelta
@@ -351,6 +351,21 @@ def _hold_capacity(
         held.append(run)
     for run in held:  # spawned, each lets go when its run stops executing
         uow.on_discard(functools.partial(admission.release, run))
+
+
+def sibling_run_id(at_ms: int, origin: str, index: int) -> RunId:
+    """The run id of a group's sibling `index` (`RolloutGroup.next_run_id` when it starts)."""
+    return run_id_from(at_ms, f"{origin}:rollout:{index}")
+
+
+def release_unstarted(
+    uow: IngestUnitOfWork, at_ms: int, origin: str, started: int, admitted: int
+) -> None:
+    """Let go, once the closing commit lands, of the capacity held since submission for
+    the candidates that never started (the group was cancelled, or its deadline passed)."""
+    for index in range(started, admitted):
+        run = str(sibling_run_id(at_ms, origin, index))
+        uow.on_landed(functools.partial(uow.deps.admission.release, run))
 
 
 async def _reserve_replay(

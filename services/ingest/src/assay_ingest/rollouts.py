@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import RUN_COMMANDS, RUN_STATUS, RUNS, TASKS, VERIFIED
-from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowId, WorkflowVersion, run_id_from
+from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowId, WorkflowVersion
 from assay.messages import (
     CancelRollout,
     CancelRun,
@@ -52,7 +52,9 @@ from assay_ingest.matrix import (
     RolloutMatrix,
     SiblingPlan,
     admit_matrix,
+    release_unstarted,
     sibling_plan,
+    sibling_run_id,
 )
 from assay_ingest.routing import Allocation
 
@@ -155,7 +157,7 @@ class RolloutGroup(ReadModel):
     @property
     def next_run_id(self) -> RunId:
         """The run id of the group's next sibling."""
-        return run_id_from(self.at_ms, f"{self.origin}:rollout:{len(self.runs)}")
+        return sibling_run_id(self.at_ms, self.origin, len(self.runs))
 
     @property
     def running(self) -> list[RolloutSibling]:
@@ -249,10 +251,8 @@ async def admit(
     at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
     matrix: AdmittedMatrix | None = None
     if spec.candidates is not None:  # admitted whole, or `Refused` naming a candidate
-        origin = uow.envelope.id
-        matrix = await admit_matrix(
-            uow, msg, alloc, lambda i: run_id_from(at_ms, f"{origin}:rollout:{i}")
-        )
+        run_id_of = functools.partial(sibling_run_id, at_ms, uow.envelope.id)
+        matrix = await admit_matrix(uow, msg, alloc, run_id_of)
         per_run, admitted = matrix.per_run, len(matrix.candidates)
     else:
         per_run = WorkflowDef.model_validate(alloc.definitions[version]).budget.max_model_calls
@@ -373,6 +373,8 @@ def _close(
         detail = "the group's budget admits no further sibling"
     group = group.model_copy(update={"closed": True, "detail": detail})
     uow.emit(VERIFIED, _closed(uow.tenant, key, group))
+    if group.candidates is not None:
+        release_unstarted(uow, group.at_ms, group.origin, len(group.runs), group.admitted)
     return group
 
 
