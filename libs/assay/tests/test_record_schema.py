@@ -134,6 +134,7 @@ from assay.messages.branching import (
     Divergence,
     StageAttribution,
 )
+from assay.messages.candidates import MatrixEstimate, PlannedCandidate
 from assay.record import (
     Delete,
     Event,
@@ -157,6 +158,7 @@ from assay_decide.events import (
 )
 from assay_decide.stage import AllocationSet, ChallengerDecided, EvidenceAccepted, PromotionHeld
 from assay_ingest import INGEST_EVENTS
+from assay_ingest.matrix import MatrixAdmitted
 from assay_ingest.replay import CutReason, CutRun, ReplayMetered
 from assay_ingest.rollouts import RolloutAdmitted, RolloutUpdated
 from assay_ingest.state import AllocationApplied, SpawnedRun, TaskAccepted, WorkflowStored
@@ -983,6 +985,23 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
             RolloutUpdated(
                 group="order-18",
                 doc={"task_id": TASK, "admitted": 5, "runs": [], "spent": 0, "closed": False},
+            ),
+            MatrixAdmitted(
+                group="order-19",
+                candidates=[
+                    PlannedCandidate(
+                        name="current",
+                        index=0,
+                        kind="version",
+                        variant=f"version {V1}",
+                        workflow_version=V1,
+                        control=True,
+                        implicit=True,
+                        max_model_calls=10,
+                    )
+                ],
+                definitions={V1: {"id": "arith"}},
+                estimate=MatrixEstimate(model_calls=10, replay_calls=10),
             ),
         ],
     ),

@@ -25,7 +25,7 @@ from pydantic import Field
 from assay.bus.topics import AGGREGATES
 from assay.kernel import RunId, WorkflowId, WorkflowVersion
 from assay.kernel.scores import Capped, WinRecord
-from assay.messages import RunGraded, VariantAggregate
+from assay.messages import Purpose, RunGraded, VariantAggregate
 from assay.messages.proposals import FAILURES_KEPT, FailureEvidence, as_evidence
 from assay.record import BranchKey, Event, EventRegistry, LogRecord, StateDelta
 from assay.record.compaction import Compacted, with_compaction
@@ -145,10 +145,12 @@ async def on_run_graded(msg: RunGraded, uow: AggregateUnitOfWork) -> None:
     A fork of a run (a rewind's branch, a branch command's child: `RunRef.branch`) is
     graded, but never tallied: its task is already counted once by branch 0, and a
     child's deltas make it another workflow than the version it names — counting it
-    would sample a task twice and bias the sequential test (§12).
+    would sample a task twice and bias the sequential test (§12). Nor is a replay
+    tournament's candidate (purpose `replay`): it is ranked within its group, and its
+    variant may be no registered version at all.
     """
     r = msg.run
-    if r.branch is not None:
+    if r.branch is not None or r.purpose is Purpose.REPLAY:
         return
     before = await uow.get(Tally, r.workflow_version) or Tally.empty(r.workflow_id)
     tally, challenger = before.with_run(msg)

@@ -29,12 +29,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import RUN_COMMANDS, RUN_STATUS, RUNS, TASKS, VERIFIED
-from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowId, WorkflowVersion, run_id_from
+from assay.kernel import RunId, RunState, TaskId, TenantId, WorkflowId, WorkflowVersion
 from assay.messages import (
     CancelRollout,
     CancelRun,
-    Purpose,
-    Role,
     RolloutClosed,
     RolloutProgress,
     RolloutRef,
@@ -44,12 +42,21 @@ from assay.messages import (
     RunStatusChanged,
     TaskSubmitted,
 )
+from assay.messages.candidates import MatrixEstimate, PlannedCandidate
 from assay.record import BranchKey, Event, LogRecord, Put, ReadModel, StateDelta
 from assay.runtime.timers import Fired
 from assay.workflow import WorkflowDef
 from assay_ingest.ingesting import IngestUnitOfWork
+from assay_ingest.matrix import (
+    AdmittedMatrix,
+    RolloutMatrix,
+    SiblingPlan,
+    admit_matrix,
+    release_unstarted,
+    sibling_plan,
+    sibling_run_id,
+)
 from assay_ingest.routing import Allocation
-from assay_ingest.versions import StoredDefinition, resolve
 
 DEADLINE = "deadline"
 """The reason of the `CancelRollout` the deadline timer sends."""
@@ -125,6 +132,10 @@ class RolloutGroup(ReadModel):
     closed: bool
     reason: Literal["completed", "cancelled", "deadline"]
     detail: str
+    candidates: list[PlannedCandidate] | None = None
+    """A candidate matrix's candidates, by sibling index (None: homogeneous siblings)."""
+    estimate: MatrixEstimate | None = None
+    """A candidate matrix's cost, declared at submission."""
 
     def sibling_ended(self, msg: RolloutProgress) -> RolloutGroup | None:
         """The group once the sibling `msg` reports on ended, its spend counted; None if
@@ -146,7 +157,7 @@ class RolloutGroup(ReadModel):
     @property
     def next_run_id(self) -> RunId:
         """The run id of the group's next sibling."""
-        return run_id_from(self.at_ms, f"{self.origin}:rollout:{len(self.runs)}")
+        return sibling_run_id(self.at_ms, self.origin, len(self.runs))
 
     @property
     def running(self) -> list[RolloutSibling]:
@@ -237,11 +248,17 @@ async def admit(
         return  # a resubmission: the first one stands
     version = alloc.current
     budget = spec.budget
-    per_run = WorkflowDef.model_validate(alloc.definitions[version]).budget.max_model_calls
-    if budget.run_max_model_calls is not None:
-        per_run = min(per_run, budget.run_max_model_calls)
-    admitted = admitted_within(spec, per_run)
     at_ms = int(uow.envelope.occurred_at.timestamp() * 1000)
+    matrix: AdmittedMatrix | None = None
+    if spec.candidates is not None:  # admitted whole, or `Refused` naming a candidate
+        run_id_of = functools.partial(sibling_run_id, at_ms, uow.envelope.id)
+        matrix = await admit_matrix(uow, msg, alloc, run_id_of)
+        per_run, admitted = matrix.per_run, len(matrix.candidates)
+    else:
+        per_run = WorkflowDef.model_validate(alloc.definitions[version]).budget.max_model_calls
+        if budget.run_max_model_calls is not None:
+            per_run = min(per_run, budget.run_max_model_calls)
+        admitted = admitted_within(spec, per_run)
     group = RolloutGroup(
         task_id=task_id,
         workflow_id=msg.workflow_id,
@@ -265,10 +282,14 @@ async def admit(
         closed=False,
         reason="completed",
         detail="",
+        candidates=None if matrix is None else matrix.candidates,
+        estimate=None if matrix is None else matrix.estimate,
     )
     key = BranchKey.main(uow.tenant, f"rollout:{msg.idempotency_key}")
     uow.record(key, RolloutAdmitted(group=msg.idempotency_key, input=msg.input))
-    await _advance(uow, msg.idempotency_key, group, msg.input)
+    await _advance(
+        uow, msg.idempotency_key, group, msg.input, None if matrix is None else matrix.matrix
+    )
 
 
 async def on_rollout_progress(msg: RolloutProgress, uow: IngestUnitOfWork) -> None:
@@ -302,35 +323,40 @@ def _cancel_running(uow: IngestUnitOfWork, key: str, group: RolloutGroup) -> Non
 
 
 async def _advance(
-    uow: IngestUnitOfWork, key: str, group: RolloutGroup, task_input: dict[str, Any]
+    uow: IngestUnitOfWork,
+    key: str,
+    group: RolloutGroup,
+    task_input: dict[str, Any],
+    admitted: RolloutMatrix | None = None,
 ) -> None:
-    """Start what may start, close what is done, and record the group."""
+    """Start what may start, close what is done, and record the group (`admitted`: its
+    candidate matrix, in the commit that admits it)."""
     due = group.deadline_ms
     if due is not None and time.time() * 1000 >= due and not group.cancelled:
         # Past the deadline nothing more starts; the timer cancels what still runs.
         group = group.stopped("deadline", "the group's deadline passed")
         _cancel_running(uow, key, group)
     refused: str | None = None
-    if may_spawn(group):
-        stored = await uow.get(StoredDefinition, group.workflow_version)
-        assert stored is not None, "a routed version is always stored"
-        children = await resolve(uow, stored.workflow)
-        while may_spawn(group):
-            refused = _refused(uow, group, stored)
-            if refused is not None:
-                break
-            group = _spawn(uow, key, group, stored, children, task_input)
+    while may_spawn(group):
+        matrix = group.candidates is not None
+        plan = await sibling_plan(
+            uow, key, group.workflow_version, len(group.runs), matrix, admitted
+        )
+        refused = _refused(uow, group, plan.workflow)
+        if refused is not None:
+            break
+        group = _spawn(uow, key, group, plan, task_input)
     if not group.running and not group.closed:
         group = _close(uow, key, group, refused)
     updated = RolloutUpdated(group=key, doc=group.model_dump(mode="json"))
     uow.record(BranchKey.main(uow.tenant, f"rollout:{key}"), updated)
 
 
-def _refused(uow: IngestUnitOfWork, group: RolloutGroup, pinned: StoredDefinition) -> str | None:
+def _refused(uow: IngestUnitOfWork, group: RolloutGroup, workflow: WorkflowDef) -> str | None:
     """Hold the next sibling's demand against the declared capacity (§14.2; let go if `uow`
     is discarded); why not, if it does not fit beside the runs in flight."""
     admission, run = uow.deps.admission, str(group.next_run_id)
-    why = admission.admit(run, pinned.workflow, uow)
+    why = admission.admit(run, workflow, uow)
     if why is None:
         uow.on_discard(functools.partial(admission.release, run))
     return why
@@ -347,6 +373,8 @@ def _close(
         detail = "the group's budget admits no further sibling"
     group = group.model_copy(update={"closed": True, "detail": detail})
     uow.emit(VERIFIED, _closed(uow.tenant, key, group))
+    if group.candidates is not None:
+        release_unstarted(uow, group.at_ms, group.origin, len(group.runs), group.admitted)
     return group
 
 
@@ -354,8 +382,7 @@ def _spawn(
     uow: IngestUnitOfWork,
     key: str,
     group: RolloutGroup,
-    pinned: StoredDefinition,
-    children: dict[str, dict[str, Any]],
+    plan: SiblingPlan,
     task_input: dict[str, Any],
 ) -> RolloutGroup:
     """Start the group's next sibling; the group with it running."""
@@ -365,22 +392,23 @@ def _spawn(
         run_id=run_id,
         task_id=group.task_id,
         idempotency_key=key,
-        workflow_id=pinned.workflow.id,
-        workflow_version=group.workflow_version,
-        role=Role.CURRENT,
-        purpose=Purpose.WORK,
+        workflow_id=plan.workflow.id,
+        workflow_version=plan.workflow.version,
+        role=plan.role,
+        purpose=plan.purpose,
+        baseline_version=plan.baseline,
         rollout=RolloutRef(
             group=key,
             index=index,
             size=group.admitted,
             mode=group.spec.mode,
-            max_model_calls=group.per_run,
+            max_model_calls=min(group.per_run, plan.max_model_calls),
             max_tokens=group.per_run_tokens,
             max_cost_usd=group.per_run_cost_usd,
         ),
     )
     spawned = RunSpawned(
-        run=ref, definition=pinned.definition, input=task_input, subworkflows=children
+        run=ref, definition=plan.definition, input=task_input, subworkflows=plan.children
     )
     uow.emit(RUNS, spawned)
     uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.SCHEDULED))
@@ -406,6 +434,8 @@ def _closed(tenant: TenantId, key: str, group: RolloutGroup) -> RolloutClosed:
         tokens=group.spent_tokens,
         cost_usd=group.spent_cost_usd,
         peak_concurrency=group.peak,
+        candidates=group.candidates,
+        estimate=group.estimate,
     )
 
 

@@ -15,6 +15,7 @@ from assay.messages import Purpose, Role, Rung
 from assay.record import Event, EventRegistry, LogRecord, Put, ReadModel, StateDelta
 from assay.record.compaction import Compacted
 from assay.record.erasure import TenantErased
+from assay_ingest.matrix import MATRIX_EVENTS, RolloutMatrix, fold_matrix
 from assay_ingest.replay import REPLAY_EVENTS, CutRun, ReplayMeter, fold_replay
 from assay_ingest.rollouts import ROLLOUT_EVENTS, RolloutGroup, RolloutInput, fold_rollout
 from assay_ingest.routing import Allocation
@@ -117,6 +118,7 @@ INGEST_EVENTS = EventRegistry(
         *REPLAY_EVENTS,
         *ROLLOUT_EVENTS,
         *TASK_MIX_EVENTS,
+        *MATRIX_EVENTS,
         Compacted,
     ]
 )
@@ -160,7 +162,9 @@ def fold_ingest(record: LogRecord) -> list[StateDelta]:
             return [Put(Allocation.at(t, Allocation.model_validate(a).workflow_id), a)]
         case TaskAccepted() as e:
             return [AcceptedTask.model_validate(e.model_dump()).put(t, e.idempotency_key)]
-    return fold_replay(record) or fold_rollout(record) or fold_task_mix(record)
+    return (
+        fold_replay(record) or fold_rollout(record) or fold_task_mix(record) or fold_matrix(record)
+    )
 
 
 INGEST_STATE: tuple[type[ReadModel], ...] = (
@@ -173,5 +177,6 @@ INGEST_STATE: tuple[type[ReadModel], ...] = (
     RolloutInput,
     TaskMix,
     TaskMixRow,
+    RolloutMatrix,
 )
 """Every kind of document ingest stores, as its read model."""

@@ -46,6 +46,7 @@ from assay.record import BranchKey
 from assay.workflow import RubricItem, WorkflowDef
 from assay_tournament.events import JudgeAnswered, RolloutSelected, SiblingWaiting
 from assay_tournament.grading import Scoring, TournamentUnitOfWork, load_episode
+from assay_tournament.matrix import Contender, MatrixRanking, rank_matrix
 from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.state import JudgeAnswer, Rollout, Sibling
 
@@ -160,7 +161,12 @@ async def on_rollout_closed(msg: RolloutClosed, uow: TournamentUnitOfWork) -> No
     s = await Scoring.open(uow)
     judge = RecordedJudge(s, group)
     verified, cancelled = await _siblings(s, judge, msg)
-    scores, record, winner = await _select(s, judge, msg, verified)
+    ranking = await _ranked_matrix(s, judge, msg, verified)
+    scores: dict[RunId, Ranked | Ungraded]
+    if ranking is not None:
+        scores, record, winner = dict(ranking.scores), ranking.record, ranking.winner
+    else:
+        scores, record, winner = await _select(s, judge, msg, verified)
     for v in verified:
         score: Score = (
             Capped(violations=v.violations)
@@ -170,12 +176,26 @@ async def on_rollout_closed(msg: RolloutClosed, uow: TournamentUnitOfWork) -> No
         )
         s.finish_sibling(v.verified, score)
     result = _result(msg, verified, cancelled, scores, record, winner)
+    if ranking is not None:
+        matrix = {"candidates": ranking.candidates, "control": ranking.control}
+        result = result.model_copy(update={**matrix, "estimate": msg.estimate})
     uow.record(
         BranchKey.main(uow.tenant, f"rollout:{group}"),
         RolloutSelected(group=group, result=result.model_dump(mode="json")),
     )
     s.flush()
     uow.emit(RESULTS, result)
+
+
+async def _ranked_matrix(
+    s: Scoring, judge: Judge, msg: RolloutClosed, verified: list[_Verified]
+) -> MatrixRanking | None:
+    """A candidate matrix's ranking against its control (`matrix.py`); None for a
+    homogeneous group."""
+    if msg.candidates is None:
+        return None
+    contenders = [Contender(v.index, v.verified, v.episode, bool(v.violations)) for v in verified]
+    return await rank_matrix(s, judge, msg, contenders)
 
 
 async def _siblings(

@@ -186,6 +186,28 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("file", type=Path, help="one TaskSubmitted JSON object per line")
     submit.add_argument("--tenant", default=None, help="tenant for lines without one")
     submit.add_argument("--workflow", default=None, help="workflow for lines without one")
+    submit.add_argument(
+        "--candidate",
+        dest="candidates",
+        action="append",
+        default=None,
+        metavar="[NAME:]KIND=VALUE",
+        help=(
+            "run each task as a replay tournament: one candidate per flag (version=HASH|current,"
+            " model=NAME, prompt=TEMPLATE or prompt.STEP=TEMPLATE)"
+        ),
+    )
+    submit.add_argument(
+        "--candidates",
+        dest="matrix",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a candidate matrix (YAML or JSON): a list, or a rollout spec with candidates",
+    )
+    submit.add_argument(
+        "--control", default=None, help="the candidate pinned as control (default: current)"
+    )
     cancel = sub.add_parser(
         "cancel",
         help="stop a run (CancelRun onto assay.run-commands) or, with --rollout, a rollout group",
@@ -565,7 +587,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
                 args.workflow, args.tenant or d.default_tenant(), args.rewrite, args.parents
             )
         if args.command == "submit":
-            return await d.submit_command(args.file, args.tenant, args.workflow)
+            from assay.cli.candidates import matrix_of
+
+            matrix = matrix_of(args.candidates, args.matrix, args.control)
+            return await d.submit_command(args.file, args.tenant, args.workflow, matrix)
         if args.command in ("approve", "signal"):
             name = "approval" if args.command == "approve" else args.name
             return await d.signal_command(

@@ -14,10 +14,11 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from assay.bus import commands
 from assay.bus.topics import RESULTS
+from assay.cli.candidates import with_matrix
 from assay.cli.logs import tenant_arg
 from assay.cli.tasks import read_tasks
 from assay.kernel.ids import WorkflowId
@@ -135,18 +136,22 @@ async def register_command(
     return 0
 
 
-async def submit_command(path: Path, tenant: str | None, workflow: str | None) -> int:
+async def submit_command(
+    path: Path,
+    tenant: str | None,
+    workflow: str | None,
+    matrix: dict[str, Any] | None = None,
+) -> int:
     """`assay submit FILE.jsonl`: one `TaskSubmitted` per line onto `assay.tasks`.
 
     A line is a whole TaskSubmitted, or `{"idempotency_key", "input"}` completed
-    by `--tenant` and `--workflow`.
+    by `--tenant` and `--workflow`. A candidate `matrix` (`--candidate`, `--candidates`)
+    makes every task a replay tournament.
     """
-    entries = [
-        commands.submit_task(task).entry
-        for task in read_tasks(
-            path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
-        )
-    ]
+    tasks = read_tasks(
+        path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
+    )
+    entries = [commands.submit_task(task).entry for task in with_matrix(tasks, matrix)]
     await produce(entries)
     print(f"submitted {len(entries)} task(s)")
     return 0

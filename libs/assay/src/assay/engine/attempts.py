@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind
 from assay.bus.topics import RUN_STATUS, USAGE
 from assay.engine.context import Cancelled, RunContext
 from assay.engine.events import AttemptFinished, AttemptStarted, Intent
-from assay.engine.models import Model, ModelError, prices_of
+from assay.engine.models import Model, ModelError, model_for, prices_of
 from assay.engine.staging import EffectStaged, args_hash, effect_key, stageable, staged_output
 from assay.engine.tools import (
     Pure,
@@ -430,6 +430,10 @@ class AttemptRunner:
                 t0,
                 error="the run's model-call budget is spent",
             )
+        try:
+            model = model_for(self.model, step.model)
+        except ModelError as exc:
+            return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=str(exc))
         cap = run.spec.max_tokens
         used = run.totals.prompt_tokens + run.totals.completion_tokens
         # A bound, not an estimate: a byte-level tokenizer gives at most one prompt token
@@ -446,7 +450,7 @@ class AttemptRunner:
                     f"{len(prompt.encode())} prompt and {step.max_tokens} completion tokens"
                 ),
             )
-        refusal = self._over_cost_cap(run, step, prompt)
+        refusal = self._over_cost_cap(run, step, prompt, model)
         if refusal is not None:
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=refusal)
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
@@ -458,7 +462,7 @@ class AttemptRunner:
             ):
                 done = await run.cancel.race(
                     asyncio.wait_for(
-                        self.model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
+                        model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
                         step.timeout_s,
                     )
                 )
@@ -500,7 +504,9 @@ class AttemptRunner:
             emits=[(USAGE, recorded)],
         )
 
-    def _over_cost_cap(self, run: RunContext, step: ModelStep, prompt: str) -> str | None:
+    def _over_cost_cap(
+        self, run: RunContext, step: ModelStep, prompt: str, model: Model
+    ) -> str | None:
         """Why the run's cost cap refuses this call, or None when its worst case fits.
 
         The run's cost so far is its tokens at the model's prices (what each call's
@@ -511,7 +517,7 @@ class AttemptRunner:
         cap = run.spec.max_cost_usd
         if cap is None:
             return None
-        prices = prices_of(self.model)
+        prices = prices_of(model)
         spent = prices.cost(run.totals.prompt_tokens, run.totals.completion_tokens)
         worst = prices.cost(len(prompt.encode()), step.max_tokens)
         if spent + worst <= cap:

@@ -18,6 +18,7 @@ never a guessed answer.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import random
@@ -151,6 +152,15 @@ class ChatCompletionsModel:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), headers=headers)
+
+    def routed(self, name: str) -> ChatCompletionsModel:
+        """The same endpoint, client, limiter and prices, calling the model `name` (a
+        model step naming its model). Close only the instance it was routed from."""
+        if not name:
+            raise ValueError("a chat-completions model needs a model name")
+        other = copy.copy(self)
+        other.name = name
+        return other
 
     async def __aenter__(self) -> ChatCompletionsModel:
         return self

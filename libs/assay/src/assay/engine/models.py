@@ -85,6 +85,30 @@ class Priced(Protocol):
     prices: Prices
 
 
+@runtime_checkable
+class Routable(Protocol):
+    """A model port that can call another model by name at the same endpoint (a model step
+    naming its `model`: a replay candidate's model variant)."""
+
+    def routed(self, name: str) -> Model:
+        """The same endpoint calling the model `name`."""
+        ...
+
+
+def model_for(model: Model, name: str | None) -> Model:
+    """The model a step naming `name` calls: `model` itself when it names none or the
+    same one, else `model.routed(name)`.
+
+    Raises:
+        ModelError: `model` cannot call another model (it is not `Routable`).
+    """
+    if name is None or name == model.name:
+        return model
+    if not isinstance(model, Routable):
+        raise ModelError(f"the model port {model.name!r} cannot call another model ({name!r})")
+    return model.routed(name)
+
+
 def prices_of(model: object) -> Prices:
     """The model's per-token prices: its declared `prices`, else free (`FREE`)."""
     return model.prices if isinstance(model, Priced) else FREE
@@ -181,9 +205,18 @@ class StubModel:
     async def aclose(self) -> None:
         """Nothing to release; present so a runtime can close any model it built."""
 
+    def routed(self, name: str) -> StubModel:
+        """The stub answering as the model `name`: the same rules, its own draws (so a
+        model variant's answers differ from the default stub's)."""
+        other = StubModel(self.base_error, self.careful_error, self.delay_s)
+        other.name = name
+        return other
+
     async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
+        if self.name != StubModel.name:  # a routed stub draws apart from the default one
+            seed = f"{self.name}\x1f{seed}"
         rng = random.Random(digest(f"{seed}\x1f{digest(prompt.encode())}".encode()))
         lowered = prompt.lower()
         value = solve(prompt)

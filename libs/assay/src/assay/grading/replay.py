@@ -28,14 +28,19 @@ METER_STREAM = "replay-meter"
 class ReplayPolicy(BaseModel):
     """Per-tenant ceilings on replay spend (`ASSAY_REPLAY_*`): model calls reserved by
     shadow runs per UTC day (each reserves its workflow's `budget.max_model_calls` when
-    ingest admits it). None: no ceiling. A tenant not in `ceilings` has `calls_per_day`."""
+    ingest admits it) and by a candidate matrix's siblings (each its per-run maximum, all
+    when the group is admitted). None: no ceiling. A tenant not in `ceilings` has
+    `calls_per_day`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     calls_per_day: int | None = Field(
         None,
         ge=0,
-        description="Model calls shadow runs may reserve per tenant per UTC day (unset: no limit).",
+        description=(
+            "Model calls shadow runs and replay candidates may reserve per tenant per UTC day "
+            "(unset: no limit)."
+        ),
     )
     ceilings: dict[str, int] = Field(
         default_factory=dict, description="Per-tenant ceilings: `<tenant-uuid>=<calls>,...`."

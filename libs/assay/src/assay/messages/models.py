@@ -37,6 +37,9 @@ class Purpose(enum.Enum):
     SHADOW = "shadow"
     """Re-execution of a task under the challenger, for comparison only (§12.4)."""
     GRADING = "grading"
+    REPLAY = "replay"
+    """A candidate of a replay tournament (a rollout group's candidate matrix, §11.1):
+    re-execution of a task under a variant, ranked within its group; its spend is replay's."""
     CALIBRATION = "calibration"
     """A judge call replaying a calibration pair, to measure the judge (§11): no run's."""
     PROPOSER = "proposer"
@@ -64,10 +67,12 @@ class TaskSubmitted(Versioned):
     Version 2 adds `rollout`: run the task as a group of sibling runs and select one.
     Version 3 adds the rollout budget's cost caps (`run_max_cost_usd`,
     `group_max_cost_usd`); a version 2 task reads as it is (no cost cap).
+    Version 4 adds the rollout spec's candidate matrix (`candidates`, `control`); a version
+    3 task reads as it is (a homogeneous group, or none).
     """
 
     type: ClassVar[str] = "TaskSubmitted"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant submitting the task.")
     workflow_id: WorkflowId = Field(description="Workflow to run it with.")
     idempotency_key: str = Field(
@@ -139,7 +144,7 @@ class RunRef(Versioned):
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="Pinned version.")
     role: Role = Field(description="Current or challenger.")
-    purpose: Purpose = Field(description="Work or shadow.")
+    purpose: Purpose = Field(description="Work, shadow or replay (a candidate of a matrix).")
     baseline_version: WorkflowVersion | None = Field(
         None, description="For a challenger: the current version it is measured against."
     )
@@ -573,7 +578,7 @@ class UsageRecorded(Versioned):
         )
     )
     purpose: Purpose = Field(
-        description="Work, shadow (replay), grading, calibration or proposer (a draft)."
+        description="Work, shadow, replay, grading, calibration or proposer (a draft)."
     )
     model: str = Field(description="Model id.")
     prompt_tokens: int = Field(ge=0, description="Prompt tokens.")
@@ -715,3 +720,8 @@ def run_spawned_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 def workflow_registered_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """WorkflowRegistered v1 -> v2: a v1 version derives from the one registered before it."""
     return {**payload, "parents": None}
+
+
+def task_submitted_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """TaskSubmitted v3 -> v4: a version 3 rollout spec carries no candidate matrix."""
+    return dict(payload)

@@ -53,6 +53,7 @@ from assay.messages.models import (
     run_spawned_v1_to_v2,
     task_submitted_v1_to_v2,
     task_submitted_v2_to_v3,
+    task_submitted_v3_to_v4,
     usage_recorded_v1_to_v2,
     usage_recorded_v2_to_v3,
     usage_recorded_v3_to_v4,
@@ -68,6 +69,7 @@ from assay.messages.rollouts import (
     RolloutProgress,
     RolloutResult,
     rollout_cost_unknown,
+    rollout_homogeneous,
     rollout_result_v2_to_v3,
 )
 from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
@@ -150,6 +152,9 @@ MESSAGES.upcaster("UsageRecorded", 3)(usage_recorded_v3_to_v4)
 MESSAGES.upcaster("RunGraded", 5)(run_graded_v5_to_v6)
 MESSAGES.upcaster("RunResult", 4)(run_result_v4_to_v5)
 MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
+MESSAGES.upcaster("RolloutClosed", 2)(rollout_homogeneous)
+MESSAGES.upcaster("RolloutResult", 3)(rollout_homogeneous)
+MESSAGES.upcaster("TaskSubmitted", 3)(task_submitted_v3_to_v4)
 MESSAGES.upcaster("RunResult", 5)(run_result_v5_to_v6)
 MESSAGES.upcaster("RunGraded", 7)(run_graded_v7_to_v8)
 for _carrier, _before in (

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from assay.kernel.schema import Versioned
+from assay.messages.candidates import Candidate, check_matrix
 
 MAX_ROLLOUT = 64
 """The most sibling runs one rollout group may request."""
@@ -146,11 +147,50 @@ class RolloutSpec(Versioned):
         default_factory=SelectionPolicy, description="The selection policy."
     )
 
+    candidates: list[Candidate] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_ROLLOUT - 1,
+        description=(
+            "A candidate matrix (a replay tournament, §11.1): one sibling per candidate, each "
+            "a variant of the workflow, ranked against the control. n defaults to their number; "
+            "admitted whole or refused whole. Left out while unset."
+        ),
+    )
+    control: str | None = Field(
+        None,
+        description=(
+            "The candidate pinned as control (by name); default: the one that is the current "
+            "version, else the current version is added as the control."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _n_defaults_to_the_matrix(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("n") is None and data.get("candidates"):
+            return {**data, "n": len(data["candidates"])}
+        return data
+
     @model_validator(mode="after")
     def _admit_within_n(self) -> RolloutSpec:
         if self.admit is not None and self.admit > self.n:
             raise ValueError(f"admit ({self.admit}) exceeds n ({self.n})")
         return self
+
+    @model_validator(mode="after")
+    def _a_matrix_is_whole(self) -> RolloutSpec:
+        check_matrix(self.candidates, self.control, n=self.n, admit=self.admit, mode=self.mode)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_no_matrix(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out unless set: a homogeneous group's spec serialises as it always did.
+        data: dict[str, Any] = handler(self)
+        for name in ("candidates", "control"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class RolloutRef(Versioned):

@@ -17,6 +17,7 @@ from pydantic import Field
 from assay.kernel.ids import RunId, TaskId, TenantId, WorkflowId, WorkflowVersion
 from assay.kernel.schema import Versioned
 from assay.kernel.scores import Ranked
+from assay.messages.candidates import CandidateResult, MatrixEstimate, PlannedCandidate
 from assay.messages.models import Usage, VerifierResult
 from assay.messages.rollout_spec import RolloutMode, RolloutSpec
 
@@ -59,10 +60,12 @@ class RolloutClosed(Versioned):
     """No sibling of the group will run any more: select among those that did.
 
     Version 2: the spec's budget may carry cost caps, and `cost_usd` (0.0 in a version 1).
+    Version 3 carries a candidate matrix as admitted (`candidates`, `estimate`; None in a
+    version 2: a homogeneous group).
     """
 
     type: ClassVar[str] = "RolloutClosed"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     tenant: TenantId = Field(description="Tenant.")
     task_id: TaskId = Field(description="The task (the tournament partition's key).")
     idempotency_key: str = Field(description="The group's task key.")
@@ -83,6 +86,12 @@ class RolloutClosed(Versioned):
         description="v2: what the siblings' model calls cost in US dollars.",
     )
     peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
+    candidates: list[PlannedCandidate] | None = Field(
+        None, description="v3: the candidate matrix as admitted, by index (None: homogeneous)."
+    )
+    estimate: MatrixEstimate | None = Field(
+        None, description="v3: the matrix's cost, declared at submission."
+    )
 
 
 class SiblingResult(Versioned):
@@ -130,10 +139,13 @@ class RolloutResult(Versioned):
     Version 2 adds `cost_usd` (0.0 in a version 1). Version 3 counts the selection's
     judge calls apart (`judge_calls` answered, `judge_failures` not) and carries the
     answered comparisons a sibling's `Ranked` rests on; a version 2 result reads as it is.
+    Version 4 reports a candidate matrix (a replay tournament): each candidate's strength
+    against the control with its interval, its rank and its pass rate (`candidates`), the
+    control, and the cost declared at submission (`estimate`); None in a version 3.
     """
 
     type: ClassVar[str] = "RolloutResult"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     idempotency_key: str = Field(description="The submitting task's key.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -167,6 +179,17 @@ class RolloutResult(Versioned):
         description="v2: what every sibling's model calls cost in US dollars.",
     )
     peak_concurrency: int = Field(ge=0, description="Most siblings that ran at once.")
+    candidates: list[CandidateResult] | None = Field(
+        None,
+        description=(
+            "v4: a candidate matrix's ranking, by index: strength against the control with its "
+            "interval, rank and pass rate (None: a homogeneous group)."
+        ),
+    )
+    control: str | None = Field(None, description="v4: the candidate pinned as control.")
+    estimate: MatrixEstimate | None = Field(
+        None, description="v4: the matrix's cost, declared at submission."
+    )
 
 
 def rollout_cost_unknown(payload: dict[str, Any]) -> dict[str, Any]:
@@ -178,4 +201,10 @@ def rollout_cost_unknown(payload: dict[str, Any]) -> dict[str, Any]:
 def rollout_result_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
     """RolloutResult v2 -> v3: a v2 selection counted no failed judge call apart, which v3
     reads as none."""
+    return dict(payload)
+
+
+def rollout_homogeneous(payload: dict[str, Any]) -> dict[str, Any]:
+    """RolloutClosed v2 -> v3, RolloutResult v3 -> v4: every earlier group was
+    homogeneous (no candidate matrix); it reads as it is."""
     return dict(payload)

@@ -224,7 +224,8 @@ class AssaySettings(BaseSettings):
         description="Declared GPU capacity and model profiles: the residency invariant (§14.2).",
     )
     replay: ReplayPolicy = Field(
-        default_factory=ReplayPolicy, description="Ceilings on the model calls shadow runs reserve."
+        default_factory=ReplayPolicy,
+        description="Ceilings on the model calls shadow runs and replay candidates reserve.",
     )
     retention: RetentionPolicy = Field(
         default_factory=RetentionPolicy, description="When finished runs are reduced and tiered."

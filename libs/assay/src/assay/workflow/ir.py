@@ -41,6 +41,23 @@ class ModelStep(_Frozen):
     max_tokens: int = Field(256, ge=1, le=1_000_000, description="Completion token cap.")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="Retry policy.")
     timeout_s: float = Field(30.0, gt=0, le=3600, description="Per-attempt wall-clock limit.")
+    model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "The model this step calls, by the name its endpoint knows (default: the agent's "
+            "model); a replay candidate's model variant sets it. Left out while unset."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_model(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Left out while unset, so versions written before it hash as they always did."""
+        data: dict[str, Any] = handler(self)
+        if data.get("model") is None:
+            data.pop("model", None)
+        return data
 
 
 class ToolStep(_Frozen):
