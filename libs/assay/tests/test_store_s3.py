@@ -24,6 +24,7 @@ from assay.devstack.s3 import resolve_s3
 from assay.kernel.canonical import digest
 from assay.kernel.ids import TenantId, tenant_id
 from assay.store import BadBlobRef, BlobStore, S3BlobStore
+from assay.store.blob_cache import BlobCache
 
 pytestmark = pytest.mark.s3
 
@@ -72,7 +73,13 @@ async def stores(s3: Service, client: S3Client, bucket: str) -> AsyncIterator[li
 
 
 def make_store(
-    s3: Service, bucket: str, opened: list[S3BlobStore], *, prefix: str = "", region: str = ""
+    s3: Service,
+    bucket: str,
+    opened: list[S3BlobStore],
+    *,
+    prefix: str = "",
+    region: str = "",
+    cache: BlobCache | None = None,
 ) -> S3BlobStore:
     store = S3BlobStore(
         s3.address,
@@ -81,6 +88,7 @@ def make_store(
         secret_access_key=s3.details["secret_access_key"],
         region=region or s3.details["region"],
         prefix=prefix,
+        cache=cache,
     )
     opened.append(store)
     return store
@@ -256,6 +264,53 @@ async def test_a_prefixed_store_stays_inside_its_prefix(
     await boxed.delete(tenant, ref)
     assert await list_keys(client, bucket, prefix) == [key_of(tenant, b"also inside", prefix)]
     assert len(await list_keys(client, bucket)) == 3
+
+
+# -- the in-process cache ----------------------------------------------------------
+
+
+async def test_a_blob_read_is_read_again_from_memory_until_its_ttl(
+    s3: Service, client: S3Client, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    now = [0.0]
+    cache = BlobCache(ttl_s=60.0, clock=lambda: now[0])
+    store = await make_store(s3, bucket, stores, cache=cache).open()
+    a, b = new_tenant(), new_tenant()
+    content = b"an episode read by two comparisons"
+    ref = digest(content)
+    await client.put_object(Bucket=bucket, Key=key_of(a, content), Body=content)
+    assert await store.get(a, ref) == content
+
+    # Gone from the bucket (another process deleted it): the read is served from memory,
+    # which proves it made no request, and never for another tenant.
+    await client.delete_object(Bucket=bucket, Key=key_of(a, content))
+    assert await store.get(a, ref) == content
+    assert await store.get(b, ref) is None
+    now[0] = 61.0  # past the entry's ttl: the bucket is asked again
+    assert await store.get(a, ref) is None
+
+
+async def test_a_delete_through_the_store_forgets_the_blob_at_once(
+    s3: Service, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    store = await make_store(s3, bucket, stores).open()
+    tenant = new_tenant()
+    ref = await store.put(tenant, b"to be deleted")
+    assert await store.get(tenant, ref) == b"to be deleted"
+    await store.delete(tenant, ref)
+    assert await store.get(tenant, ref) is None
+
+
+async def test_a_write_is_not_cached_so_reading_it_back_asks_the_bucket(
+    s3: Service, client: S3Client, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    # A run's archive is read back before its records are deleted: that read must
+    # see what the bucket holds, not what this process wrote.
+    store = await make_store(s3, bucket, stores).open()
+    tenant = new_tenant()
+    ref = await store.put(tenant, b"an archive")
+    await client.delete_object(Bucket=bucket, Key=key_of(tenant, b"an archive"))
+    assert await store.get(tenant, ref) is None
 
 
 def test_building_a_store_contacts_nothing() -> None:

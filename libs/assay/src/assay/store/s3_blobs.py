@@ -10,6 +10,7 @@ from botocore.exceptions import ClientError
 
 from assay.kernel.canonical import digest
 from assay.kernel.ids import TenantId
+from assay.store.blob_cache import BlobCache
 from assay.store.fs_blobs import check_ref
 
 if TYPE_CHECKING:
@@ -30,6 +31,12 @@ class S3BlobStore:
 
     Works against AWS S3 and S3-compatible servers (MinIO, moto): requests use
     path-style addressing. One client is held from `open()` to `close()`.
+
+    Blobs read are kept in `cache` (`assay.store.blob_cache`): a stage that reads
+    an episode again (the tournament, for the reference of every challenger of a
+    task) reads it from memory, not from the bucket. Blobs written are not: a read
+    right after a write (a run's archive, read back before its records are
+    deleted) must come from the bucket.
     """
 
     def __init__(
@@ -41,6 +48,7 @@ class S3BlobStore:
         secret_access_key: str | None,
         region: str = "us-east-1",
         prefix: str = "",
+        cache: BlobCache | None = None,
     ) -> None:
         """Describe the store; nothing is contacted until `open()`.
 
@@ -54,6 +62,7 @@ class S3BlobStore:
             region: the bucket's region (the region a new bucket is created in).
             prefix: a key prefix the store never leaves, e.g. `"assay/prod/"`; a
                 missing trailing `/` is added so one prefix never overlaps another.
+            cache: the in-process cache of blobs (a default-sized one when None).
         """
         self._endpoint_url = endpoint_url
         self._bucket = bucket
@@ -63,6 +72,7 @@ class S3BlobStore:
         self._stack: AsyncExitStack | None = None
         self._client: S3Client | None = None
         self._opening = asyncio.Lock()
+        self.cache = cache if cache is not None else BlobCache()
 
     @property
     def bucket(self) -> str:
@@ -174,6 +184,9 @@ class S3BlobStore:
                 (a missing bucket included: that is misconfiguration, not absence).
         """
         key = self.key(tenant, ref)
+        cached = self.cache.get(tenant, ref)
+        if cached is not None:
+            return cached
         try:
             response = await self._s3.get_object(Bucket=self._bucket, Key=key)
         except ClientError as exc:
@@ -181,7 +194,9 @@ class S3BlobStore:
                 return None
             raise
         async with response["Body"] as body:
-            return await body.read()
+            content = await body.read()
+        self.cache.put(tenant, ref, content)
+        return content
 
     async def delete(self, tenant: TenantId, ref: str) -> None:
         """Remove this tenant's blob `ref`; a no-op when there is none.
@@ -190,6 +205,7 @@ class S3BlobStore:
             BadBlobRef: `ref` is malformed.
         """
         key = self.key(tenant, ref)
+        self.cache.evict(tenant, ref)
         await self._s3.delete_object(Bucket=self._bucket, Key=key)
 
 
