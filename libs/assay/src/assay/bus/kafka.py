@@ -132,7 +132,16 @@ record's headers are the same whichever way it was published."""
 
 
 def _wire_headers(entry: OutboxEntry) -> list[tuple[str, bytes]]:
-    """The header list `KafkaBroker.publish` would have written for `entry`."""
+    """The header list `KafkaBroker.publish` would have written for `entry`.
+
+    Headers that fit a dict of text exactly (every name once, every value ASCII,
+    as Assay's own are) go as they are: the dict would give back the same bytes.
+    """
+    headers = entry.headers
+    if all(value.isascii() for _, value in headers) and len({n for n, _ in headers}) == len(
+        headers
+    ):
+        return [_CONTENT_TYPE, *headers]
     return [_CONTENT_TYPE, *((name, text.encode()) for name, text in _headers(entry).items())]
 
 
