@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,7 @@ class _Meter:
     records: int
     pg: dict[str, int]
     s3_requests: int | None
+    at: float = field(default_factory=time.monotonic)
 
 
 async def _pg_counters(d: Deployment) -> tuple[dict[int, float], dict[str, int]]:
@@ -242,7 +243,8 @@ async def _measure(d: Deployment, s3: Service, s3_log: Path) -> dict[str, float]
 
     idle = await _meter(d, s3, s3_log)
     await asyncio.sleep(IDLE_S)  # nothing in flight: what waiting for work costs
-    idled = _cost(idle, await _meter(d, s3, s3_log), 1)
+    idle_end = await _meter(d, s3, s3_log)
+    idle_ms_per_s = _cost(idle, idle_end, 1)["pipeline.cpu_ms_per_run"] / (idle_end.at - idle.at)
 
     burst = _tasks(tenant, BURST, "burst")
     before = await _meter(d, s3, s3_log)
@@ -255,15 +257,24 @@ async def _measure(d: Deployment, s3: Service, s3_log: Path) -> dict[str, float]
     sent = await _produce(d.bootstrap, paced, runs_per_s / 2)
     done = await _results(d.bootstrap, set(sent), 300)
     latencies = sorted(done[k] - sent[k] for k in sent)
+    cost = _cost(before, after, BURST)
     return {
         "pipeline.runs_per_s": round(runs_per_s, 1),
         "pipeline.latency_p50_ms": float(statistics.median(latencies)),
         "pipeline.latency_p99_ms": float(latencies[int(0.99 * (len(latencies) - 1))]),
         "pipeline.max_stage_rss_mb": round(max(_peak_rss_mb(p.pid) for p in d.procs.values()), 1),
-        **_cost(before, after, BURST),
-        "pipeline.idle_cpu_ms_per_s": round(idled["pipeline.cpu_ms_per_run"] / IDLE_S, 1),
+        **cost,
+        "pipeline.idle_cpu_ms_per_s": round(idle_ms_per_s, 1),
         "pipeline.idle_broker_cpu_ms_per_s": round(
-            idled["pipeline.process_cpu_ms_per_run.broker"] / IDLE_S, 1
+            _cost(idle, idle_end, 1)["pipeline.process_cpu_ms_per_run.broker"]
+            / (idle_end.at - idle.at),
+            1,
+        ),
+        # What one more run costs: the burst's CPU less what the same processes use
+        # waiting for work over as long (the consumers' polls, heartbeats, timers),
+        # which a loaded machine's lower throughput spreads over fewer runs.
+        "pipeline.marginal_cpu_ms_per_run": round(
+            cost["pipeline.cpu_ms_per_run"] - idle_ms_per_s * (after.at - before.at) / BURST, 2
         ),
     }
 
