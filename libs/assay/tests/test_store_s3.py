@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aioboto3
 import pytest
@@ -25,6 +26,7 @@ from assay.kernel.canonical import digest
 from assay.kernel.ids import TenantId, tenant_id
 from assay.store import BadBlobRef, BlobStore, S3BlobStore
 from assay.store.blob_cache import BlobCache
+from assay.store.s3_blobs import UNREFERENCED_ENDPOINT_PARAMS, resolve_endpoints_per_bucket
 
 pytestmark = pytest.mark.s3
 
@@ -311,6 +313,51 @@ async def test_a_write_is_not_cached_so_reading_it_back_asks_the_bucket(
     ref = await store.put(tenant, b"an archive")
     await client.delete_object(Bucket=bucket, Key=key_of(tenant, b"an archive"))
     assert await store.get(tenant, ref) is None
+
+
+# -- endpoint resolution ------------------------------------------------------------
+
+
+def test_no_rule_of_s3s_endpoint_rule_set_reads_the_parameters_left_out() -> None:
+    # What makes resolving once per bucket right: should a botocore upgrade bring a
+    # rule that reads the key, this fails, and the parameters must be passed again.
+    import botocore.loaders
+
+    rules = botocore.loaders.Loader().load_service_model("s3", "endpoint-rule-set-1")
+    read: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("ref"), str):
+                read.add(node["ref"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str):
+            read.update(re.findall(r"\{([A-Za-z]+)", node))
+
+    walk(rules["rules"])
+    assert set(rules["parameters"]) >= UNREFERENCED_ENDPOINT_PARAMS
+    assert not UNREFERENCED_ENDPOINT_PARAMS & read
+
+
+async def test_the_endpoint_is_resolved_once_per_bucket_not_per_object() -> None:
+    session = aioboto3.Session(
+        aws_access_key_id="id", aws_secret_access_key="secret", region_name="us-east-1"
+    )
+    endpoint = "http://127.0.0.1:9"  # never contacted: only endpoints are resolved here
+    async with session.client("s3", endpoint_url=endpoint, config=PATH_STYLE) as client:
+        resolve_endpoints_per_bucket(client)
+        untyped: Any = client  # the stubs do not show botocore's resolver
+        provider = untyped._ruleset_resolver._provider
+        common = {"Bucket": "b", "Region": "us-east-1", "Endpoint": endpoint}
+        found = [
+            provider.resolve_endpoint(**common, ForcePathStyle=True, Key=f"k{i}") for i in range(5)
+        ]
+    assert {f.url for f in found} == {f"{endpoint}/b"}
+    assert all(f is found[0] for f in found)  # one evaluation, then the cached result
 
 
 def test_building_a_store_contacts_nothing() -> None:

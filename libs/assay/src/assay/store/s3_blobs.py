@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import ClientError
 
@@ -19,6 +19,32 @@ if TYPE_CHECKING:
 
 # GetObject on a missing key answers NoSuchKey; a bodiless 404 carries only the status.
 _MISSING_KEY = frozenset({"NoSuchKey", "404"})
+
+UNREFERENCED_ENDPOINT_PARAMS = frozenset({"Key", "Prefix", "CopySource"})
+"""Parameters of S3's endpoint rule set that none of its rules reads."""
+
+
+def resolve_endpoints_per_bucket(client: Any) -> None:
+    """Make `client` resolve its endpoint once per bucket, not once per object.
+
+    botocore resolves a request's endpoint by evaluating S3's rule set, caching the
+    result by the rule set's parameters; those include the object's `Key` (and
+    `Prefix`, `CopySource`), which no rule reads, so the cache missed for every
+    object and the evaluation was a quarter of each request's CPU
+    (boto/botocore#3528). Fixed upstream by dropping them before the lookup
+    (boto/botocore#3692), later than the botocore aiobotocore pins here; this does
+    the same. `test_store_s3` fails should a rule come to read one of them.
+    """
+    provider = getattr(getattr(client, "_ruleset_resolver", None), "_provider", None)
+    if provider is None:  # another botocore: leave it as it is
+        return
+    resolve = provider.resolve_endpoint
+
+    def per_bucket(**params: Any) -> Any:
+        kept = {k: v for k, v in params.items() if k not in UNREFERENCED_ENDPOINT_PARAMS}
+        return resolve(**kept)
+
+    provider.resolve_endpoint = per_bucket
 
 
 class S3BlobStore:
@@ -124,6 +150,7 @@ class S3BlobStore:
                     config=AioConfig(s3={"addressing_style": "path"}),
                 )
             )
+            resolve_endpoints_per_bucket(client)
             await self._ensure_bucket(client)
         except BaseException:
             await stack.aclose()
