@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aioboto3
 import pytest
@@ -24,6 +25,8 @@ from assay.devstack.s3 import resolve_s3
 from assay.kernel.canonical import digest
 from assay.kernel.ids import TenantId, tenant_id
 from assay.store import BadBlobRef, BlobStore, S3BlobStore
+from assay.store.blob_cache import BlobCache
+from assay.store.s3_blobs import UNREFERENCED_ENDPOINT_PARAMS, resolve_endpoints_per_bucket
 
 pytestmark = pytest.mark.s3
 
@@ -72,7 +75,13 @@ async def stores(s3: Service, client: S3Client, bucket: str) -> AsyncIterator[li
 
 
 def make_store(
-    s3: Service, bucket: str, opened: list[S3BlobStore], *, prefix: str = "", region: str = ""
+    s3: Service,
+    bucket: str,
+    opened: list[S3BlobStore],
+    *,
+    prefix: str = "",
+    region: str = "",
+    cache: BlobCache | None = None,
 ) -> S3BlobStore:
     store = S3BlobStore(
         s3.address,
@@ -81,6 +90,7 @@ def make_store(
         secret_access_key=s3.details["secret_access_key"],
         region=region or s3.details["region"],
         prefix=prefix,
+        cache=cache,
     )
     opened.append(store)
     return store
@@ -256,6 +266,98 @@ async def test_a_prefixed_store_stays_inside_its_prefix(
     await boxed.delete(tenant, ref)
     assert await list_keys(client, bucket, prefix) == [key_of(tenant, b"also inside", prefix)]
     assert len(await list_keys(client, bucket)) == 3
+
+
+# -- the in-process cache ----------------------------------------------------------
+
+
+async def test_a_blob_read_is_read_again_from_memory_until_its_ttl(
+    s3: Service, client: S3Client, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    now = [0.0]
+    cache = BlobCache(ttl_s=60.0, clock=lambda: now[0])
+    store = await make_store(s3, bucket, stores, cache=cache).open()
+    a, b = new_tenant(), new_tenant()
+    content = b"an episode read by two comparisons"
+    ref = digest(content)
+    await client.put_object(Bucket=bucket, Key=key_of(a, content), Body=content)
+    assert await store.get(a, ref) == content
+
+    # Gone from the bucket (another process deleted it): the read is served from memory,
+    # which proves it made no request, and never for another tenant.
+    await client.delete_object(Bucket=bucket, Key=key_of(a, content))
+    assert await store.get(a, ref) == content
+    assert await store.get(b, ref) is None
+    now[0] = 61.0  # past the entry's ttl: the bucket is asked again
+    assert await store.get(a, ref) is None
+
+
+async def test_a_delete_through_the_store_forgets_the_blob_at_once(
+    s3: Service, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    store = await make_store(s3, bucket, stores).open()
+    tenant = new_tenant()
+    ref = await store.put(tenant, b"to be deleted")
+    assert await store.get(tenant, ref) == b"to be deleted"
+    await store.delete(tenant, ref)
+    assert await store.get(tenant, ref) is None
+
+
+async def test_a_write_is_not_cached_so_reading_it_back_asks_the_bucket(
+    s3: Service, client: S3Client, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    # A run's archive is read back before its records are deleted: that read must
+    # see what the bucket holds, not what this process wrote.
+    store = await make_store(s3, bucket, stores).open()
+    tenant = new_tenant()
+    ref = await store.put(tenant, b"an archive")
+    await client.delete_object(Bucket=bucket, Key=key_of(tenant, b"an archive"))
+    assert await store.get(tenant, ref) is None
+
+
+# -- endpoint resolution ------------------------------------------------------------
+
+
+def test_no_rule_of_s3s_endpoint_rule_set_reads_the_parameters_left_out() -> None:
+    # What makes resolving once per bucket right: should a botocore upgrade bring a
+    # rule that reads the key, this fails, and the parameters must be passed again.
+    import botocore.loaders
+
+    rules = botocore.loaders.Loader().load_service_model("s3", "endpoint-rule-set-1")
+    read: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("ref"), str):
+                read.add(node["ref"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str):
+            read.update(re.findall(r"\{([A-Za-z]+)", node))
+
+    walk(rules["rules"])
+    assert set(rules["parameters"]) >= UNREFERENCED_ENDPOINT_PARAMS
+    assert not UNREFERENCED_ENDPOINT_PARAMS & read
+
+
+async def test_the_endpoint_is_resolved_once_per_bucket_not_per_object() -> None:
+    session = aioboto3.Session(
+        aws_access_key_id="id", aws_secret_access_key="secret", region_name="us-east-1"
+    )
+    endpoint = "http://127.0.0.1:9"  # never contacted: only endpoints are resolved here
+    async with session.client("s3", endpoint_url=endpoint, config=PATH_STYLE) as client:
+        resolve_endpoints_per_bucket(client)
+        untyped: Any = client  # the stubs do not show botocore's resolver
+        provider = untyped._ruleset_resolver._provider
+        common = {"Bucket": "b", "Region": "us-east-1", "Endpoint": endpoint}
+        found = [
+            provider.resolve_endpoint(**common, ForcePathStyle=True, Key=f"k{i}") for i in range(5)
+        ]
+    assert {f.url for f in found} == {f"{endpoint}/b"}
+    assert all(f is found[0] for f in found)  # one evaluation, then the cached result
 
 
 def test_building_a_store_contacts_nothing() -> None:

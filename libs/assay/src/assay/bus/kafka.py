@@ -1,7 +1,8 @@
 """The Kafka transport (DESIGN §3, §5), on FastStream's `KafkaBroker` (aiokafka underneath).
 
-`KafkaTransport` is what a relay publishes through: `KafkaBroker.publish`,
-acknowledged by every in-sync replica (`acks="all"`), no idempotent producer
+`KafkaTransport` is what a relay publishes through: aiokafka's producer (FastStream's
+`KafkaBroker.publish` under its in-memory test broker; see `KafkaTransport.publish`
+for why not always), acknowledged by every in-sync replica (`acks="all"`), no idempotent producer
 (not every Kafka-protocol broker has one; the consumer's inbox makes a
 re-publish a no-op), keys hashed by the client's default murmur2 partitioner —
 the same partition numbers as `assay.bus.partitioner` and the embedded bus.
@@ -22,8 +23,10 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
+from itertools import chain
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from faststream.kafka import KafkaBroker
@@ -124,16 +127,35 @@ def _headers(entry: OutboxEntry) -> dict[str, str]:
     return as_text(entry.headers)
 
 
+_CONTENT_TYPE = ("content-type", b"")
+"""What FastStream's publish writes first for a bytes body; written here too, so that a
+record's headers are the same whichever way it was published."""
+
+
+def _wire_headers(entry: OutboxEntry) -> list[tuple[str, bytes]]:
+    """The header list `KafkaBroker.publish` would have written for `entry`.
+
+    Headers that fit a dict of text exactly (every name once, every value ASCII,
+    as Assay's own are) go as they are: the dict would give back the same bytes.
+    """
+    headers = entry.headers
+    if all(value.isascii() for _, value in headers) and len({n for n, _ in headers}) == len(
+        headers
+    ):
+        return [_CONTENT_TYPE, *headers]
+    return [_CONTENT_TYPE, *((name, text.encode()) for name, text in _headers(entry).items())]
+
+
 @dataclass
 class KafkaTransport:
-    """`Transport` over a FastStream `KafkaBroker`. Use `open()` first (or `async with`).
+    """`Transport` over aiokafka's producer. Use `open()` first (or `async with`).
 
     Attributes:
         request_timeout_ms: how long a record may wait for its acknowledgement;
             after that `publish` fails and the relay keeps the rows.
         linger_ms: how long the producer waits to fill a batch.
-        broker: the broker to publish through; built from the other attributes when
-            None (a test passes one under FastStream's `TestKafkaBroker`).
+        broker: a FastStream broker to publish through instead (a test passes one
+            under FastStream's `TestKafkaBroker`, which has no aiokafka producer).
     """
 
     bootstrap: str
@@ -142,6 +164,7 @@ class KafkaTransport:
     request_timeout_ms: int = 30_000
     linger_ms: int = 0
     broker: KafkaBroker | None = None
+    _producer: AIOKafkaProducer | None = field(default=None, init=False, repr=False)
 
     async def open(self) -> KafkaTransport:
         """Connect the producer.
@@ -149,24 +172,24 @@ class KafkaTransport:
         Raises:
             KafkaError: the cluster could not be reached.
         """
-        if self.broker is None:
-            self.broker = KafkaBroker(
-                self.bootstrap,
-                client_id=self.client_id,
-                acks="all",
-                enable_idempotence=False,  # Tansu has no idempotent producer; the inbox dedupes
-                linger_ms=self.linger_ms,
-                request_timeout_ms=self.request_timeout_ms,
-                allow_auto_create_topics=False,  # `ensure_topics` creates them, partitions fixed
-                logger=None,
-                id_generator=lambda: "",  # no `correlation_id` header: the envelope has its own
-            )
-        try:
+        if self.broker is not None:
             await self.broker.connect()
+            return self
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.client_id,
+            acks="all",
+            enable_idempotence=False,  # Tansu has no idempotent producer; the inbox dedupes
+            linger_ms=self.linger_ms,
+            request_timeout_ms=self.request_timeout_ms,
+        )
+        try:
+            await producer.start()
         except BaseException:
             with contextlib.suppress(Exception):
-                await self.broker.stop()
+                await producer.stop()
             raise
+        self._producer = producer
         return self
 
     async def __aenter__(self) -> KafkaTransport:
@@ -179,27 +202,28 @@ class KafkaTransport:
         """Send every entry, then wait until each is acknowledged by all in-sync replicas.
 
         Records of one key keep their order: they land on one partition, and
-        the producer has at most one request in flight per broker. Each record
-        is its own `KafkaBroker.publish` (not `publish_batch`, which sends one
-        batch to one partition and so cannot spread keys by murmur2).
+        the producer has at most one request in flight per broker.
+
+        Outbox rows go to aiokafka's `send` directly, not through FastStream's
+        `KafkaBroker.publish`: that builds a `KafkaPublishCommand`, runs the publish
+        middleware chain and the codec for every record (faststream/kafka/broker/
+        broker.py, `KafkaBroker.publish` -> `_basic_publish`), which halved the
+        relay's rate against a raw producer, and its `publish_batch` sends one
+        batch to one partition with one set of headers (faststream/kafka/publisher/
+        producer.py, `AioKafkaFastProducerImpl.publish_batch`: `send_batch(batch,
+        destination, partition=cmd.partition)`), so it cannot carry per-record
+        keys and headers. The records are the ones `KafkaBroker.publish` writes,
+        headers included (`_wire_headers`).
 
         Raises:
             PublishFailed: at least one record was not acknowledged (some others
                 may have been: publishing the batch again is at-least-once).
             RuntimeError: the transport is not open.
         """
-        broker = self.broker
-        if broker is None:
-            raise RuntimeError(f"Kafka transport {self.client_id} is not open")
         deliveries: list[asyncio.Future[Any]] = []
         error: BaseException | None = None
         try:
-            for e in entries:
-                sent = await broker.publish(
-                    e.value, e.topic, key=e.key.encode(), headers=_headers(e), no_confirm=True
-                )
-                if isinstance(sent, asyncio.Future):  # an in-memory test broker returns None
-                    deliveries.append(sent)
+            await self._send(entries, deliveries)
         except KafkaError as exc:  # e.g. no metadata, or the buffer stayed full: a timeout
             error = exc
         results = await asyncio.gather(*deliveries, return_exceptions=True)
@@ -211,9 +235,34 @@ class KafkaTransport:
                 f"{len(entries) - acked} of {len(entries)} records not acknowledged: {error!r}"
             ) from error
 
+    async def _send(
+        self, entries: list[OutboxEntry], deliveries: list[asyncio.Future[Any]]
+    ) -> None:
+        """Hand every entry to the producer, collecting the futures of their acks."""
+        producer, broker = self._producer, self.broker
+        if producer is not None:
+            for e in entries:
+                deliveries.append(
+                    await producer.send(
+                        e.topic, e.value, key=e.key.encode(), headers=_wire_headers(e)
+                    )
+                )
+            return
+        if broker is None:
+            raise RuntimeError(f"Kafka transport {self.client_id} is not open")
+        for e in entries:
+            sent = await broker.publish(
+                e.value, e.topic, key=e.key.encode(), headers=_headers(e), no_confirm=True
+            )
+            if isinstance(sent, asyncio.Future):  # an in-memory test broker returns None
+                deliveries.append(sent)
+
     async def close(self) -> None:
         """Flush what is pending and disconnect."""
+        producer, self._producer = self._producer, None
         broker, self.broker = self.broker, None
+        if producer is not None:
+            await producer.stop()
         if broker is not None:
             await broker.stop()
 
@@ -268,6 +317,16 @@ def stage_subscriber(
         include_in_schema=False,  # the stage applications in `assay.bus.asyncapi` document it
     )
 
+    async def fetched(consumer: Any) -> tuple[Any, ...]:
+        # FastStream's `BatchSubscriber.get_msg` sleeps `batch_timeout_ms` after every
+        # empty wait (faststream/kafka/subscriber/usecase.py): a record arriving then
+        # waits it out, so the wait had to be a few milliseconds, and an idle stage
+        # woke hundreds of times a second. aiokafka's `getmany` returns as soon as a
+        # fetch brings records, so waiting long and never sleeping costs no latency.
+        found = await consumer.getmany(timeout_ms=poll_ms)
+        return tuple(chain.from_iterable(found.values()))
+
+    sub.get_msg = fetched  # type: ignore[method-assign]
     workers.subscriber = sub
 
     @sub
@@ -289,14 +348,11 @@ class KafkaSource:
             giving its partitions to the others.
         heartbeat_interval_ms: how often a member tells the group it is alive.
         poll_ms: how long the subscriber waits for fetched records before it looks
-            again; short, because FastStream's batch subscriber also sleeps this long
-            after every empty wait (faststream/kafka/subscriber/usecase.py,
-            `BatchSubscriber.get_msg`), and a record arriving then waits it out: idle,
-            each hop of the task-to-result path pays up to `poll_ms`. Only the local
-            loop wakes this often; requests to the broker are paced by
-            `fetch_max_wait_ms` (aiokafka's fetcher long-polls on its own).
-        fetch_max_wait_ms: the longest the broker holds a fetch waiting for data; short,
-            because every stage is a hop on the task-to-result path.
+            again (and sees whether it should stop); a record fetched meanwhile is
+            handed over at once (`stage_subscriber`). Only the local loop wakes this
+            often; requests to the broker are paced by `fetch_max_wait_ms`
+            (aiokafka's fetcher long-polls on its own).
+        fetch_max_wait_ms: the longest the broker holds a fetch waiting for data.
         retry_backoff_s: the first wait before a failed record is retried (doubling).
     """
 
@@ -306,7 +362,7 @@ class KafkaSource:
     member_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     client_id: str | None = None
-    poll_ms: int = 5
+    poll_ms: int = 200
     fetch_max_wait_ms: int = 20
     retry_backoff_s: float = 0.5
     _workers: PartitionWorkers | None = field(default=None, init=False, repr=False)

@@ -34,6 +34,8 @@ from assay.store.faults import Outage
 log = logging.getLogger(__name__)
 
 RETRY_MAX_S = 5.0
+HINT_EVERY_S = 1.0
+"""How often handled positions are committed to the group, as a hint for lag tools."""
 
 
 def bus_message(record: Any) -> BusMessage:
@@ -76,6 +78,8 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
     backing_off: dict[TopicPartition, asyncio.TimerHandle] = field(default_factory=dict)
     hints: dict[TopicPartition, int] = field(default_factory=dict)  # handled, not committed
     committing: asyncio.Task[None] | None = None
+    hinted_at: float = float("-inf")
+    """When handled positions were last committed to the group (monotonic)."""
     positioning: asyncio.Lock = field(default_factory=asyncio.Lock)
     closing: bool = False
     joined: bool = False
@@ -259,9 +263,14 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
                 self.consumer.resume(tp)
 
     def _commit_hints(self) -> None:
-        """Commit handled positions to the group, in the background, best effort."""
+        """Commit handled positions to the group, in the background, best effort, at
+        most every `HINT_EVERY_S` (each commit is a request the broker serves; the
+        positions that count are the stage's own)."""
+        now = time.monotonic()
+        if now - self.hinted_at < HINT_EVERY_S:
+            return
         if self.hints and (self.committing is None or self.committing.done()):
-            offsets, self.hints = self.hints, {}
+            offsets, self.hints, self.hinted_at = self.hints, {}, now
             self.committing = asyncio.create_task(self._commit(offsets))
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:

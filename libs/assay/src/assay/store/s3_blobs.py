@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import ClientError
 
 from assay.kernel.canonical import digest
 from assay.kernel.ids import TenantId
+from assay.store.blob_cache import BlobCache
 from assay.store.fs_blobs import check_ref
 
 if TYPE_CHECKING:
@@ -18,6 +19,32 @@ if TYPE_CHECKING:
 
 # GetObject on a missing key answers NoSuchKey; a bodiless 404 carries only the status.
 _MISSING_KEY = frozenset({"NoSuchKey", "404"})
+
+UNREFERENCED_ENDPOINT_PARAMS = frozenset({"Key", "Prefix", "CopySource"})
+"""Parameters of S3's endpoint rule set that none of its rules reads."""
+
+
+def resolve_endpoints_per_bucket(client: Any) -> None:
+    """Make `client` resolve its endpoint once per bucket, not once per object.
+
+    botocore resolves a request's endpoint by evaluating S3's rule set, caching the
+    result by the rule set's parameters; those include the object's `Key` (and
+    `Prefix`, `CopySource`), which no rule reads, so the cache missed for every
+    object and the evaluation was a quarter of each request's CPU
+    (boto/botocore#3528). Fixed upstream by dropping them before the lookup
+    (boto/botocore#3692), later than the botocore aiobotocore pins here; this does
+    the same. `test_store_s3` fails should a rule come to read one of them.
+    """
+    provider = getattr(getattr(client, "_ruleset_resolver", None), "_provider", None)
+    if provider is None:  # another botocore: leave it as it is
+        return
+    resolve = provider.resolve_endpoint
+
+    def per_bucket(**params: Any) -> Any:
+        kept = {k: v for k, v in params.items() if k not in UNREFERENCED_ENDPOINT_PARAMS}
+        return resolve(**kept)
+
+    provider.resolve_endpoint = per_bucket
 
 
 class S3BlobStore:
@@ -30,6 +57,12 @@ class S3BlobStore:
 
     Works against AWS S3 and S3-compatible servers (MinIO, moto): requests use
     path-style addressing. One client is held from `open()` to `close()`.
+
+    Blobs read are kept in `cache` (`assay.store.blob_cache`): a stage that reads
+    an episode again (the tournament, for the reference of every challenger of a
+    task) reads it from memory, not from the bucket. Blobs written are not: a read
+    right after a write (a run's archive, read back before its records are
+    deleted) must come from the bucket.
     """
 
     def __init__(
@@ -41,6 +74,7 @@ class S3BlobStore:
         secret_access_key: str | None,
         region: str = "us-east-1",
         prefix: str = "",
+        cache: BlobCache | None = None,
     ) -> None:
         """Describe the store; nothing is contacted until `open()`.
 
@@ -54,6 +88,7 @@ class S3BlobStore:
             region: the bucket's region (the region a new bucket is created in).
             prefix: a key prefix the store never leaves, e.g. `"assay/prod/"`; a
                 missing trailing `/` is added so one prefix never overlaps another.
+            cache: the in-process cache of blobs (a default-sized one when None).
         """
         self._endpoint_url = endpoint_url
         self._bucket = bucket
@@ -63,6 +98,7 @@ class S3BlobStore:
         self._stack: AsyncExitStack | None = None
         self._client: S3Client | None = None
         self._opening = asyncio.Lock()
+        self.cache = cache if cache is not None else BlobCache()
 
     @property
     def bucket(self) -> str:
@@ -114,6 +150,7 @@ class S3BlobStore:
                     config=AioConfig(s3={"addressing_style": "path"}),
                 )
             )
+            resolve_endpoints_per_bucket(client)
             await self._ensure_bucket(client)
         except BaseException:
             await stack.aclose()
@@ -174,6 +211,9 @@ class S3BlobStore:
                 (a missing bucket included: that is misconfiguration, not absence).
         """
         key = self.key(tenant, ref)
+        cached = self.cache.get(tenant, ref)
+        if cached is not None:
+            return cached
         try:
             response = await self._s3.get_object(Bucket=self._bucket, Key=key)
         except ClientError as exc:
@@ -181,7 +221,9 @@ class S3BlobStore:
                 return None
             raise
         async with response["Body"] as body:
-            return await body.read()
+            content = await body.read()
+        self.cache.put(tenant, ref, content)
+        return content
 
     async def delete(self, tenant: TenantId, ref: str) -> None:
         """Remove this tenant's blob `ref`; a no-op when there is none.
@@ -190,6 +232,7 @@ class S3BlobStore:
             BadBlobRef: `ref` is malformed.
         """
         key = self.key(tenant, ref)
+        self.cache.evict(tenant, ref)
         await self._s3.delete_object(Bucket=self._bucket, Key=key)
 
     def tenant_prefix(self, tenant: TenantId) -> str:
