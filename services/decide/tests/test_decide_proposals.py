@@ -29,7 +29,6 @@ from assay.messages import (
     FailureEvidence,
     ProposalRequested,
     ReviewProposal,
-    RolledBack,
     Rung,
     VerifierResult,
     WorkflowRegistered,
@@ -162,7 +161,11 @@ async def test_a_rejection_without_failures_proposes_nothing(stage: Stage) -> No
 async def test_a_rollback_asks_for_a_proposal_too(stage: Stage) -> None:
     capped = WinRecord(judge_wins=2, capped=1)
     out = await stage.evidence(evidence(2, record=capped, served=1, failures=FAILURES))
-    assert [type(m) for m in out] == [RolledBack, AllocationChanged, ProposalRequested]
+    assert [type(m).__name__ for m in out] == [
+        "RolledBack",
+        "AllocationChanged",
+        "ProposalRequested",
+    ]
 
 
 async def test_approval_waits_while_another_challenger_climbs(stage: Stage) -> None:
