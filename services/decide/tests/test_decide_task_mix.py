@@ -81,7 +81,7 @@ async def test_a_drift_holds_promotion_until_it_is_acknowledged(stage: Stage) ->
     await stage.send(WORKFLOWS, drifted())
     served = LADDER.min_trial_runs
     assert await stage.evidence(evidence(2, record=WINS, served=served)) == []
-    standing = await stage.state("ladder", "arith")
+    standing = await stage.state("ladder", f"arith/{ir(2).version}")
     assert standing is not None
     assert standing["held"] == (
         "task mix drifted: PSI 0.412 on input.language above 0.2 over the last 500 tasks "
