@@ -83,13 +83,17 @@ async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Con
         await reads.close()
 
 
+UNKNOWN = "5c0c3a52-9b7e-4d2a-8f11-0e6f4a3b2c91"
+"""A tenant nobody has: fixed, so every pytest worker collects the same test ids."""
+
+
 @pytest.mark.parametrize(
     ("path", "headers", "body", "status", "names"),
     [
         (f"/api/tenants/{GONE}/delete", OWN, {}, 403, "only the admin"),
         (f"/api/tenants/{GONE}/delete", {}, {}, 401, "bearer token"),
         ("/api/tenants/not-a-tenant/delete", ADMIN, {}, 400, "not a UUID"),
-        (f"/api/tenants/{uuid.uuid4()}/delete", ADMIN, {}, 404, "no such tenant"),
+        (f"/api/tenants/{UNKNOWN}/delete", ADMIN, {}, 404, "no such tenant"),
         (f"/api/tenants/{GONE}/delete", ADMIN, {"reason": "x" * 2001}, 400, "reason"),
         (f"/api/tenants/{GONE}/delete", ADMIN, {"extra": 1}, 400, "extra"),
         (f"/api/tenants/{GONE}/delete?tenant={GONE}", ADMIN, {}, 400, "unknown parameter"),
