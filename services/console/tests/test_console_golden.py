@@ -13,6 +13,7 @@ import pytest
 from assay.kernel import BranchId, Lsn, TenantId
 from assay.record import BranchKey, LogRecord
 from assay.record.compaction import with_compaction
+from assay.record.erasure import with_erasure
 from assay_console.ladder import LADDER_EVENTS
 from assay_console.stage import CONSOLE_EVENTS, fold_console
 
@@ -31,7 +32,8 @@ def test_every_event_version_has_a_fixture_that_decodes_and_folds(type_: str, ve
     event = CONSOLE_EVENTS.decode(type_, version, json.loads(path.read_text()))
     stream = "workflow:arith" if isinstance(event, LADDER_EVENTS) else "run:fixture"
     key = BranchKey(TenantId(uuid.UUID(int=1)), stream, BranchId(0))
-    fold = with_compaction(fold_console)  # as the stage folds: retention's checkpoint too
+    # as the stage folds: retention's checkpoint and a deleted tenant's tombstone too
+    fold = with_erasure(with_compaction(fold_console))
     deltas = fold(LogRecord(key, Lsn(0), version, 0, event))
     assert deltas, "a stored fact that folds into nothing"
     assert all(d.at.tenant == key.tenant for d in deltas), "a fold wrote outside the tenant"
