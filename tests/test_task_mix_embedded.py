@@ -171,8 +171,9 @@ async def test_a_drifted_mix_is_exported_shown_and_holds_promotion_until_acknowl
             await rt.publish(AGGREGATES, evidence(served=0), TENANT, idem="to-trial")
             await rt.publish(AGGREGATES, evidence(served=5), TENANT, idem="promote?")
 
-            async def held() -> bool:
-                standing = await doc("decide", "ladder")
+            async def held() -> bool:  # the challenger's standing: `<workflow>/<version>`
+                key = StateKey(TENANT, "ladder", f"{V1.id}/{V2.version}")
+                standing = await rt.logs["decide"].get(key)
                 return standing is not None and standing.get("held") is not None
 
             await until(held, "the promotion to be held")
