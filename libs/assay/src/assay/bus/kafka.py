@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
-from itertools import chain
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -317,16 +316,6 @@ def stage_subscriber(
         include_in_schema=False,  # the stage applications in `assay.bus.asyncapi` document it
     )
 
-    async def fetched(consumer: Any) -> tuple[Any, ...]:
-        # FastStream's `BatchSubscriber.get_msg` sleeps `batch_timeout_ms` after every
-        # empty wait (faststream/kafka/subscriber/usecase.py): a record arriving then
-        # waits it out, so the wait had to be a few milliseconds, and an idle stage
-        # woke hundreds of times a second. aiokafka's `getmany` returns as soon as a
-        # fetch brings records, so waiting long and never sleeping costs no latency.
-        found = await consumer.getmany(timeout_ms=poll_ms)
-        return tuple(chain.from_iterable(found.values()))
-
-    sub.get_msg = fetched  # type: ignore[method-assign]
     workers.subscriber = sub
 
     @sub
@@ -348,11 +337,14 @@ class KafkaSource:
             giving its partitions to the others.
         heartbeat_interval_ms: how often a member tells the group it is alive.
         poll_ms: how long the subscriber waits for fetched records before it looks
-            again (and sees whether it should stop); a record fetched meanwhile is
-            handed over at once (`stage_subscriber`). Only the local loop wakes this
-            often; requests to the broker are paced by `fetch_max_wait_ms`
-            (aiokafka's fetcher long-polls on its own).
-        fetch_max_wait_ms: the longest the broker holds a fetch waiting for data.
+            again; short, because FastStream's batch subscriber also sleeps this long
+            after every empty wait (faststream/kafka/subscriber/usecase.py,
+            `BatchSubscriber.get_msg`), and a record arriving then waits it out: idle,
+            each hop of the task-to-result path pays up to `poll_ms`. Only the local
+            loop wakes this often; requests to the broker are paced by
+            `fetch_max_wait_ms` (aiokafka's fetcher long-polls on its own).
+        fetch_max_wait_ms: the longest the broker holds a fetch waiting for data; short,
+            because every stage is a hop on the task-to-result path.
         retry_backoff_s: the first wait before a failed record is retried (doubling).
     """
 
@@ -362,7 +354,7 @@ class KafkaSource:
     member_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     client_id: str | None = None
-    poll_ms: int = 200
+    poll_ms: int = 5
     fetch_max_wait_ms: int = 20
     retry_backoff_s: float = 0.5
     _workers: PartitionWorkers | None = field(default=None, init=False, repr=False)

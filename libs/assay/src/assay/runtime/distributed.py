@@ -35,9 +35,6 @@ from assay.store.s3_blobs import S3BlobStore
 
 log = logging.getLogger(__name__)
 
-RELAY_FALLBACK_POLL_S = 1.0
-"""How often a stage's relay looks at its outbox when nothing woke it."""
-
 
 def blob_store(settings: AssaySettings) -> S3BlobStore:
     """The S3 blob store the settings describe."""
@@ -96,10 +93,7 @@ async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> Non
         leader = PgAdvisoryLeader(
             settings.database.url, stage, stalled_after_s=settings.lease_ttl_s
         )
-        # Woken by this process's commits and by the LISTEN below (which reconnects, and
-        # wakes the relay when it does): the poll is only the fallback, and each poll is
-        # an outbox query on every replica, idle or not.
-        relay = OutboxRelay(stage, event_log, transport, leader, poll_s=RELAY_FALLBACK_POLL_S)
+        relay = OutboxRelay(stage, event_log, transport, leader)
         listener = await listen_for_outbox(settings.database.url, stage, relay.wake)
         stack.push_async_callback(listener.close)
         source = KafkaSource(
