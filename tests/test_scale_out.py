@@ -37,7 +37,7 @@ PARTITIONS = 6
 MEMBER_TIMEOUT_MS = 6_000
 SHARE = 30
 """Tasks produced before the kill, and as many with it."""
-EXECUTE_TOPICS = ("assay.runs", "assay.run-commands", "assay.results")
+EXECUTE_TOPICS = ("assay.runs", "assay.run-commands", "assay.results", "assay.tenants")
 
 
 def held_by(d: Deployment, names: Iterable[str]) -> dict[str, set[str]] | None:
@@ -89,7 +89,7 @@ async def test_replicas_share_the_partitions_and_a_killed_one_hands_its_share_on
     try:
         assert {"execute", "execute-2", "execute-3", "tournament", "tournament-2"} <= set(d.procs)
         await until_spread(d, ("execute", "execute-2", "execute-3"), EXECUTE_TOPICS)
-        await until_spread(d, ("tournament", "tournament-2"), ("assay.verified",))
+        await until_spread(d, ("tournament", "tournament-2"), ("assay.verified", "assay.tenants"))
         tenant = await set_up_tenant(d, challenger=True)
         first, second = TASKS[:SHARE], TASKS[SHARE : 2 * SHARE]
         await produce(d.bootstrap, task_records(tenant, first))
