@@ -33,6 +33,7 @@ def test_the_number_of_challengers_is_checked_before_anything_runs() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(360)  # the whole demo, two challengers climbing: ≈ 90–150 s on two busy cores
 async def test_two_challengers_climb_at_once_and_the_better_one_is_promoted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
