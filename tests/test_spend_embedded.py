@@ -23,8 +23,7 @@ from assay.cli.health import health_command
 from assay.cli.ladder import read_reports
 from assay.cli.rebuild import rebuild
 from assay.engine import Prices, solve
-from assay.kernel import RunId, TaskId
-from assay.kernel.canonical import content_hash
+from assay.kernel import RunId
 from assay.kernel.scores import WinRecord
 from assay.kernel.spend import Spend
 from assay.messages import (
@@ -40,6 +39,7 @@ from assay.record import StateKey
 from assay.runtime import Embedded
 from assay.runtime.settings import AssaySettings
 from assay.workflow import WorkflowDef, from_document
+from assay_ingest.stage import task_id_for
 from libs.assay.tests.chat_endpoint import ChatServer, Reply, Seen, completion, json_reply
 from tests.test_calibration_embedded import TENANT, on_bus, register, until
 
@@ -85,11 +85,15 @@ def task(n: int, answer: str) -> TaskSubmitted:
     )
 
 
+TASK_ID = task_id_for(task(0, "5"))
+"""Every task here is the same one: its reference is the first current run verified."""
+
+
 def rejected() -> VariantAggregate:
     """The challenger loses: decide rejects it and asks the proposer for the next one."""
     failure = FailureEvidence(
         run_id=RunId("01HZX3V8Q6M9T2K4R7W1Y5N001"),
-        task_id=TaskId(content_hash({"question": "2 + 3"})),
+        task_id=TASK_ID,
         workflow_version=V2.version,
         failed_checks=[
             VerifierResult(
@@ -139,8 +143,17 @@ async def test_every_purpose_reaches_assay_usage_with_its_dollars(
                 )
 
             await until(routed, "the workflow to be routed")
-            for n, answer in enumerate(("5", "6")):  # work runs: a pass and a fail
-                await rt.publish(TASKS, task(n, answer), TENANT, idem=f"task-{n}")
+            # work runs: a pass, then a fail. The pass goes first and becomes the task's
+            # reference, so the challenger's passing shadow runs are compared by the judge
+            # (against the fail, the verifier would decide, and grading would spend nothing)
+            await rt.publish(TASKS, task(0, "5"), TENANT, idem="task-0")
+            reference = StateKey(TENANT, "reference", f"{TASK_ID}/{V1.version}")
+
+            async def referenced() -> bool:
+                return await rt.logs["tournament"].get(reference) is not None
+
+            await until(referenced, "the passing run to become the task's reference")
+            await rt.publish(TASKS, task(1, "6"), TENANT, idem="task-1")
             await register(rt, V2)
 
             async def challenged() -> bool:
