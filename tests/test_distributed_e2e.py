@@ -254,9 +254,7 @@ async def test_a_challenger_climbs_the_ladder_on_evidence_and_a_core_violator_ro
     promoted = await decide_state(d, tenant, "decision", v2)
     assert promoted is not None
     assert (promoted["outcome"], promoted["rung"]) == ("promoted", "trial"), promoted
-    alloc = await allocation(d, tenant)
-    assert alloc is not None
-    assert (alloc["current"], alloc["challenger"]) == (v2, None)
+    await wait_for("ingest to route to v2 alone", lambda: _routes_to(d, tenant, v2), 60)
     served = await d.query(
         "SELECT value FROM ingest.state WHERE tenant = $1 AND kind = 'task'", uuid.UUID(tenant)
     )
@@ -283,9 +281,7 @@ async def test_a_challenger_climbs_the_ladder_on_evidence_and_a_core_violator_ro
         "capped",
         "shadow",
     )
-    alloc = await allocation(d, tenant)
-    assert alloc is not None
-    assert (alloc["current"], alloc["challenger"]) == (v2, None)
+    await wait_for("ingest to route to v2 alone", lambda: _routes_to(d, tenant, v2), 60)
 
     def rolled_back(records: list[Any]) -> bool:
         return any(_rollback_of(r, tenant, v3) for r in records)
@@ -479,6 +475,13 @@ async def test_a_run_is_branched_with_deltas_from_the_command_line(
 
 async def _is(read: Any, value: str) -> bool:
     return bool(await read() == value)
+
+
+async def _routes_to(d: Deployment, tenant: str, current: str) -> bool:
+    """Whether ingest's allocation has `current` and no challenger: decide's decision
+    reaches ingest over assay.decisions, a moment after decide recorded it."""
+    a = await allocation(d, tenant)
+    return a is not None and (a["current"], a["challenger"]) == (current, None)
 
 
 async def _exists(doc: Any) -> bool:

@@ -320,6 +320,7 @@ async def test_a_restarted_consumer_resumes_from_the_positions_the_handler_store
     assert_in_order(before + after)
 
 
+@pytest.mark.timeout(120)
 async def test_two_sources_in_one_group_split_the_partitions_and_see_every_record_once(
     kafka: Service,
 ) -> None:
@@ -345,15 +346,21 @@ async def test_two_sources_in_one_group_split_the_partitions_and_see_every_recor
         asyncio.create_task(source(kafka, group).consume([topic], member(n), positions, stop))
         for n in ("a", "b")
     ]
+
+    def handled() -> int:
+        return len(seen["a"]) + len(seen["b"])
+
     try:
+        # publish while the group forms, until both members have handled records; then
+        # let them drain what was published (a loaded machine lags; it must not lose)
         deadline = time.monotonic() + 25
         while time.monotonic() < deadline:
             await publish(kafka, entries(topic, 60, 12, start=published))
             published += 60
             await asyncio.sleep(0.3)
-            total = len(seen["a"]) + len(seen["b"])
-            if seen["a"] and seen["b"] and total == published and published >= 600:
+            if seen["a"] and seen["b"] and published >= 600:
                 break
+        await eventually(lambda: handled() >= published, 30)
     finally:
         stop.set()
         await asyncio.gather(*runs)

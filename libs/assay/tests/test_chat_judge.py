@@ -45,12 +45,13 @@ MakeJudge = Callable[..., ChatJudge]
 
 @pytest.fixture
 async def make_judge() -> AsyncIterator[MakeJudge]:
-    """Build chat judges on a fast-retrying model and close them after the test."""
+    """Build chat judges on a fast-retrying model and close them after the test (a 30 s
+    timeout per call: a loopback answer is immediate, but not on two saturated cores)."""
     made: list[ChatJudge] = []
 
     def make(base_url: str, *, prices: Prices | None = None, **options: Any) -> ChatJudge:
         model = ChatCompletionsModel(
-            base_url, "judge-model", retry=FAST, timeout_s=5.0, prices=prices
+            base_url, "judge-model", retry=FAST, timeout_s=30.0, prices=prices
         )
         judge = ChatJudge(model, **options)
         made.append(judge)

@@ -140,7 +140,7 @@ class Deployment:
             env["ASSAY_CONSOLE_EXECUTE_URL"] = f"http://127.0.0.1:{self.ports['execute']}"
         return env
 
-    def wait_healthy(self, timeout_s: float = 60) -> None:
+    def wait_healthy(self, timeout_s: float = 120) -> None:
         """Block until every started process answers /healthz with ok."""
 
         def healthy(name: str) -> tuple[bool, str]:
@@ -164,7 +164,7 @@ class Deployment:
         except urllib.error.HTTPError as exc:
             return False, dict(json.loads(exc.read() or b"{}"))
 
-    def wait_ready(self, timeout_s: float = 60) -> None:
+    def wait_ready(self, timeout_s: float = 120) -> None:
         """Block until every started process answers /readyz with ready."""
 
         def ready(name: str) -> tuple[bool, str]:
