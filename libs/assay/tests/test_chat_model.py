@@ -36,6 +36,7 @@ from assay.engine import (
     prices_of,
     request_seed,
 )
+from assay.engine.tools import JsonFieldArgs, offered
 from assay.kernel import (
     AttemptState,
     BranchId,
@@ -96,6 +97,41 @@ async def test_a_completion_carries_the_text_tokens_model_and_cost(
     assert done.model == "local-model-q4"  # what actually served the call
     assert done.cost_usd == pytest.approx((12 * 1.0 + 5 * 2.0) / 1_000_000)
     assert [s.path for s in server.seen] == ["/v1/chat/completions"]
+
+
+async def test_offered_tools_ride_the_request_and_a_tool_call_answer_is_refused(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    tools = [offered(BUILTIN_TOOLS["json_field"])]
+    model = make_model(server.base_url)
+    done = await model.complete_with_tools("hi", max_tokens=8, seed="s", tools=tools)
+    assert done.text == "The answer is 153."
+    (sent,) = (s.body for s in server.seen)
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "json_field",
+                "description": "Field `field` of the JSON object in `text`.",
+                "parameters": JsonFieldArgs.model_json_schema(),
+            },
+        }
+    ]
+    assert set(sent["tools"][0]["function"]["parameters"]["required"]) == {"text", "field"}
+    await model.complete("hi", max_tokens=8, seed="s")
+    assert "tools" not in server.seen[1].body  # a plain call offers none
+
+    calls = completion(text="")
+    calls["choices"][0]["message"] = {
+        "role": "assistant",  # some servers leave `content` out of a tool-call answer
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "json_field"}}],
+    }
+    server.answer(json_reply(calls))
+    with pytest.raises(ModelResponseInvalid) as caught:
+        await model.complete_with_tools("hi", max_tokens=8, seed="s", tools=tools)
+    assert "answered with a call of json_field" in str(caught.value)
+    assert caught.value.billed is not None
+    assert (caught.value.billed.text, caught.value.billed.prompt_tokens) == ("", 12)
 
 
 async def test_without_prices_a_completion_costs_nothing(

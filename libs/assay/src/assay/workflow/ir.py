@@ -50,13 +50,31 @@ class ModelStep(_Frozen):
             "model); a replay candidate's model variant sets it. Left out while unset."
         ),
     )
+    tools: list[str] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Registered tools offered to the model with the prompt (OpenAI-style `tools`); "
+            "the engine does not run a tool call the model answers with. Left out while unset."
+        ),
+    )
+    context_budget_chars: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Most characters the prompt may have; whole references are dropped to fit "
+            "(earlier-step outputs first, then task fields). Left out while unset."
+        ),
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_model(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Left out while unset, so versions written before it hash as they always did."""
+        """Left out while unset, so versions written before them hash as they always did."""
         data: dict[str, Any] = handler(self)
-        if data.get("model") is None:
-            data.pop("model", None)
+        for name in ("model", "tools", "context_budget_chars"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
 
@@ -200,6 +218,30 @@ class ContextExpectation(_Frozen):
     tools_offered: list[str] = Field(
         default_factory=list, description="Tools the model must have been offered."
     )
+    dropped: list[str] | None = Field(
+        None,
+        description=(
+            "References the context budget must have dropped (the budget really bit). "
+            "Left out while unset."
+        ),
+    )
+    max_dropped: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Most references the budget may have dropped (0: nothing may be dropped). "
+            "Left out while unset."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Left out while unset, so versions written before them hash as they always did."""
+        data: dict[str, Any] = handler(self)
+        for name in ("dropped", "max_dropped"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class VerifierSpec(_Frozen):
