@@ -8,6 +8,7 @@ httpx is replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -433,7 +434,7 @@ TENANT = tenant_id(uuid.UUID("0b7e4c1a-5d2f-4e8b-9c3a-7f1e2d4b6a80"))
 TASK = {"question": "(5 + 12) * 9", "answer": "153"}
 
 
-def shadow_run(max_attempts: int = 1) -> RunSpec:
+def shadow_run(max_attempts: int = 1, **solve: Any) -> RunSpec:
     wf = validate(
         WorkflowDef.model_validate(
             {
@@ -445,6 +446,7 @@ def shadow_run(max_attempts: int = 1) -> RunSpec:
                         "prompt": "What is {{ task.question }}?",
                         "retry": {"max_attempts": max_attempts},
                         "timeout_s": 10,
+                        **solve,
                     },
                     {
                         "id": "answer",
@@ -591,3 +593,54 @@ async def test_a_siblings_cost_cap_never_stops_a_model_that_costs_nothing(
     spec = capped_sibling(1e-9, steps=3)
     episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, journal)
     assert [a.state for a in episode.attempts] == [AttemptState.SUCCEEDED] * 3
+
+
+async def test_a_step_offering_tools_sends_them_and_a_tool_call_answer_fails_the_attempt(
+    server: ChatServer, make_model: MakeModel, journal: LogJournal
+) -> None:
+    calls = completion(text="")
+    calls["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "extract_number"}}],
+    }
+    server.answer(json_reply(calls))
+    spec = shadow_run(tools=["extract_number"])
+    episode = await Driver(make_model(server.base_url), BUILTIN_TOOLS).drive(spec, journal)
+
+    (request,) = server.seen
+    assert request.body["tools"] == [offered(BUILTIN_TOOLS["extract_number"])]
+    assert not episode.succeeded
+    (attempt,) = episode.attempts
+    assert attempt.state is AttemptState.FAILED
+    assert "answered with a call of extract_number" in (attempt.error or "")
+    assert attempt.context is not None
+    assert attempt.context.tools_offered == ["extract_number"]
+
+
+async def test_a_prompt_its_plan_keeps_over_budget_is_never_sent(
+    server: ChatServer, make_model: MakeModel, journal: LogJournal
+) -> None:
+    # "What is ?" is 9 characters of its own; the plan adds "Plan:\nthink\n\n" (13).
+    spec = dataclasses.replace(shadow_run(context_budget_chars=20), plan="think")
+    episode = await Driver(make_model(server.base_url), BUILTIN_TOOLS).drive(spec, journal)
+
+    assert server.seen == []  # the model was never called
+    (attempt,) = episode.attempts
+    assert attempt.state is AttemptState.FAILED
+    assert attempt.error == (
+        "the prompt is 22 characters with every reference dropped, over the step's "
+        "context_budget_chars (20)"
+    )
+    assert attempt.prompt == "Plan:\nthink\n\nWhat is ?"
+    assert attempt.context is not None
+    assert [(d.ref, d.chars) for d in attempt.context.dropped] == [("task.question", 12)]
+
+
+async def test_the_stub_model_ignores_offered_tools(journal: LogJournal) -> None:
+    spec = shadow_run(tools=["extract_number"])
+    episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, journal)
+    assert episode.succeeded
+    solve = episode.attempts[0]
+    assert solve.context is not None
+    assert solve.context.tools_offered == ["extract_number"]  # offered; the stub reads none
