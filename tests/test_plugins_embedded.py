@@ -4,8 +4,11 @@ The package is installed as pip installs it — a `*.dist-info` with the entry p
 its `pyproject.toml` declares, its sources on `sys.path` — and the settings choose its
 model, judge, proposer and sandbox provider. A workflow grades by its `single_look`
 strategy: the current version's runs give their results, and each challenger episode is
-scored by the strategy asking the example judge. A workflow naming a strategy that no
-package registers is refused at registration with the reason.
+scored by the strategy asking the example judge. A second workflow grades by the
+grouped `fewest_tokens` strategy, which ranks each closed group itself (not by the Swiss
+tournament) with its own parameter block. A workflow naming a strategy that no package
+registers, or giving an installed one parameters its model refuses, is refused at
+registration with the reason.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from assay.bus import GRADED, RESULTS, TASKS, WORKFLOWS
 from assay.bus.topics import dlq
 from assay.grading.ladder import LadderPolicy
 from assay.kernel import tenant_id
-from assay.kernel.scores import DecidedBy, Outcome, Relative, Ungraded
+from assay.kernel.scores import DecidedBy, Outcome, Ranked, Relative, Ungraded
 from assay.messages import (
     MESSAGES,
     RunGraded,
@@ -72,11 +75,16 @@ def example_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     sys.modules.pop("assay_example_plugins", None)
 
 
-def version(prompt: str, strategy: str = "single_look") -> WorkflowDef:
+def version(
+    prompt: str,
+    strategy: str = "single_look",
+    wf_id: str = "add-by-plugin",
+    **grading: Any,
+) -> WorkflowDef:
     return from_document(
         {
-            "id": "add-by-plugin",
-            "grading": {"strategy": strategy},
+            "id": wf_id,
+            "grading": {"strategy": strategy, **grading},
             "steps": [{"id": "solve", "kind": "model", "prompt": prompt, "max_tokens": 8}],
             "verifiers": [
                 {"id": "sum", "kind": "exact", "step": "solve", "expected": "{{ task.answer }}"}
@@ -87,6 +95,9 @@ def version(prompt: str, strategy: str = "single_look") -> WorkflowDef:
 
 V1 = version("What, if you please, is {{ task.question }}?")
 V2 = version("Add {{ task.question }}")  # fewer prompt tokens: the example judge prefers it
+RANKED: dict[str, Any] = {"strategy": "fewest_tokens", "wf_id": "rank-by-plugin", "quorum": 2}
+R1 = version("What, if you please, is {{ task.question }}?", **RANKED, params={"per_token": 0.5})
+R2 = version("Add {{ task.question }}", **RANKED, params={"per_token": 0.5})
 
 
 async def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -126,8 +137,9 @@ async def test_the_example_plugins_run_a_workflow_to_graded_results(
         assert rt.deps.sandbox is not None
         assert type(rt.deps.sandbox).__module__ == "assay.sandbox.local"  # `scratch` wraps it
         assert rt.deps.strategies["single_look"].grouped is False
+        assert rt.deps.strategies["fewest_tokens"].grouped is True
         rt.start()
-        for wf in (V1, V2):
+        for wf in (V1, V2, R1, R2):
             await register(rt, wf)
 
             async def routed(wf: WorkflowDef = wf) -> bool:
@@ -138,24 +150,27 @@ async def test_the_example_plugins_run_a_workflow_to_graded_results(
                 )
 
             await wait_for(routed, 60, f"{wf.version[:12]} to be routed")
-        for i in range(TASKS_EACH):
-            task = TaskSubmitted(
-                tenant=TENANT,
-                workflow_id=V1.id,
-                idempotency_key=f"task-{i}",
-                input={"question": f"{i} + 40", "answer": str(i + 40)},
-            )
-            await rt.publish(TASKS, task, TENANT, idem=f"task-{i}")
+        for wf_id in (V1.id, R1.id):
+            for i in range(TASKS_EACH):
+                key = f"{wf_id}-{i}"
+                task = TaskSubmitted(
+                    tenant=TENANT,
+                    workflow_id=wf_id,
+                    idempotency_key=key,
+                    input={"question": f"{i} + 40", "answer": str(i + 40)},
+                )
+                await rt.publish(TASKS, task, TENANT, idem=key)
 
         async def served() -> list[RunResult]:
             found = [m for m in await read(rt, RESULTS) if isinstance(m, RunResult)]
-            return found if len(found) == TASKS_EACH else []
+            return found if len(found) == 2 * TASKS_EACH else []
 
         results = await wait_for(served, 120, "every task's result")
         for r in results:  # the example model answered; the current version is the baseline
-            assert r.workflow_version == V1.version
+            assert r.workflow_version in (V1.version, R1.version)
             assert r.passed, r
-            assert isinstance(r.score, Ungraded)
+            if r.workflow_version == V1.version:
+                assert isinstance(r.score, Ungraded)
 
         async def challenger_scores() -> list[RunGraded]:
             found = [
@@ -172,14 +187,35 @@ async def test_the_example_plugins_run_a_workflow_to_graded_results(
             assert score.position == "a"
             assert score.outcome is Outcome.WIN  # the judge preferred the shorter prompt
 
+        async def ranked_scores() -> list[RunGraded]:
+            found = [
+                m
+                for m in await read(rt, GRADED)
+                if isinstance(m, RunGraded) and m.run.workflow_id == R1.id
+            ]
+            return found if len(found) == 2 * TASKS_EACH else []
+
+        for graded in await wait_for(ranked_scores, 120, "every ranked episode's score"):
+            score = graded.score
+            assert isinstance(score, Ranked), score  # ranked by fewest_tokens, no judge
+            assert (score.group_size, score.anchored, score.comparisons) == (2, True, None)
+            # The adder counts a prompt token a word: 8 for R1's prompt, 4 for R2's; the
+            # strength is the tokens saved against control times params.per_token (0.5).
+            mine = 2.0 if graded.run.workflow_version == R2.version else 0.0
+            assert score.strength == mine
+
 
 async def test_a_workflow_naming_an_unregistered_strategy_is_refused_with_the_reason(
     tmp_path: Path, example_installed: None
 ) -> None:
     unknown = version("Add {{ task.question }}", strategy="nobody_registers_this")
+    bad = version(
+        "Add {{ task.question }}", **{**RANKED, "wf_id": "bad-params"}, params={"per_token": 0}
+    )
     async with Embedded(tmp_path / "data") as rt:
         rt.start()
         await register(rt, unknown)
+        await register(rt, bad)
 
         async def refused() -> list[str]:
             reasons = []
@@ -188,8 +224,17 @@ async def test_a_workflow_naming_an_unregistered_strategy_is_refused_with_the_re
                     reasons.append(dict(m.headers)["assay-dlq-reason"].decode())
             return reasons
 
-        [reason] = await wait_for(refused, 60, "the registration to be refused")
+        async def both() -> list[str]:
+            reasons = await refused()
+            return reasons if len(reasons) == 2 else []
+
+        reason, params = sorted(await wait_for(both, 60, "the registrations to be refused"))
         assert "'nobody_registers_this' is not registered" in reason
         assert "single_look" in reason  # the registered ones are listed
-        alloc = await rt.logs["ingest"].get(StateKey(TENANT, "allocation", unknown.id))
-        assert alloc is None  # nothing half-registered
+        assert (
+            "grading strategy 'fewest_tokens': grading.params.per_token: Input should be "
+            "greater than 0"
+        ) in params
+        for wf in (unknown, bad):
+            alloc = await rt.logs["ingest"].get(StateKey(TENANT, "allocation", wf.id))
+            assert alloc is None  # nothing half-registered

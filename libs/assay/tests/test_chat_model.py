@@ -8,6 +8,7 @@ httpx is replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -36,6 +37,7 @@ from assay.engine import (
     prices_of,
     request_seed,
 )
+from assay.engine.tools import JsonFieldArgs, offered
 from assay.kernel import (
     AttemptState,
     BranchId,
@@ -96,6 +98,41 @@ async def test_a_completion_carries_the_text_tokens_model_and_cost(
     assert done.model == "local-model-q4"  # what actually served the call
     assert done.cost_usd == pytest.approx((12 * 1.0 + 5 * 2.0) / 1_000_000)
     assert [s.path for s in server.seen] == ["/v1/chat/completions"]
+
+
+async def test_offered_tools_ride_the_request_and_a_tool_call_answer_is_refused(
+    server: ChatServer, make_model: MakeModel
+) -> None:
+    tools = [offered(BUILTIN_TOOLS["json_field"])]
+    model = make_model(server.base_url)
+    done = await model.complete_with_tools("hi", max_tokens=8, seed="s", tools=tools)
+    assert done.text == "The answer is 153."
+    (sent,) = (s.body for s in server.seen)
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "json_field",
+                "description": "Field `field` of the JSON object in `text`.",
+                "parameters": JsonFieldArgs.model_json_schema(),
+            },
+        }
+    ]
+    assert set(sent["tools"][0]["function"]["parameters"]["required"]) == {"text", "field"}
+    await model.complete("hi", max_tokens=8, seed="s")
+    assert "tools" not in server.seen[1].body  # a plain call offers none
+
+    calls = completion(text="")
+    calls["choices"][0]["message"] = {
+        "role": "assistant",  # some servers leave `content` out of a tool-call answer
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "json_field"}}],
+    }
+    server.answer(json_reply(calls))
+    with pytest.raises(ModelResponseInvalid) as caught:
+        await model.complete_with_tools("hi", max_tokens=8, seed="s", tools=tools)
+    assert "answered with a call of json_field" in str(caught.value)
+    assert caught.value.billed is not None
+    assert (caught.value.billed.text, caught.value.billed.prompt_tokens) == ("", 12)
 
 
 async def test_without_prices_a_completion_costs_nothing(
@@ -397,7 +434,7 @@ TENANT = tenant_id(uuid.UUID("0b7e4c1a-5d2f-4e8b-9c3a-7f1e2d4b6a80"))
 TASK = {"question": "(5 + 12) * 9", "answer": "153"}
 
 
-def shadow_run(max_attempts: int = 1) -> RunSpec:
+def shadow_run(max_attempts: int = 1, **solve: Any) -> RunSpec:
     wf = validate(
         WorkflowDef.model_validate(
             {
@@ -409,6 +446,7 @@ def shadow_run(max_attempts: int = 1) -> RunSpec:
                         "prompt": "What is {{ task.question }}?",
                         "retry": {"max_attempts": max_attempts},
                         "timeout_s": 10,
+                        **solve,
                     },
                     {
                         "id": "answer",
@@ -555,3 +593,54 @@ async def test_a_siblings_cost_cap_never_stops_a_model_that_costs_nothing(
     spec = capped_sibling(1e-9, steps=3)
     episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, journal)
     assert [a.state for a in episode.attempts] == [AttemptState.SUCCEEDED] * 3
+
+
+async def test_a_step_offering_tools_sends_them_and_a_tool_call_answer_fails_the_attempt(
+    server: ChatServer, make_model: MakeModel, journal: LogJournal
+) -> None:
+    calls = completion(text="")
+    calls["choices"][0]["message"] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "extract_number"}}],
+    }
+    server.answer(json_reply(calls))
+    spec = shadow_run(tools=["extract_number"])
+    episode = await Driver(make_model(server.base_url), BUILTIN_TOOLS).drive(spec, journal)
+
+    (request,) = server.seen
+    assert request.body["tools"] == [offered(BUILTIN_TOOLS["extract_number"])]
+    assert not episode.succeeded
+    (attempt,) = episode.attempts
+    assert attempt.state is AttemptState.FAILED
+    assert "answered with a call of extract_number" in (attempt.error or "")
+    assert attempt.context is not None
+    assert attempt.context.tools_offered == ["extract_number"]
+
+
+async def test_a_prompt_its_plan_keeps_over_budget_is_never_sent(
+    server: ChatServer, make_model: MakeModel, journal: LogJournal
+) -> None:
+    # "What is ?" is 9 characters of its own; the plan adds "Plan:\nthink\n\n" (13).
+    spec = dataclasses.replace(shadow_run(context_budget_chars=20), plan="think")
+    episode = await Driver(make_model(server.base_url), BUILTIN_TOOLS).drive(spec, journal)
+
+    assert server.seen == []  # the model was never called
+    (attempt,) = episode.attempts
+    assert attempt.state is AttemptState.FAILED
+    assert attempt.error == (
+        "the prompt is 22 characters with every reference dropped, over the step's "
+        "context_budget_chars (20)"
+    )
+    assert attempt.prompt == "Plan:\nthink\n\nWhat is ?"
+    assert attempt.context is not None
+    assert [(d.ref, d.chars) for d in attempt.context.dropped] == [("task.question", 12)]
+
+
+async def test_the_stub_model_ignores_offered_tools(journal: LogJournal) -> None:
+    spec = shadow_run(tools=["extract_number"])
+    episode = await Driver(StubModel(), BUILTIN_TOOLS).drive(spec, journal)
+    assert episode.succeeded
+    solve = episode.attempts[0]
+    assert solve.context is not None
+    assert solve.context.tools_offered == ["extract_number"]  # offered; the stub reads none

@@ -145,7 +145,7 @@ def test_a_strategy_that_does_not_fit_is_refused_naming_the_limit() -> None:
 
 
 def test_grading_spec_parameters_belong_to_their_strategy() -> None:
-    with pytest.raises(ValidationError, match="tournament strategy only"):
+    with pytest.raises(ValidationError, match="grouped strategy only"):
         GradingSpec(quorum=4)
     with pytest.raises(ValidationError, match="deterministic strategy only"):
         GradingSpec(strategy="tournament", metric="attempts")

@@ -9,24 +9,31 @@ beside the module it points at, on `sys.path` — as `test_plugins` does for too
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from assay.grading import StubJudge
 from assay.grading.ladder import ladder_for
 from assay.grading.strategies import (
+    GradingStrategy,
+    ResourceProfile,
+    StrategyParamsInvalid,
     StrategyRefused,
     StrategyUnknown,
     builtin_strategies,
+    params_of,
     profile,
 )
+from assay.kernel.scores import Ranked, Relative
 from assay.messages.rungs import Ladder
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.plugins import PluginInvalid
 from assay.runtime.registry import load_plugins
 from assay.runtime.settings import AssaySettings, SettingsInvalid
 from assay.store import FsBlobStore
-from assay.workflow import GradingSpec
+from assay.workflow import GradingSpec, from_document
 from libs.assay.tests.plugin_install import Install
 
 KINDS = """
@@ -90,6 +97,31 @@ class Fine:
         )
     async def compare(self, pair): ...
 
+class SyncRank:
+    name = "sync_rank"
+    produces = Ranked
+    grouped = True
+    judged = False
+    def profile(self, spec, judge, rubric, order_check): ...
+    def rank(self, group): ...
+
+class PairRank:
+    name = "pair_rank"
+    produces = Relative
+    grouped = False
+    judged = False
+    def profile(self, spec, judge, rubric, order_check): ...
+    async def compare(self, pair): ...
+    async def rank(self, group): ...
+
+class LooseParams:
+    name = "loose_params"
+    produces = Ranked
+    grouped = True
+    judged = False
+    params_model = dict
+    def profile(self, spec, judge, rubric, order_check): ...
+
 def several():
     return [twin, JudgePlugin("spare", lambda settings, chars, limiter: None)]
 """
@@ -134,6 +166,23 @@ def test_installed_kinds_join_the_built_in_ones(install: Install) -> None:
         ("assay.grading_strategies", "x = {module}:Capping", "Relative or Ranked"),
         ("assay.grading_strategies", "x = {module}:Sync", "no `async def compare`"),
         ("assay.grading_strategies", "x = {module}:twin", "is not a grading strategy"),
+        ("assay.grading_strategies", "x = {module}:SyncRank", "as `async def rank`"),
+        ("assay.grading_strategies", "x = {module}:PairRank", "only a grouped strategy may"),
+        ("assay.grading_strategies", "x = {module}:LooseParams", "must be a pydantic model"),
+    ],
+    ids=[
+        "str",
+        "judge-in-models",
+        "duplicate",
+        "missing-module",
+        "several",
+        "unprofiled",
+        "capping",
+        "sync-compare",
+        "model-as-strategy",
+        "sync-rank",
+        "pairwise-rank",
+        "params-not-a-model",
     ],
 )
 def test_a_broken_plugin_stops_start_up_naming_its_entry_point(
@@ -228,3 +277,64 @@ def test_decide_gives_a_challenger_the_ladder_its_registered_strategy_declares(
         ("pairwise_sequential", Ladder.DEFAULT),
     ):
         assert ladder_for({"grading": {"strategy": name}}, strategies) is ladder, name
+
+
+def test_an_installed_strategys_params_are_validated_by_its_own_model() -> None:
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        per_token: float = Field(1.0, gt=0)
+
+    class Tuned:
+        name = "tuned"
+        produces = Ranked
+        grouped = True
+        judged = False
+        params_model = Params
+
+        def profile(self, *args: object) -> ResourceProfile:
+            return ResourceProfile(
+                strategy="tuned", models=(), max_context_tokens=0, calls_per_episode=0
+            )
+
+    strategies = {**builtin_strategies(), "tuned": cast(GradingStrategy, Tuned())}
+    judge = StubJudge()
+    spec = GradingSpec(strategy="tuned", quorum=2, params={"per_token": 0.5})
+    assert params_of(strategies["tuned"], spec) == Params(per_token=0.5)
+    assert params_of(strategies["tuned"], GradingSpec(strategy="tuned")) == Params()
+    profile(spec, judge, strategies=strategies)  # registers
+    for params, says in (
+        ({"per_token": 0}, "grading.params.per_token: Input should be greater than 0"),
+        ({"per_tokens": 1}, "grading.params.per_tokens: Extra inputs are not permitted"),
+    ):
+        with pytest.raises(StrategyParamsInvalid) as caught:
+            profile(GradingSpec(strategy="tuned", params=params), judge, strategies=strategies)
+        assert str(caught.value) == f"grading strategy 'tuned': {says}"
+    with pytest.raises(StrategyParamsInvalid, match=r"'tournament' takes no grading\.params"):
+        profile(GradingSpec(strategy="tournament", params={"x": 1}), judge)
+    with pytest.raises(StrategyRefused, match=r"grading\.quorum applies to a grouped strategy"):
+        profile(GradingSpec(strategy="fine", quorum=2), judge, strategies={"fine": _fine()})
+
+
+def _fine() -> GradingStrategy:
+    class Fine:
+        name = "fine"
+        produces = Relative
+        grouped = False
+        judged = False
+
+        def profile(self, *args: object) -> ResourceProfile:
+            return ResourceProfile(
+                strategy="fine", models=(), max_context_tokens=0, calls_per_episode=0
+            )
+
+        async def compare(self, pair: object) -> None: ...
+
+    return cast(GradingStrategy, Fine())
+
+
+def test_unset_params_leave_the_version_unchanged() -> None:
+    doc = {"id": "x", "steps": [{"id": "s", "kind": "model", "prompt": "p"}]}
+    plain = from_document(doc)
+    assert "params" not in plain.model_dump(mode="json", by_alias=True)["grading"]
+    tuned = from_document({**doc, "grading": {"strategy": "tuned", "params": {"per_token": 2}}})
+    assert tuned.grading.params == {"per_token": 2}

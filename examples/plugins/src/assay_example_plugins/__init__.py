@@ -10,6 +10,10 @@
 - `single_look` (`assay.grading_strategies`): a pairwise strategy that asks the judge
   once per challenger episode, the challenger always shown first, and grades to
   `Relative`.
+- `fewest_tokens` (`assay.grading_strategies`): a grouped strategy that ranks each
+  closed group itself, without the judge: an entrant's strength is the prompt tokens
+  it saved against control, times `grading.params.per_token` (its own parameter
+  block, validated by `FewestTokensParams`).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from assay.engine.models import Completion, Model
 from assay.engine.priority import PriorityLimiter
 from assay.grading.judges import Judge, UsageCallback
 from assay.grading.proposers import Proposal, ProposalInput, Proposer
-from assay.grading.strategies import Pair, ResourceProfile
+from assay.grading.strategies import GroupToRank, Pair, ResourceProfile
 from assay.kernel.scores import CoreViolation, DecidedBy, Outcome, Ranked, Relative, Score, Verdict
 from assay.messages import Episode
 from assay.runtime.endpoints import JudgeSettings, ModelSettings, ProposerSettings
@@ -123,6 +129,54 @@ class SingleLook:
             outcome=outcome[verdict],
             decided_by=DecidedBy.JUDGE,
         )
+
+
+class FewestTokensParams(BaseModel):
+    """`fewest_tokens`'s parameters (`grading.params`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    per_token: float = Field(1.0, gt=0, description="Strength per prompt token saved.")
+
+
+class FewestTokens:
+    """Rank a group by prompt tokens, fewer first: strength is the tokens saved against
+    control, times `per_token`. No judge, no model."""
+
+    name = "fewest_tokens"
+    produces: type[Relative] | type[Ranked] = Ranked
+    grouped = True
+    judged = False
+    params_model = FewestTokensParams
+
+    def profile(
+        self, spec: GradingSpec, judge: Judge, rubric: list[RubricItem] | None, order_check: float
+    ) -> ResourceProfile:
+        return ResourceProfile(
+            strategy=self.name, models=(), max_context_tokens=0, calls_per_episode=0.0
+        )
+
+    async def compare(self, pair: Pair) -> Score:
+        raise NotImplementedError("fewest_tokens ranks groups, not pairs")
+
+    async def rank(self, group: GroupToRank) -> dict[str, Score]:
+        params = group.params
+        assert isinstance(params, FewestTokensParams)  # validated at registration
+        controls = [e for e in group.entrants if e.control]
+        base = (
+            controls[0].episode.usage.prompt_tokens
+            if controls
+            else sum(e.episode.usage.prompt_tokens for e in group.entrants) / len(group.entrants)
+        )
+        scores: dict[str, Score] = {}
+        for e in group.entrants:
+            strength = (base - e.episode.usage.prompt_tokens) * params.per_token
+            scores[e.name] = Ranked(
+                strength=strength,
+                interval=(strength, strength),
+                group_size=len(group.entrants),
+                anchored=bool(controls),
+            )
+        return scores
 
 
 def _adder(settings: ModelSettings, limiter: PriorityLimiter | None) -> Model:

@@ -45,7 +45,7 @@ from assay.grading.ladder import (
     step,
     stronger,
 )
-from assay.grading.strategies import StrategyUnknown, strategy_named
+from assay.grading.strategies import StrategyRefused, check_strategy
 from assay.kernel import Refused, WorkflowVersion
 from assay.kernel.scores import WinRecord
 from assay.messages import (
@@ -235,14 +235,15 @@ def create_stage(deps: StageDeps) -> StageSpec:
 
 def _valid(msg: WorkflowRegistered, deps: Deciding) -> WorkflowDef | None:
     """The registered definition, validated as ingest validates it (None: invalid, or its
-    grading strategy is not registered here — ingest refuses both, so nothing of it may
-    be allocated, and so does a `grading.challengers` it may not have)."""
+    grading strategy is not registered here or refuses its `params` — ingest refuses
+    them all, so nothing of it may be allocated, and so does a `grading.challengers` it
+    may not have)."""
     try:
         wf = validate(from_document(msg.definition), frozenset(deps.tools), deps.verifier_kinds)
         check_executable(wf)
-        strategy_named(wf.grading.strategy, deps.strategies)
+        check_strategy(wf.grading, deps.strategies)
         check_challengers(wf.grading, deps.strategies, deps.ladder)
-    except (WorkflowInvalid, StepNotExecutable, StrategyUnknown, ChallengersRefused):
+    except (WorkflowInvalid, StepNotExecutable, StrategyRefused, ChallengersRefused):
         return None
     return wf
 

@@ -7,9 +7,11 @@ itself a `GroupDue`, ordered with the task's episodes on their partition), and
 is graded once: Swiss pairing, both orderings, Bradley-Terry-Davidson with the
 control version pinned to zero. Closing moves the task's outcome class to the
 next epoch, so a late arrival starts a new group — strengths already published
-never change underneath a decision (§11.6). A group that closes with one
-member reports `Ungraded{InsufficientGroup}`, a stated reason, not a silence; a
-member the judge answered no comparison about is `Ungraded{JudgeFailed}`.
+never change underneath a decision (§11.6). An installed grouped strategy that
+declares its own `rank` grades its closed groups by it instead of the Swiss rounds.
+A group that closes with one member reports `Ungraded{InsufficientGroup}`, a stated
+reason, not a silence; a member the judge answered no comparison about is
+`Ungraded{JudgeFailed}`.
 """
 
 from __future__ import annotations
@@ -19,16 +21,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from assay.bus.topics import VERIFIED
+from assay.grading.strategies import (
+    GroupToRank,
+    RanksGroups,
+    StrategyRefused,
+    params_of,
+    strategy_named,
+)
 from assay.grading.swiss import rounds_for
 from assay.grading.tournament import Entrant, run_tournament
 from assay.kernel import RunId, TaskId, TenantId
-from assay.kernel.scores import Ungraded, UngradedReason
+from assay.kernel.scores import Ranked, Ungraded, UngradedReason
 from assay.messages import GroupDue, JudgePurpose, Role
 from assay.record import BranchKey
 from assay.runtime.timers import Fired
 from assay.workflow import GradingSpec, WorkflowDef
 from assay_tournament.events import GroupClosed, GroupJoined, outcome_class
 from assay_tournament.grading import Candidate, Scoring, TournamentUnitOfWork, load_episode
+from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.state import Group, Member
 
 
@@ -158,6 +168,9 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
     runs = {m.run.graded_as: m.run.run_id for m in present}
     workflow = WorkflowDef.model_validate(episodes[present[0].run.graded_as].definition)
     sinks = {name: meter.sink(runs[name], JudgePurpose.TOURNAMENT) for name in episodes}
+    strategy = strategy_named(workflow.grading.strategy, s.uow.deps.strategies)
+    if isinstance(strategy, RanksGroups):
+        return await _ranked_by(s, strategy, workflow, present, sinks, seed=seed)
     planned = rounds_for(len(present))
     async with s.purse.rounds(planned, 2 * (len(present) // 2)) as affordable:
         if affordable == 0:  # not one round fits under the tenant's grading ceiling
@@ -196,6 +209,60 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
         outcome.rounds_planned,
         outcome.rounds_played,
     )
+
+
+async def _ranked_by(
+    s: Scoring,
+    strategy: RanksGroups,
+    workflow: WorkflowDef,
+    present: list[Candidate],
+    sinks: dict[str, Any],
+    *,
+    seed: str,
+) -> _Bracket:
+    """Grade the group by the strategy's own ranking (it declared `rank`): each judge call
+    it makes is reserved on its own against the tenant's ceiling; one that does not fit
+    leaves the group `Ungraded{BudgetExhausted}`. An entrant the ranking leaves out is
+    `Ungraded{JudgeFailed}`.
+
+    Raises:
+        StrategyRefused: the ranking gave an entrant a score that is neither the variant
+            the strategy produces nor `Ungraded`.
+    """
+    grading = workflow.grading
+    named = strategy_named(grading.strategy, s.uow.deps.strategies)
+    group = GroupToRank(
+        spec=grading,
+        params=params_of(named, grading),
+        entrants=[
+            Entrant(name=m.run.graded_as, episode=m.episode, control=m.run.role is Role.CURRENT)
+            for m in present
+            if m.episode is not None
+        ],
+        judge=s.judge,
+        rubric=list(workflow.rubric),
+        seed=seed,
+        on_usage=lambda shown, usage: sinks[shown](usage),
+    )
+    try:
+        scores = dict(await strategy.rank(group))
+    except GradingCeilingReached:
+        for m in present:
+            await s.finish(m, Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED))
+        return _Bracket()
+    for name, score in scores.items():
+        if not isinstance(score, named.produces | Ungraded):
+            raise StrategyRefused(
+                f"grading strategy {grading.strategy!r} ranked {name} as a "
+                f"{type(score).__name__}; it produces {named.produces.__name__} or Ungraded"
+            )
+    for m in present:
+        found = scores.get(m.run.graded_as)
+        await s.finish(
+            m, found if found is not None else Ungraded(reason=UngradedReason.JUDGE_FAILED)
+        )
+    anchored = any(isinstance(v, Ranked) and v.anchored for v in scores.values())
+    return _Bracket(anchored=anchored)
 
 
 def group_due(tenant: TenantId, key: str, doc: dict[str, Any], now_ms: float) -> Fired | None:

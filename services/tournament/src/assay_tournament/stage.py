@@ -4,7 +4,8 @@ Keyed by `(tenant, task)`, so every episode of a task lands here on one
 partition. Each episode is graded by the strategy its pinned workflow declares:
 a pairwise one — `pairwise_sequential` (default, §11.3), `deterministic` or an
 installed one — against the current version's reference (`pairwise.py`), a grouped
-one (`tournament`) in groups (§11.4-§11.6, `groups.py`); the stage asks the
+one (`tournament`, or an installed one) in groups (§11.4-§11.6, `groups.py`), ranked
+by the Swiss tournament or by the strategy's own `rank`; the stage asks the
 registered strategy, never its name. A rollout group's siblings wait for its
 selection (`rollouts.py`).
 

@@ -30,7 +30,8 @@ from opentelemetry.trace import SpanKind
 from assay.bus.topics import RUN_STATUS, USAGE
 from assay.engine.context import Cancelled, RunContext
 from assay.engine.events import AttemptFinished, AttemptStarted, Intent
-from assay.engine.models import Model, ModelError, model_for, prices_of
+from assay.engine.model_context import pack
+from assay.engine.models import Completion, Model, ModelError, OffersTools, model_for, prices_of
 from assay.engine.staging import EffectStaged, args_hash, effect_key, stageable, staged_output
 from assay.engine.tools import (
     Pure,
@@ -42,6 +43,7 @@ from assay.engine.tools import (
     Unsafe,
     effect_name,
     idempotency_key,
+    offered,
 )
 from assay.kernel.attempts import AttemptState, attempt_transition
 from assay.kernel.ids import AttemptNo, StepId
@@ -211,7 +213,13 @@ class AttemptRunner:
         error: str | None = None
         try:
             if isinstance(step, ModelStep):
-                prompt = with_plan(render(step.prompt, context), run.spec.plan)
+                packing = pack(step, context, run.spec.plan)
+                prompt = packing.prompt
+                if not packing.fits:
+                    error = (
+                        f"the prompt is {len(prompt)} characters with every reference dropped, "
+                        f"over the step's context_budget_chars ({step.context_budget_chars})"
+                    )
             else:
                 args = {k: render(v, context) for k, v in step.args.items()}
         except TemplateError as exc:
@@ -454,18 +462,26 @@ class AttemptRunner:
         if refusal is not None:
             return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=refusal)
         seed = f"{run.spec.ref.run_id}:{step.id}:{n}"
+        names = [t for t in step.tools or () if t not in run.spec.unavailable_tools]
+        missing = [t for t in names if t not in self.tools]
+        if missing:
+            why = f"tool(s) {missing} offered to the model are not registered"
+            return await self._finish(run, step.id, n, AttemptState.FAILED, t0, error=why)
+        call: Awaitable[Completion]
+        if names and isinstance(model, OffersTools):
+            tools = [offered(self.tools[t]) for t in names]
+            call = model.complete_with_tools(
+                prompt, max_tokens=step.max_tokens, seed=seed, tools=tools
+            )
+        else:  # a model port that cannot carry tools gets the prompt alone
+            call = model.complete(prompt, max_tokens=step.max_tokens, seed=seed)
         try:
             with _span(
                 f"model {step.id}",
                 lambda: {**_span_attributes(run, step.id, n), "gen_ai.operation.name": "chat"},
                 SpanKind.CLIENT,
             ):
-                done = await run.cancel.race(
-                    asyncio.wait_for(
-                        model.complete(prompt, max_tokens=step.max_tokens, seed=seed),
-                        step.timeout_s,
-                    )
-                )
+                done = await run.cancel.race(asyncio.wait_for(call, step.timeout_s))
         except Cancelled:
             return await self._finish(run, step.id, n, AttemptState.CANCELLED, t0, error=_why(run))
         except TimeoutError:
@@ -625,18 +641,6 @@ class AttemptRunner:
             idempotency_key=key,
             workspace=workspace,
         )
-
-
-PLAN_HEADING = "Plan:"
-"""The line a branch's injected plan follows, above the prompt (`with_plan`)."""
-
-
-def with_plan(prompt: str, plan: str | None) -> str:
-    """The prompt a model step sends: the branch's plan (if any) above the rendered prompt.
-
-    The plan is not a template: it is added after rendering, verbatim.
-    """
-    return prompt if plan is None else f"{PLAN_HEADING}\n{plan}\n\n{prompt}"
 
 
 def _why(run: RunContext) -> str:

@@ -18,7 +18,7 @@ which the parent's run ended (nothing runs after it) are refused.
 branch of a branch departing after the child's own fork point) keeps the
 child's deltas. `prompt` and `model_params` change the step in the definition;
 `tool_unavailable` and `inject_plan` are carried by the `RunSpec`, the plan
-prepended to each model prompt after rendering (`attempts.with_plan`), verbatim.
+prepended to each model prompt after rendering (`model_context.with_plan`), verbatim.
 
 **Fail closed.** A delta is refused, with the reason, before anything is forked
 when the snapshot at the boundary already contradicts it or it could change

@@ -4,7 +4,8 @@ vLLM, SGLang, Ollama and hosted APIs speak one wire format: POST
 `{base_url}/chat/completions` with the model, the messages and the sampling
 parameters; the answer is `choices[0].message.content`, the token counts are
 `usage`. The adapter sends the prompt as one user message (after a system
-message when the caller gives one) at temperature 0
+message when the caller gives one), with a model step's offered tools as `tools`,
+at temperature 0
 with an integer seed derived from the driver's seed string, so a server that
 honours seeds answers a retried call the same way.
 
@@ -23,6 +24,7 @@ import logging
 import math
 import random
 import re
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -186,18 +188,39 @@ class ChatCompletionsModel:
             ModelRequestRefused: any other non-2xx status (not retried).
             ModelResponseInvalid: a 2xx whose body lacks the text or the token counts.
         """
+        return await self._complete(prompt, max_tokens, seed, system, ())
+
+    async def complete_with_tools(
+        self, prompt: str, *, max_tokens: int, seed: str, tools: Sequence[Mapping[str, Any]]
+    ) -> Completion:
+        """`complete`, with `tools` (OpenAI-style function specs) sent as the request's
+        `tools`. The engine does not run a model's tool calls: an answer that makes
+        one is `ModelResponseInvalid` naming the tools called (billed when it reports
+        its usage), never taken for the step's output."""
+        return await self._complete(prompt, max_tokens, seed, None, tools)
+
+    async def _complete(
+        self,
+        prompt: str,
+        max_tokens: int,
+        seed: str,
+        system: str | None,
+        tools: Sequence[Mapping[str, Any]],
+    ) -> Completion:
         import httpx
 
         messages = [{"role": "user", "content": prompt}]
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})
-        body = {
+        body: dict[str, Any] = {
             "model": self.name,
             "messages": messages,
             "max_tokens": max_tokens,
             "temperature": self.temperature,
             "seed": request_seed(seed),
         }
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
         attempts = self.retry.max_retries + 1
         failure = ""
         for attempt in range(attempts):
@@ -246,6 +269,13 @@ class ChatCompletionsModel:
                 f"{self.url} answered HTTP {response.status_code} with a body that is not "
                 f"JSON: {_excerpt(response.text)}"
             ) from exc
+        called = _tool_calls(_field(doc, ("choices", 0, "message"), self.url))
+        if called:
+            raise ModelResponseInvalid(
+                f"{self.url}: the model answered with a call of {', '.join(called)}; the "
+                "engine offers tools but does not run a model's tool calls",
+                billed=self._billed(doc),
+            )
         text = _field(doc, ("choices", 0, "message", "content"), self.url)
         if not isinstance(text, str):
             refusal = doc["choices"][0]["message"].get("refusal")
@@ -289,6 +319,19 @@ class ChatCompletionsModel:
         if not (_is_count(prompt_tokens) and _is_count(completion_tokens)):
             return None
         return self._priced(doc, "", prompt_tokens, completion_tokens)
+
+
+def _tool_calls(message: Any) -> list[str]:
+    """The names of the tools a chat message calls (`tool_calls`), in order."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list):
+        return []
+    names = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        names.append(name if isinstance(name, str) and name else "an unnamed tool")
+    return names
 
 
 def _is_count(value: Any) -> bool:

@@ -231,7 +231,9 @@ class Driver:
             run=spec.ref,
             definition=wf.model_dump(mode="json", by_alias=True),
             input=dict(spec.input),
-            attempts=with_contexts(wf, spec.input, run.totals.attempts, spec.plan),
+            attempts=with_contexts(
+                wf, spec.input, run.totals.attempts, spec.plan, spec.unavailable_tools
+            ),
             outputs=run.outputs,
             output=(
                 run.outputs.get(wf.output_step) if failed_step is None and not cancelled else None

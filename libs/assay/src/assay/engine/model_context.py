@@ -5,28 +5,95 @@ input and the outputs of steps that ran before it (and a branch's injected plan)
 call's context is derived from the pinned definition and the attempts in the order they
 ran, never copied: each reference the template names is **packed** with its rendered
 size; every task field and earlier step output it does not name is **available** and
-not packed. The engine renders a template whole and so never **drops** anything to fit
-a budget, and its model port takes a prompt without tools, so **tools offered** is
-empty: a context packer or a tool-calling model would fill both through the same view.
+not packed.
+
+A step with a `context_budget_chars` gets a prompt of at most that many characters:
+when the whole rendering is longer, whole references are **dropped** — rendered empty —
+until it fits, earlier-step references first, in the order the template first names
+them (so a template naming outputs in the order the steps ran keeps the latest one
+longest), then task fields, the last-named first (the field a prompt leads with is kept
+longest). The plan and the template's own text are never dropped; a prompt they alone
+make too long is not sent (`Packing.fits`). One function (`pack`) trims for the engine
+and for this view, so the episode says exactly what the model was sent.
+
+The tools a step declares are **offered** with the prompt (a branch that made a tool
+unavailable offers it no longer); a model port that cannot carry tools (the stub)
+receives the prompt alone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from assay.kernel.attempts import AttemptState
 from assay.messages.episode import AttemptView, ContextRef, ModelContext
 from assay.workflow.ir import ModelStep, WorkflowDef
-from assay.workflow.templates import TemplateError, placeholders, render
+from assay.workflow.templates import TemplateError, drop_order, placeholders, render
 
 PLAN = "plan"
 """The reference of a branch's injected plan (appended to every model prompt)."""
 
+PLAN_HEADING = "Plan:"
+"""The line a branch's injected plan follows, above the prompt (`with_plan`)."""
+
+
+def with_plan(prompt: str, plan: str | None) -> str:
+    """The prompt a model step sends: the branch's plan (if any) above the rendered prompt.
+
+    The plan is not a template: it is added after rendering, verbatim.
+    """
+    return prompt if plan is None else f"{PLAN_HEADING}\n{plan}\n\n{prompt}"
+
 
 def _size(value: Any) -> int:
     return len(value) if isinstance(value, str) else len(json.dumps(value, sort_keys=True))
+
+
+def _ref_chars(ref: str, scope: Mapping[str, Any]) -> int:
+    try:
+        return len(render("{{ " + ref + " }}", scope))
+    except TemplateError:
+        return 0  # named, not there (the attempt failed on it)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """A model step's prompt as sent, and the references a budget dropped from it.
+
+    `fits` is False when the prompt is still over the step's budget with every
+    reference dropped (its own text and the plan are too long): it is not sent.
+    """
+
+    prompt: str
+    dropped: tuple[ContextRef, ...] = ()
+    fits: bool = True
+
+
+def pack(step: ModelStep, scope: Mapping[str, Any], plan: str | None) -> Packing:
+    """The prompt `step` sends over `scope` (the task and earlier outputs) and `plan`,
+    within its `context_budget_chars`: whole references dropped in `drop_order`, each
+    only while the prompt is still too long. Pure: the same inputs, the same prompt.
+
+    Raises:
+        TemplateError: the template names something `scope` does not hold.
+    """
+    prompt = with_plan(render(step.prompt, scope), plan)
+    budget = step.context_budget_chars
+    if budget is None or len(prompt) <= budget:
+        return Packing(prompt)
+    dropped: list[ContextRef] = []
+    for ref in drop_order(step.prompt):
+        chars = _ref_chars(ref, scope)
+        if chars == 0:
+            continue  # rendering it empty frees nothing
+        dropped.append(ContextRef(ref=ref, chars=chars))
+        prompt = with_plan(render(step.prompt, scope, omit={d.ref for d in dropped}), plan)
+        if len(prompt) <= budget:
+            return Packing(prompt, tuple(dropped))
+    return Packing(prompt, tuple(dropped), fits=False)
 
 
 def context_of(
@@ -34,23 +101,27 @@ def context_of(
     task_input: Mapping[str, Any],
     outputs: Mapping[str, str],
     plan: str | None,
+    unavailable_tools: Collection[str] = (),
 ) -> ModelContext:
-    """One model call's context, given the outputs of the steps that ran before it."""
+    """One model call's context, given the outputs of the steps that ran before it (and
+    the tools its branch made unavailable)."""
     scope: dict[str, Any] = {
         "task": dict(task_input),
         "steps": {k: {"output": v, "succeeded": True} for k, v in outputs.items()},
     }
-    packed: list[ContextRef] = []
-    for path in dict.fromkeys(placeholders(step.prompt)):
-        ref = ".".join(path)
-        try:
-            chars = len(render("{{ " + ref + " }}", scope))
-        except TemplateError:
-            chars = 0  # named, not there (the attempt failed on it)
-        packed.append(ContextRef(ref=ref, chars=chars))
+    try:
+        dropped = list(pack(step, scope, plan).dropped)
+    except TemplateError:
+        dropped = []  # the attempt failed on its template: nothing was sent
+    gone = {d.ref for d in dropped}
+    packed: list[ContextRef] = [
+        ContextRef(ref=ref, chars=_ref_chars(ref, scope))
+        for ref in dict.fromkeys(".".join(p) for p in placeholders(step.prompt))
+        if ref not in gone
+    ]
     if plan:
         packed.append(ContextRef(ref=PLAN, chars=len(plan)))
-    named = {r.ref for r in packed}
+    named = {r.ref for r in packed} | gone
 
     def used(ref: str) -> bool:
         return any(n == ref or n.startswith(ref + ".") for n in named)
@@ -63,7 +134,8 @@ def context_of(
         ]
         if not used(ref)
     ]
-    return ModelContext(packed=packed, available=available, dropped=[], tools_offered=[])
+    offered = [t for t in step.tools or () if t not in unavailable_tools]
+    return ModelContext(packed=packed, available=available, dropped=dropped, tools_offered=offered)
 
 
 def with_contexts(
@@ -71,6 +143,7 @@ def with_contexts(
     task_input: Mapping[str, Any],
     attempts: Sequence[AttemptView],
     plan: str | None = None,
+    unavailable_tools: Collection[str] = (),
 ) -> list[AttemptView]:
     """The attempts, each model attempt with its context (outputs of earlier attempts in
     the order they ran are what it could have read)."""
@@ -82,7 +155,9 @@ def with_contexts(
         except KeyError:
             step = None  # a step of another version's definition: no context to derive
         if isinstance(step, ModelStep) and view.context is None:
-            view = view.model_copy(update={"context": context_of(step, task_input, outputs, plan)})
+            view = view.model_copy(
+                update={"context": context_of(step, task_input, outputs, plan, unavailable_tools)}
+            )
         out.append(view)
         if view.state is AttemptState.SUCCEEDED and view.output is not None:
             outputs[str(view.step)] = view.output

@@ -11,8 +11,9 @@ import asyncio
 import math
 import random
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from assay.kernel.canonical import digest
 from assay.kernel.errors import AssayError
@@ -75,6 +76,19 @@ class Model(Protocol):
 
     async def complete(self, prompt: str, *, max_tokens: int, seed: str) -> Completion:
         """Complete `prompt`, or raise `ModelError`."""
+        ...
+
+
+@runtime_checkable
+class OffersTools(Protocol):
+    """A model port that can offer tools with the prompt (a model step's `tools`): each
+    an OpenAI-style function spec (`tools.offered`). A port without it gets the prompt
+    alone."""
+
+    async def complete_with_tools(
+        self, prompt: str, *, max_tokens: int, seed: str, tools: Sequence[Mapping[str, Any]]
+    ) -> Completion:
+        """Complete `prompt` with `tools` offered, or raise `ModelError`."""
         ...
 
 

@@ -21,7 +21,9 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
 
 from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError
@@ -114,7 +116,12 @@ def effect_name(effect: EffectClass) -> str:
 
 @dataclass(frozen=True)
 class Tool:
-    """A registered tool. `effects` is required: there is no default (§13.1)."""
+    """A registered tool. `effects` is required: there is no default (§13.1).
+
+    `args` optionally declares the tool's arguments as a pydantic model of string
+    fields: a model step offering the tool sends its JSON schema as the function's
+    parameters (without it, any string arguments).
+    """
 
     name: str
     fn: ToolFn
@@ -123,15 +130,34 @@ class Tool:
     needs_network: bool = False
     needs_sandbox: bool = False
     tags: frozenset[str] = field(default_factory=frozenset)
+    args: type[BaseModel] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.effects, Pure | Idempotent | Queryable | Unsafe):
             raise TypeError(f"tool {self.name!r}: effects must be an EffectClass")
+        if self.args is not None and not (
+            isinstance(self.args, type) and issubclass(self.args, BaseModel)
+        ):
+            raise TypeError(f"tool {self.name!r}: args must be a pydantic model class")
 
     @property
     def has_effect(self) -> bool:
         """Whether calls need write-ahead intents."""
         return not isinstance(self.effects, Pure)
+
+
+ANY_STRING_ARGS: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
+"""The parameters of a tool that declares no argument model: any string arguments."""
+
+
+def offered(tool: Tool) -> dict[str, Any]:
+    """The tool as a chat-completions request offers it (OpenAI-style `tools` item):
+    its name, description and its arguments' JSON schema."""
+    params = tool.args.model_json_schema() if tool.args is not None else ANY_STRING_ARGS
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": params},
+    }
 
 
 def idempotency_key(
@@ -195,11 +221,31 @@ async def _json_field(call: ToolCall) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
+class TextArgs(BaseModel):
+    """A built-in tool's one argument."""
+
+    text: str = Field(description="The text the tool reads.")
+
+
+class JsonFieldArgs(TextArgs):
+    """`json_field`'s arguments."""
+
+    field: str = Field(description="The key of the field to return.")
+
+
 BUILTIN_TOOLS: dict[str, Tool] = {
     t.name: t
     for t in [
-        Tool("extract_number", _extract_number, Pure(), "The last number in `text`."),
-        Tool("strip", _strip, Pure(), "`text` without surrounding whitespace."),
-        Tool("json_field", _json_field, Pure(), "Field `field` of the JSON object in `text`."),
+        Tool(
+            "extract_number", _extract_number, Pure(), "The last number in `text`.", args=TextArgs
+        ),
+        Tool("strip", _strip, Pure(), "`text` without surrounding whitespace.", args=TextArgs),
+        Tool(
+            "json_field",
+            _json_field,
+            Pure(),
+            "Field `field` of the JSON object in `text`.",
+            args=JsonFieldArgs,
+        ),
     ]
 }

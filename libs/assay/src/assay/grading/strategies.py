@@ -14,11 +14,11 @@ registered — with the limit named, never by an out-of-memory at three in the m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from assay.grading.spend_ceilings import DailySpendCeilings
 from assay.kernel.errors import AssayError
@@ -28,6 +28,7 @@ from assay.kernel.tenant_maps import tenant_keyed
 
 if TYPE_CHECKING:
     from assay.grading.judges import Judge, UsageCallback
+    from assay.grading.tournament import Entrant, EntrantSink
     from assay.kernel.ids import RunId
     from assay.messages.episode import Episode
     from assay.workflow.ir import GradingSpec, RubricItem
@@ -39,6 +40,10 @@ class StrategyRefused(AssayError):
 
 class StrategyUnknown(StrategyRefused):
     """A workflow names a grading strategy that no installed package registers."""
+
+
+class StrategyParamsInvalid(StrategyRefused):
+    """A workflow's `grading.params` do not validate against its strategy's own model."""
 
 
 class ResourceProfile(BaseModel):
@@ -102,6 +107,39 @@ class Pair:
     order_check: bool
     judge: Judge
     on_usage: UsageCallback
+
+
+@dataclass(frozen=True)
+class GroupToRank:
+    """One closed group of a grouped strategy that ranks it itself (`RanksGroups`): its
+    entrants (at least two, the current version's marked `control`), the workflow's
+    grading spec and the strategy's validated `params` (None: it declares no
+    `params_model`), the judge (each call reserved against the tenant's grading
+    ceiling; `on_usage` receives it with the name of the entrant it is billed to), the
+    rubric, and a seed for any draw."""
+
+    spec: GradingSpec
+    params: BaseModel | None
+    entrants: Sequence[Entrant]
+    judge: Judge
+    rubric: list[RubricItem]
+    seed: str
+    on_usage: EntrantSink
+
+
+@runtime_checkable
+class RanksGroups(Protocol):
+    """A grouped strategy that ranks its closed groups itself, instead of the Swiss
+    tournament and Bradley-Terry fit."""
+
+    async def rank(self, group: GroupToRank) -> Mapping[str, Score]:
+        """A score per entrant name: the variant the strategy `produces`, or `Ungraded`
+        (an entrant left out is `Ungraded{judge_failed}`).
+
+        Raises:
+            JudgeFailed: the judge could not be used (the group is left ungraded).
+        """
+        ...
 
 
 @runtime_checkable
@@ -250,6 +288,56 @@ def strategy_named(name: str, strategies: Mapping[str, GradingStrategy]) -> Grad
     return found
 
 
+def params_of(strategy: GradingStrategy, spec: GradingSpec) -> BaseModel | None:
+    """`spec.params` validated by the strategy's own `params_model` (its defaults when
+    the block is left out); None for a strategy that declares no model.
+
+    Raises:
+        StrategyParamsInvalid: the strategy takes no parameters and `params` is set, or
+            they do not validate (the message names the strategy and the field).
+    """
+    model: type[BaseModel] | None = getattr(strategy, "params_model", None)
+    if model is None:
+        if spec.params is not None:
+            raise StrategyParamsInvalid(
+                f"grading strategy {strategy.name!r} takes no grading.params (its parameters "
+                "are the grading block's own fields)"
+            )
+        return None
+    try:
+        return model.model_validate(spec.params or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(the block)"
+        raise StrategyParamsInvalid(
+            f"grading strategy {strategy.name!r}: grading.params.{field}: {first['msg']}"
+        ) from exc
+
+
+GROUP_FIELDS = ("quorum", "group_timeout_s", "prior_precision")
+"""`grading` fields that apply to a grouped strategy only."""
+
+
+def check_strategy(spec: GradingSpec, strategies: Mapping[str, GradingStrategy]) -> GradingStrategy:
+    """The registered strategy `spec` names, once its parameters validate and the group
+    fields it sets apply to it.
+
+    Raises:
+        StrategyUnknown: no installed package registers it.
+        StrategyParamsInvalid: its `params` do not validate.
+        StrategyRefused: a group field is set for a strategy that is not grouped.
+    """
+    strategy = strategy_named(spec.strategy, strategies)
+    params_of(strategy, spec)
+    if not strategy.grouped:
+        for name in GROUP_FIELDS:
+            if getattr(spec, name) is not None:
+                raise StrategyRefused(
+                    f"grading.{name} applies to a grouped strategy; {spec.strategy!r} is not one"
+                )
+    return strategy
+
+
 def profile(
     spec: GradingSpec,
     judge: Judge,
@@ -267,10 +355,12 @@ def profile(
 
     Raises:
         StrategyUnknown: `spec` names a strategy that is not registered.
-        StrategyRefused: the strategy's `profile` gave no `ResourceProfile`.
+        StrategyParamsInvalid: its `grading.params` do not validate.
+        StrategyRefused: the strategy's `profile` gave no `ResourceProfile`, or a group
+            field is set for a strategy that is not grouped.
     """
     registered = builtin_strategies() if strategies is None else strategies
-    needs = strategy_named(spec.strategy, registered).profile(spec, judge, rubric, order_check)
+    needs = check_strategy(spec, registered).profile(spec, judge, rubric, order_check)
     if not isinstance(needs, ResourceProfile):
         raise StrategyRefused(
             f"grading strategy {spec.strategy!r} declared a {type(needs).__name__} as its "

@@ -27,6 +27,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import BaseModel
+
 from assay.grading.strategies import GradingStrategy
 from assay.kernel.scores import Ranked, Relative
 from assay.runtime.plugins import PluginInvalid, _resolve, describe
@@ -166,6 +168,18 @@ def check_strategy(strategy: object, label: str) -> GradingStrategy:
         getattr(strategy, "compare", None)
     ):
         raise PluginInvalid(f"{where} is pairwise but has no `async def compare`")
+    rank = getattr(strategy, "rank", None)
+    if rank is not None and not (
+        strategy.grouped and inspect.iscoroutinefunction(rank)  # type: ignore[attr-defined]
+    ):
+        raise PluginInvalid(
+            f"{where} has a `rank`, which only a grouped strategy may have, as `async def rank`"
+        )
+    params = getattr(strategy, "params_model", None)
+    if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
+        raise PluginInvalid(
+            f"{where} declares params_model={params!r}; it must be a pydantic model class"
+        )
     return strategy  # type: ignore[return-value]
 
 

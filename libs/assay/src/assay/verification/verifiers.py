@@ -106,7 +106,11 @@ class ContextVerifier:
     packed into its context and every tool in `expect.tools_offered` offered to it — the
     step's last model call, or, without `step`, some model call of the run. The evidence
     says where each missing reference was: available and not packed, dropped by a
-    budget, or not there at all."""
+    budget, or not there at all.
+
+    On the budget: every reference in `expect.dropped` was dropped (from the step's last
+    call, or some call), and no call checked dropped more than `expect.max_dropped`
+    references; the evidence names what was dropped and its size."""
 
     kind = "context"
     version = "1"
@@ -122,14 +126,31 @@ class ContextVerifier:
             return False, "no model call recorded its context"
         if spec.step is not None:
             calls = calls[-1:]  # the step's last call: the one whose output is checked
-        missing = [r for r in spec.expect.packed if not any(c.holds(r) for c in calls)]
+        e = spec.expect
+        missing = [r for r in e.packed if not any(c.holds(r) for c in calls)]
         offered = {t for c in calls for t in c.tools_offered}
-        unoffered = [t for t in spec.expect.tools_offered if t not in offered]
-        if not missing and not unoffered:
-            return True, f"packed {spec.expect.packed}; offered {spec.expect.tools_offered}"
+        unoffered = [t for t in e.tools_offered if t not in offered]
+        dropped = {r.ref for c in calls for r in c.dropped}
+        kept = [r for r in e.dropped or () if r not in dropped]
+        most = max(len(c.dropped) for c in calls)
+        over = e.max_dropped is not None and most > e.max_dropped
+        if not (missing or unoffered or kept or over):
+            said = [f"packed {e.packed}", f"offered {e.tools_offered}"]
+            if e.dropped is not None or e.max_dropped is not None:
+                said.append(f"dropped {_sizes(calls)}")
+            return True, _clip("; ".join(said), 400)
         why = [f"{r} {_whereabouts(r, calls)}" for r in missing]
         why += [f"tool {t} not offered" for t in unoffered]
+        why += [f"{r} was not dropped" for r in kept]
+        if over:
+            why.append(f"{most} references dropped, more than {e.max_dropped}: {_sizes(calls)}")
         return False, _clip("; ".join(why), 400)
+
+
+def _sizes(calls: list[ModelContext]) -> str:
+    """What the budget dropped from the calls, as `ref (N chars)`, or `nothing`."""
+    refs = [f"{r.ref} ({r.chars} chars)" for c in calls for r in c.dropped]
+    return ", ".join(refs) if refs else "nothing"
 
 
 def _whereabouts(ref: str, calls: list[ModelContext]) -> str:

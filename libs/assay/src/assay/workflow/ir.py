@@ -50,13 +50,31 @@ class ModelStep(_Frozen):
             "model); a replay candidate's model variant sets it. Left out while unset."
         ),
     )
+    tools: list[str] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Registered tools offered to the model with the prompt (OpenAI-style `tools`); "
+            "the engine does not run a tool call the model answers with. Left out while unset."
+        ),
+    )
+    context_budget_chars: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Most characters the prompt may have; whole references are dropped to fit "
+            "(earlier-step outputs first, then task fields). Left out while unset."
+        ),
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_model(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Left out while unset, so versions written before it hash as they always did."""
+        """Left out while unset, so versions written before them hash as they always did."""
         data: dict[str, Any] = handler(self)
-        if data.get("model") is None:
-            data.pop("model", None)
+        for name in ("model", "tools", "context_budget_chars"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
 
@@ -200,6 +218,30 @@ class ContextExpectation(_Frozen):
     tools_offered: list[str] = Field(
         default_factory=list, description="Tools the model must have been offered."
     )
+    dropped: list[str] | None = Field(
+        None,
+        description=(
+            "References the context budget must have dropped (the budget really bit). "
+            "Left out while unset."
+        ),
+    )
+    max_dropped: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Most references the budget may have dropped (0: nothing may be dropped). "
+            "Left out while unset."
+        ),
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Left out while unset, so versions written before them hash as they always did."""
+        data: dict[str, Any] = handler(self)
+        for name in ("dropped", "max_dropped"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class VerifierSpec(_Frozen):
@@ -270,7 +312,11 @@ _GRADING_OMITTED_WHEN_UNSET = (
     "higher_is_better",
     "attempt_tournaments",
     "challengers",
+    "params",
 )
+
+UNGROUPED_BUILTINS = ("pairwise_sequential", "deterministic")
+"""The built-in strategies whose episodes do not gather in groups."""
 
 DEFAULT_QUORUM = 8
 DEFAULT_GROUP_TIMEOUT_S = 3600.0
@@ -292,7 +338,8 @@ class GradingSpec(_Frozen):
       a Bradley-Terry-Davidson fit with a Gaussian prior of `prior_precision`.
     - `deterministic`: a number the episode already holds (`metric`), no judge.
     - any other name: a strategy an installed package registers; the stages look it up
-      when the workflow is registered and refuse a name that none registers.
+      when the workflow is registered and refuse a name that none registers. Its own
+      parameters go in `params`, validated by the strategy's `params_model` then.
 
     `attempt_tournaments` (default on) ranks same-outcome attempts of a step and
     attributes each fail-then-pass retry to its step. `challengers` (default one) lets a
@@ -315,14 +362,14 @@ class GradingSpec(_Frozen):
         None,
         ge=2,
         le=64,
-        description=f"tournament: group size that closes a group ({DEFAULT_QUORUM}).",
+        description=f"grouped strategies: group size that closes a group ({DEFAULT_QUORUM}).",
     )
     group_timeout_s: float | None = Field(
         None,
         gt=0,
         le=30 * 86400,
         description=(
-            "tournament: a group closes this long after its first episode, with whatever "
+            "grouped strategies: a group closes this long after its first episode, with whatever "
             f"arrived ({DEFAULT_GROUP_TIMEOUT_S:.0f})."
         ),
     )
@@ -360,13 +407,23 @@ class GradingSpec(_Frozen):
         ),
     )
 
+    params: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "An installed strategy's own parameters, validated by its `params_model` when "
+            "the workflow is registered (a built-in strategy takes none)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _fits_strategy(self) -> GradingSpec:
-        tournament_only = ("quorum", "group_timeout_s", "prior_precision")
+        # Group fields fit the tournament or an installed strategy (registration checks
+        # that one is grouped); never the two built-in ungrouped ones.
+        grouped_only = ("quorum", "group_timeout_s", "prior_precision")
         deterministic_only = ("metric", "higher_is_better")
-        for name in tournament_only:
-            if getattr(self, name) is not None and self.strategy != "tournament":
-                raise ValueError(f"grading.{name} applies to the tournament strategy only")
+        for name in grouped_only:
+            if getattr(self, name) is not None and self.strategy in UNGROUPED_BUILTINS:
+                raise ValueError(f"grading.{name} applies to a grouped strategy only")
         for name in deterministic_only:
             if getattr(self, name) is not None and self.strategy != "deterministic":
                 raise ValueError(f"grading.{name} applies to the deterministic strategy only")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from assay.kernel.errors import AssayError
@@ -30,8 +30,9 @@ def malformed(template: str) -> list[str]:
     return re.findall(r"\{\{[^}]*\}?\}?", rest)
 
 
-def render(template: str, context: Mapping[str, Any]) -> str:
-    """Substitute every placeholder. Strings go in verbatim, anything else as JSON.
+def render(template: str, context: Mapping[str, Any], omit: Collection[str] = ()) -> str:
+    """Substitute every placeholder. Strings go in verbatim, anything else as JSON; a
+    placeholder whose dotted path is in `omit` renders empty (dropped to fit a budget).
 
     Raises:
         TemplateError: a path does not resolve in `context`.
@@ -40,6 +41,8 @@ def render(template: str, context: Mapping[str, Any]) -> str:
     def lookup(match: re.Match[str]) -> str:
         value: Any = context
         path = match.group(1)
+        if path in omit:
+            return ""
         for part in path.split("."):
             if isinstance(value, Mapping) and part in value:
                 value = value[part]
@@ -48,3 +51,18 @@ def render(template: str, context: Mapping[str, Any]) -> str:
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
     return _PLACEHOLDER.sub(lookup, template)
+
+
+def drop_order(template: str) -> list[str]:
+    """The references a context budget drops, first to last: `steps.*` ones in the order
+    the template first names them, then `task.*` ones, the last-named first."""
+    refs = list(dict.fromkeys(".".join(p) for p in placeholders(template)))
+    earlier = [r for r in refs if not r.startswith("task.")]
+    task = [r for r in refs if r.startswith("task.")]
+    return earlier + task[::-1]
+
+
+def fixed_chars(template: str) -> int:
+    """The characters of the template's own text, every placeholder rendered empty: what
+    no context budget can drop."""
+    return len(render(template, {}, omit=drop_order(template)))

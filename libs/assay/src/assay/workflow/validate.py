@@ -24,7 +24,7 @@ from assay.workflow.ir import (
     VerifierSpec,
     WorkflowDef,
 )
-from assay.workflow.templates import malformed, placeholders
+from assay.workflow.templates import fixed_chars, malformed, placeholders
 
 MIN_AWAIT_TIMEOUT_S: Final = 1.0
 """Shortest wait an await step may declare, in seconds."""
@@ -104,6 +104,8 @@ def validate(
                 f"workflow {wf.id!r}: step {step.id!r} uses unknown tool "
                 f"{step.tool!r} (known: {sorted(known_tools)})"
             )
+        if isinstance(step, ModelStep):
+            _check_model_step(wf, step, known_tools)
     if wf.output is not None and wf.output not in declared:
         raise WorkflowInvalid(f"workflow {wf.id!r}: output names unknown step {wf.output!r}")
     _check_verifiers(wf, declared, BUILTIN_VERIFIER_KINDS | (known_verifiers or frozenset()))
@@ -111,6 +113,27 @@ def validate(
     if len(set(rubric_ids)) != len(rubric_ids):
         raise WorkflowInvalid(f"workflow {wf.id!r}: duplicate rubric ids")
     return wf
+
+
+def _check_model_step(wf: WorkflowDef, step: ModelStep, known_tools: frozenset[str] | None) -> None:
+    """The tools a model step offers are registered, once each; its context budget holds
+    at least its template's own text (which no budget can drop)."""
+    where = f"workflow {wf.id!r}: step {step.id!r}"
+    offered = step.tools or []
+    twice = sorted({t for t in offered if offered.count(t) > 1})
+    if twice:
+        raise WorkflowInvalid(f"{where} offers tool(s) {twice} more than once")
+    for tool in offered:
+        if known_tools is not None and tool not in known_tools:
+            raise WorkflowInvalid(
+                f"{where} offers unknown tool {tool!r} to the model (known: {sorted(known_tools)})"
+            )
+    budget = step.context_budget_chars
+    if budget is not None and (fixed := fixed_chars(step.prompt)) > budget:
+        raise WorkflowInvalid(
+            f"{where}: context_budget_chars {budget} is less than the {fixed} characters of "
+            "its prompt's own text, which no budget can drop"
+        )
 
 
 def _check_control_kinds(wf: WorkflowDef, declared: set[StepId], edges: list[Transition]) -> None:
@@ -354,16 +377,32 @@ def _check_verifiers(wf: WorkflowDef, declared: set[StepId], kinds: frozenset[st
 def _check_context(wf: WorkflowDef, where: str, v: VerifierSpec, declared: set[StepId]) -> None:
     """A context verifier names what it expects, of a model step, in references a model
     call can have."""
-    if v.expect is None or not (v.expect.packed or v.expect.tools_offered):
+    e = v.expect
+    if e is None or not (e.packed or e.tools_offered or e.dropped or e.max_dropped is not None):
         raise WorkflowInvalid(
-            f"workflow {wf.id!r}: {where} (context) needs `expect` with `packed` or `tools_offered`"
+            f"workflow {wf.id!r}: {where} (context) needs `expect` with `packed`, "
+            "`tools_offered`, `dropped` or `max_dropped`"
         )
-    if v.step is not None and not isinstance(wf.node(v.step), ModelStep):
+    checked = wf.node(v.step) if v.step is not None else None
+    if v.step is not None and not isinstance(checked, ModelStep):
         raise WorkflowInvalid(f"workflow {wf.id!r}: {where} (context) checks a model step")
-    for ref in v.expect.packed:
+    for ref in [*e.packed, *(e.dropped or [])]:
         if ref == "plan":
             continue
         _check_path(wf, where, tuple(ref.split(".")), declared)
+    if e.dropped:
+        if "plan" in e.dropped:
+            raise WorkflowInvalid(
+                f"workflow {wf.id!r}: {where} (context) expects the plan dropped; no budget "
+                "drops it"
+            )
+        steps = [checked] if isinstance(checked, ModelStep) else wf.steps
+        if not any(isinstance(s, ModelStep) and s.context_budget_chars for s in steps):
+            raise WorkflowInvalid(
+                f"workflow {wf.id!r}: {where} (context) expects references dropped, and "
+                f"{'its step declares no' if checked is not None else 'no model step declares'}"
+                " context_budget_chars"
+            )
 
 
 def check_version_bump(parent: WorkflowDef, child: WorkflowDef, *, rewrite: bool) -> StepIdDiff:
