@@ -10,6 +10,7 @@ import asyncio
 import json
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -898,3 +899,71 @@ async def test_a_tenant_is_deleted_from_every_schema_and_its_bucket_prefix(
     (late,) = [r for r in dead if r.key == key]
     assert f"tenant {gone} was deleted" in dict(late.headers)["assay-dlq-reason"].decode()
     assert await pg_leftovers(d.admin_dsn, gone, command) == {}
+
+
+GATE = """\
+id: gate
+steps:
+  - {id: ask, kind: await, signal: approval, timeout_s: 3600}
+  - {id: use, kind: tool, tool: strip, args: {text: "{{ steps.ask.output }}"}}
+transitions:
+  - {from: ask, to: use}
+"""
+
+
+async def test_the_consoles_actions_answer_with_their_outcome_over_kafka(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """`assay serve console` in the deployment (Postgres read model, commands over Kafka):
+    a command execute refuses answers 409 with execute's reason as soon as it is
+    dead-lettered, not 202 after the wait; approving a waiting run answers 200; acting
+    on a run that ended answers 409 saying why, with nothing sent."""
+    d = deployment
+    workflow = tmp_path / "gate.yaml"
+    workflow.write_text(GATE)
+    tenant = await set_up_tenant(d, challenger=False, versions=(workflow, workflow))
+    tasks = [{"idempotency_key": "gate-1", "input": {"n": 1}}]
+    await produce(d.bootstrap, task_records(tenant, tasks, workflow="gate"))
+    d.start("console")
+    try:
+        await asyncio.to_thread(d.wait_healthy)
+        assert d.console_url is not None
+        async with httpx.AsyncClient(base_url=d.console_url, timeout=60) as c:
+            params = {"tenant": tenant}
+
+            async def waiting() -> bool:
+                got = await c.get("/api/runs", params={**params, "state": "suspended"})
+                return got.status_code == 200 and len(got.json()["runs"]) == 1
+
+            await wait_for("the run to wait in the console", waiting, 120)
+            (run,) = (await c.get("/api/runs", params=params)).json()["runs"]
+            act = f"/api/runs/{run['run_id']}"
+            wait = {**params, "wait": "30"}
+
+            t0 = time.monotonic()
+            refused = await c.post(f"{act}/signal", params=wait, json={"signal": "poke"})
+            took = time.monotonic() - t0
+            assert refused.status_code == 409, refused.text
+            assert "waits for 'approval', not 'poke'" in refused.json()["detail"]
+            assert took < 30, f"the refusal took the whole wait ({took:.1f} s)"
+
+            approved = await c.post(f"{act}/approve", params=wait, json={"payload": "yes"})
+            assert approved.status_code == 200, approved.text
+            assert approved.json()["outcome"] == "applied"
+
+            async def ended() -> bool:
+                got = (await c.get(act, params=params)).json()
+                return got["run"]["status"] is not None
+
+            await wait_for("the approved run's result in the console", ended, 120)
+            cancel = await c.post(f"{act}/cancel", params=wait, json={"reason": "late"})
+            again = await c.post(f"{act}/approve", params=wait, json={})
+        assert (cancel.status_code, again.status_code) == (409, 409)
+        assert "has ended" in cancel.json()["detail"]
+        assert "is not waiting" in again.json()["detail"]
+    finally:
+        # The module's other tests run without the console (tenant deletion counts stages).
+        proc = d.procs.pop("console")
+        d.ports.pop("console")
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)

@@ -1,6 +1,7 @@
 """Acting from the console in a real headless Chromium (Debian's, driven by Playwright),
-end to end on `assay serve-embedded`: a run waiting for approval is approved from its
-page, after a confirmation, and the pipeline carries it on to its result."""
+end to end on `assay serve-embedded`: a signal the run does not wait for is refused and
+the page says why; a run waiting for approval is approved from its page, after a
+confirmation, and the pipeline carries it on to its result."""
 
 from __future__ import annotations
 
@@ -76,10 +77,18 @@ def test_approving_a_waiting_run_from_its_page_takes_effect(
             dialog.accept()
 
         page.on("dialog", confirm)
+        # A signal it does not wait for: execute refuses it, and the page says why.
+        page.fill("#signal-form input[name=signal]", "poke")
+        page.click("#signal-form button[type=submit]")
+        expect(page.locator("#outcome")).to_contain_text(
+            "signal: not applied — refused: ", timeout=30_000
+        )
+        expect(page.locator("#outcome")).to_contain_text("waits for 'approval', not 'poke'")
+        assert page.locator("#outcome").get_attribute("data-status") == "409"
         page.click("#approve")
         expect(page.locator("#outcome")).to_contain_text("approve: applied", timeout=30_000)
         page.screenshot(path=tmp_path / "approved.png", full_page=True)
-        assert asked == ["Approve this run?"]
+        assert asked == ["Send this signal to the run?", "Approve this run?"]
 
         def ended() -> dict[str, Any] | None:
             detail = client.get(f"/api/runs/{run}", headers=A).json()

@@ -2,7 +2,7 @@
 data renders, filters and paging keep their state in the URL, the list refreshes
 itself, another tenant's run is not reachable by URL, hostile strings show as text;
 the ladder's pages draw the sequential test's path and the forest plot with the
-seeded numbers.
+seeded numbers; a run's intents and its branch tree are drawn.
 
 One demo, one served data directory and one browser for the whole module.
 Screenshots are kept under pytest's temporary directory.
@@ -27,7 +27,12 @@ import pytest
 from playwright.sync_api import Browser, FloatRect, Locator, Page, expect, sync_playwright
 
 from assay.cli.demo import DEMO_TENANT
+from assay.engine import StubModel
+from assay.grading import StubJudge
 from assay.grading.sprt import SprtPolicy
+from assay.runtime.embedded import STAGES, Embedded
+from assay_console.reads import ConsoleReads, SqliteRunsTable
+from services.console.tests.branch_seed import seed_branched_run
 from services.console.tests.console_seed import HOSTILE, TENANT_A, TENANT_B, run_ref, seed
 from services.console.tests.ladder_seed import (
     HELD_OUT_STRENGTH,
@@ -43,6 +48,26 @@ from services.console.tests.ladder_seed import (
 ASSAY = str(Path(sys.executable).parent / "assay")
 CHROMIUM = os.environ.get("ASSAY_CHROMIUM", "/usr/bin/chromium")
 TOKENS = f"{DEMO_TENANT}=token-demo,{TENANT_A}=token-a,{TENANT_B}=token-b"
+
+
+BRANCHED = f"branched-{HOSTILE}"
+"""Tenant A's run with an intent and a branch tree (its task's idempotency key)."""
+
+
+async def seed_branched(data: Path) -> None:
+    """Run the whole pipeline over the data directory once more, for a run with an
+    intent that is then branched (before the console-only seeds: no stage but the
+    console's may see those)."""
+    stages = (*STAGES, "console")
+    async with Embedded(
+        data, stages=stages, partitions=4, model=StubModel(), judge=StubJudge()
+    ) as rt:
+        rt.start()
+        reads = ConsoleReads(rt.logs["console"], SqliteRunsTable(data / "console.sqlite"))
+        try:
+            await seed_branched_run(rt, reads, TENANT_A, BRANCHED, HOSTILE)
+        finally:
+            await reads.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +87,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "console on http://127.0.0.1:" in demo.stdout
     # Playwright's sync API may already run a loop on this thread: seed on another.
     with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, seed_branched(data)).result()
         pool.submit(asyncio.run, seed(data, {DEMO_TENANT: 3, TENANT_B: 2})).result()
         pool.submit(asyncio.run, seed_ladder(data)).result()
         pool.submit(asyncio.run, seed_open_proposal(data)).result()
@@ -173,6 +199,36 @@ def test_a_run_page_shows_its_timeline_and_verdict(page: Page, served: str, shot
     page.click("#workflow-link")  # from a run to its workflow's ladder
     page.wait_for_url("**/workflows/arith?**")
     assert page.locator("#dag g.node").count() >= 2
+
+
+def test_a_runs_intents_and_branch_tree_are_drawn(page_a: Page, served: str, shots: Path) -> None:
+    listed = httpx.get(
+        f"{served}api/runs", params={"key": BRANCHED}, headers={"authorization": "Bearer token-a"}
+    )
+    (run,) = [r["run_id"] for r in listed.json()["runs"]]
+    page_a.goto(f"{served}runs/{run}")
+    page_a.screenshot(path=shots / "run-intents.png", full_page=True)
+    (intent,) = page_a.locator("#intents tr.intent").all()
+    states = intent.locator("li.intent-state strong").all_inner_texts()
+    assert states == ["pending", "dispatched", "committed"]
+    assert intent.locator("li.intent-state time").count() == 3
+    page_a.click("#tree-link")
+    page_a.wait_for_url(f"**/runs/{run}/tree?**")
+    page_a.screenshot(path=shots / "branch-tree.png", full_page=True)
+    assert page_a.locator("#branch-tree li.branch").count() == 3
+    forked = page_a.locator("#branch-0 > ul > li.branch")
+    assert [b.get_attribute("data-branch") for b in forked.all()] == ["1", "2"]
+    assert "forked from branch 0 at LSN" in forked.first.inner_text()
+    children = page_a.locator("table.children tr.child")
+    assert children.locator("td.label").all_inner_texts() == [
+        f"no-strip {HOSTILE}",
+        f"short {HOSTILE}",
+    ]
+    assert children.first.locator("td.deltas").inner_text() == "tool_unavailable:strip"
+    assert children.first.locator("td.divergence").inner_text().startswith("tidy:")
+    assert page_a.locator("#key").inner_text().startswith(BRANCHED)
+    assert page_a.evaluate("window.__pwned") is None
+    assert page_a.locator("img[src=x]").count() == 0
 
 
 def test_another_tenants_run_is_not_reachable_by_url(page: Page, served: str) -> None:

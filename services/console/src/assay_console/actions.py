@@ -217,14 +217,17 @@ async def settle(
     """
     sent = await outbox.send(command)
     deadline = time.monotonic() + seconds
-    while True:
-        if await seen():
-            return True
-        if (reason := await sent.refused()) is not None:
-            raise Problem(409, f"refused: {reason}")
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(POLL_S)  # the read model folds from the topics: look again
+    try:
+        while True:
+            if await seen():
+                return True
+            if (reason := await sent.refused()) is not None:
+                raise Problem(409, f"refused: {reason}")
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)  # the read model folds from the topics: look again
+    finally:
+        await sent.close()
 
 
 def command_id(command: Command) -> str:
@@ -290,7 +293,7 @@ def action_routes(
             command = commands.cancel_rollout(tenant, group, given.reason)
         except CommandInvalid as exc:
             raise Problem(400, str(exc)) from exc
-        await publishing().send(command)
+        await (await publishing().send(command)).close()  # its effect shows on the siblings
         return _answer(request, command, False, f"/api/runs?key={group}", None)
 
     async def review(request: Request) -> Response:

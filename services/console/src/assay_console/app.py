@@ -36,10 +36,11 @@ from assay_console.charts import (
     time_chart,
 )
 from assay_console.outbox import Outbox
-from assay_console.reads import BadQuery, ConsoleReads, RunFilters
+from assay_console.reads import MAX_KEY, BadQuery, ConsoleReads, RunFilters
 from assay_console.runlog import RunLog, RunLogUnavailable
 from assay_console.sessions import SESSION_COOKIE
 from assay_console.spend_views import SpendReport, series
+from assay_console.tree_views import RolloutGroupView, RunTree, run_tree
 from assay_console.workflows import proposal_view
 
 FILTERS = frozenset(RunFilters.model_fields)
@@ -134,6 +135,13 @@ def _proposal_id(request: Request) -> str:
     return proposal
 
 
+def _group(request: Request) -> str:
+    group = str(request.path_params["group"])
+    if not group or len(group) > MAX_KEY:
+        raise Problem(400, f"rollout group: an idempotency key of 1 to {MAX_KEY} characters")
+    return group
+
+
 def _only_tenant(request: Request) -> None:
     extra = sorted(set(request.query_params) - {"tenant"})
     if extra:
@@ -165,6 +173,7 @@ def create_app(
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
     env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S UTC") if d else ""
+    env.filters["ms_when"] = lambda ms: env.filters["when"](datetime.fromtimestamp(ms / 1000, UTC))
     env.filters["pct"] = lambda x: "-" if x is None else f"{x:.1%}"
     env.filters["short"] = lambda s: (s or "")[:12]
     env.filters["num"] = lambda x, digits=3: "-" if x is None else f"{x:.{digits}f}"
@@ -215,6 +224,28 @@ def create_app(
         _only_tenant(request)
         run_id = _run_id(request)
         return JSONResponse(await full_log(_tenant(request, access), run_id))
+
+    async def tree_of(tenant: TenantId, run_id: str) -> RunTree:
+        return run_tree(RunView.model_validate(await full_log(tenant, run_id)))
+
+    async def api_run_tree(request: Request) -> Response:
+        _only_tenant(request)
+        run_id = _run_id(request)
+        tree = await tree_of(_tenant(request, access), run_id)
+        return Response(tree.model_dump_json(), media_type="application/json")
+
+    async def rollout_of(tenant: TenantId, group: str) -> RolloutGroupView:
+        runs = await reads.group_runs(tenant, group)
+        result = await reads.rollout_result(tenant, group)
+        if not runs and result is None:
+            raise Problem(404, "no such rollout group")
+        return RolloutGroupView(group=group, runs=runs, result=result)
+
+    async def api_rollout(request: Request) -> Response:
+        _only_tenant(request)
+        group = _group(request)
+        view = await rollout_of(_tenant(request, access), group)
+        return Response(view.model_dump_json(), media_type="application/json")
 
     async def api_overview(request: Request) -> Response:
         _only_tenant(request)
@@ -328,9 +359,12 @@ def create_app(
         if detail is None:
             raise Problem(404, NOT_FOUND)
         pretty = json.dumps(detail.input, indent=2, sort_keys=True) if detail.input else None
-        attempts, missing = None, None
+        key = detail.run.idempotency_key
+        grouped = await reads.rollout_result(tenant, key) is not None
+        attempts, tree, missing = None, None, None
         try:
-            attempts = attempt_timeline(RunView.model_validate(await full_log(tenant, run_id)))
+            view = RunView.model_validate(await full_log(tenant, run_id))
+            attempts, tree = attempt_timeline(view), run_tree(view)
         except Problem as exc:
             missing = exc.detail
         return render(
@@ -339,8 +373,27 @@ def create_app(
             tenant=tenant,
             input_json=pretty,
             attempts=attempts,
+            tree=tree,
             missing=missing,
+            grouped=grouped,
         )
+
+    async def page_rollout(request: Request) -> Response:
+        _only_tenant(request)
+        group = _group(request)
+        tenant = _tenant(request, access)
+        view = await rollout_of(tenant, group)
+        return render("rollout.html", g=view, tenant=tenant)
+
+    async def page_run_tree(request: Request) -> Response:
+        _only_tenant(request)
+        run_id = _run_id(request)
+        tenant = _tenant(request, access)
+        detail = await reads.run(tenant, run_id)
+        if detail is None:
+            raise Problem(404, NOT_FOUND)
+        tree = await tree_of(tenant, run_id)
+        return render("run_tree.html", d=detail, tenant=tenant, tree=tree)
 
     async def page_workflows(request: Request) -> Response:
         _only_tenant(request)
@@ -385,6 +438,8 @@ def create_app(
         Route("/api/runs", guarded(api_runs)),
         Route("/api/runs/{run_id}", guarded(api_run)),
         Route("/api/runs/{run_id}/log", guarded(api_run_log), methods=["GET"]),
+        Route("/api/runs/{run_id}/tree", guarded(api_run_tree), methods=["GET"]),
+        Route("/api/rollouts/{group:path}", guarded(api_rollout), methods=["GET"]),
         Route("/api/overview", guarded(api_overview)),
         Route("/api/workflows", guarded(api_workflows)),
         Route("/api/workflows/{workflow_id:path}", guarded(api_workflow)),
@@ -395,6 +450,8 @@ def create_app(
         Route("/", guarded(page_overview, html=True)),
         Route("/runs", guarded(page_runs, html=True)),
         Route("/runs/{run_id}", guarded(page_run, html=True)),
+        Route("/runs/{run_id}/tree", guarded(page_run_tree, html=True)),
+        Route("/rollouts/{group:path}", guarded(page_rollout, html=True)),
         Route("/workflows", guarded(page_workflows, html=True)),
         Route("/proposals", guarded(page_proposals, html=True)),
         Route("/spend", guarded(page_spend, html=True)),

@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 from assay.engine.episode_view import RunView
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
 from assay_console.spend_views import SpendReport
+from assay_console.tree_views import RolloutGroupView, RunTree
 from assay_console.workflow_views import (
     ProposalsList,
     ProposalView,
@@ -66,6 +67,8 @@ def document() -> dict[str, Any]:
                 ProposalView,
                 SpendReport,
                 RunView,
+                RunTree,
+                RolloutGroupView,
             )
         ],
         ref_template=REF,
@@ -156,6 +159,48 @@ def document() -> dict[str, Any]:
                             "content": _errors()["400"]["content"],
                         },
                     },
+                }
+            },
+            "/api/runs/{run_id}/tree": {
+                "get": {
+                    "summary": (
+                        "A run's intents, each with every state it reached and when, and its "
+                        "branch tree: each branch's parent, fork LSN and discarded effects, "
+                        "and each branch command's children with their deltas, first "
+                        "divergence, execution status and verifier outcome. From execute's "
+                        "log, like `/log`."
+                    ),
+                    "parameters": [run_id, tenant],
+                    "responses": {
+                        **ok("RunTree", "The run's intents and branch tree."),
+                        "502": {
+                            "description": "Execute did not answer, or the run was tiered.",
+                            "content": _errors()["400"]["content"],
+                        },
+                        "503": {
+                            "description": "This console has no way to ask execute.",
+                            "content": _errors()["400"]["content"],
+                        },
+                    },
+                }
+            },
+            "/api/rollouts/{group}": {
+                "get": {
+                    "summary": (
+                        "A rollout group, named by its task's idempotency key: the runs that "
+                        "share the key and, once the group closed, its result — each "
+                        "sibling's outcome, the selection and its evidence, the winner."
+                    ),
+                    "parameters": [
+                        _param(
+                            "group",
+                            "The group's idempotency key (URL-encoded; at most 500 characters).",
+                            {"type": "string"},
+                            where="path",
+                        ),
+                        tenant,
+                    ],
+                    "responses": ok("RolloutGroupView", "The group."),
                 }
             },
             "/api/overview": {

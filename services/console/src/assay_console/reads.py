@@ -26,7 +26,7 @@ from assay.kernel.canonical import content_hash
 from assay.kernel.errors import AssayError
 from assay.kernel.ids import TenantId, is_run_id, new_run_id, tenant_id
 from assay.kernel.scores import Score
-from assay.messages import Usage, VerifierResult
+from assay.messages import RolloutResult, Usage, VerifierResult
 from assay.record.erasure import Tombstone, tombstone_at
 from assay.runtime.settings import AssaySettings
 from assay.store.pg_schema import quoted
@@ -45,6 +45,7 @@ from assay_console.stage import (
     GradeSeen,
     IndeterminateSeen,
     ResultSeen,
+    RolloutRow,
     RunRow,
     RunSeen,
     StatusSeen,
@@ -56,6 +57,8 @@ from assay_console.workflows import list_workflows, open_proposals, proposal_row
 
 MAX_LIMIT = 200
 """The largest page the server returns, whatever `limit` asks."""
+MAX_KEY = 500
+"""The longest idempotency-key filter (and rollout group key) the console takes."""
 
 
 class BadQuery(AssayError):
@@ -73,7 +76,7 @@ class RunFilters(BaseModel):
     since: datetime | None = Field(None, description="Created at or after (ISO 8601).")
     until: datetime | None = Field(None, description="Created before (ISO 8601).")
     key: str | None = Field(
-        None, max_length=500, description="Idempotency keys starting with this text."
+        None, max_length=MAX_KEY, description="Idempotency keys starting with this text."
     )
 
 
@@ -346,6 +349,22 @@ class ConsoleReads:
                     detail.verdict, detail.score, detail.usage = r.verification, r.score, r.usage
                     detail.termination, detail.output = r.termination, r.output
         return detail
+
+    async def group_runs(self, tenant: TenantId, group: str) -> list[RunSummary]:
+        """The tenant's runs whose task key is `group` (a rollout group's siblings),
+        newest first, at most a page of them."""
+        if len(group) > MAX_KEY:
+            return []
+        page = await self.runs(tenant, RunFilters(key=group), None, MAX_LIMIT)
+        return [r for r in page.runs if r.idempotency_key == group]
+
+    async def rollout_result(self, tenant: TenantId, group: str) -> RolloutResult | None:
+        """The tenant's rollout group's result; None until it closed (or no such group)."""
+        doc = await self._log.get(RolloutRow.at(tenant, group))
+        row = None if doc is None else RolloutRow.model_validate(doc)
+        return (
+            None if row is None or row.result is None else RolloutResult.model_validate(row.result)
+        )
 
     async def workflows(self, tenant: TenantId) -> WorkflowsList:
         """The tenant's workflows, by id."""

@@ -2,7 +2,8 @@
 
 It consumes `assay.runs` (a run's input), `assay.run-status` (its lifecycle),
 `assay.verified` (its verdict and usage, for every run), `assay.graded` (its score)
-and `assay.results` (a served run's result and output); it emits nothing. It also
+and `assay.results` (a served run's result and output, and a rollout group's
+selection); it emits nothing. It also
 folds each model call (`assay.usage`) and judge calibration round for the spend and
 judge health page (`spend.py`). Each
 fact lands as an event on the run's stream in the console's own log, and folds
@@ -23,6 +24,7 @@ from assay.kernel import RunState
 from assay.kernel.scores import Score, Ungraded
 from assay.messages import (
     AttemptIndeterminate,
+    RolloutResult,
     RunGraded,
     RunRef,
     RunResult,
@@ -111,6 +113,14 @@ class ResultSeen(Event):
     result: RunResult = Field(description="The result.")
 
 
+class RolloutSeen(Event):
+    """A rollout group closed and its winner was selected (or none was)."""
+
+    type: ClassVar[str] = "console.RolloutSeen"
+    version: ClassVar[int] = 1
+    result: RolloutResult = Field(description="The group's result, as consumers received it.")
+
+
 CONSOLE_EVENTS = EventRegistry(
     [
         TenantErased,  # every stage log can hold a tenant's tombstone
@@ -120,6 +130,7 @@ CONSOLE_EVENTS = EventRegistry(
         VerdictSeen,
         GradeSeen,
         ResultSeen,
+        RolloutSeen,
         *LADDER_EVENTS,
         *SPEND_EVENTS,
         Compacted,
@@ -153,6 +164,14 @@ class RunRow(ReadModel):
     score_kind: str | None = None
     ungraded_reason: str | None = None
     indeterminate: bool = False
+
+
+class RolloutRow(ReadModel):
+    """A closed rollout group's result, by its task's idempotency key."""
+
+    kind: ClassVar[str] = "console_rollout"
+    group: str = ""
+    result: dict[str, Any] | None = None
 
 
 RUNS_TABLE = DocumentTable(
@@ -189,6 +208,11 @@ def run_stream(tenant: Any, run_id: str) -> BranchKey:
     return BranchKey.main(tenant, f"run:{run_id}")
 
 
+def rollout_stream(tenant: Any, group: str) -> BranchKey:
+    """The console's stream of one rollout group (its task's idempotency key)."""
+    return BranchKey.main(tenant, f"rollout:{group}")
+
+
 def ulid_ms(run_id: str) -> int:
     """The creation time a ULID carries, in Unix milliseconds."""
     value = 0
@@ -218,14 +242,17 @@ def _score_fields(score: Score | None) -> dict[str, Any]:
 
 
 def fold_console(record: LogRecord) -> list[StateDelta]:
-    """One `RunRow` per run, patched by each fact about it; one `WorkflowRow` per
-    workflow (`ladder.py`)."""
+    """One `RunRow` per run, patched by each fact about it; one `RolloutRow` per closed
+    rollout group; one `WorkflowRow` per workflow (`ladder.py`)."""
     if isinstance(record.event, LADDER_EVENTS):
         return fold_ladder(record)
     if isinstance(record.event, SPEND_EVENTS):
         return fold_spend(record)
     tenant = record.key.tenant
     event = record.event
+    if isinstance(event, RolloutSeen):
+        group, result = event.result.idempotency_key, event.result.model_dump(mode="json")
+        return [Patch(RolloutRow.at(tenant, group), {"group": group, "result": result})]
     if isinstance(event, ResultSeen):
         r = event.result
         fields = {"run_id": r.run_id, "passed": r.passed, "status": r.status}
@@ -290,6 +317,11 @@ async def on_run_result(msg: RunResult, uow: ConsoleUnitOfWork) -> None:
     uow.record(run_stream(uow.tenant, msg.run_id), ResultSeen(result=msg))
 
 
+async def on_rollout_result(msg: RolloutResult, uow: ConsoleUnitOfWork) -> None:
+    """Record how a rollout group ended: its siblings, selection and winner."""
+    uow.record(rollout_stream(uow.tenant, msg.idempotency_key), RolloutSeen(result=msg))
+
+
 def create_stage(deps: StageDeps) -> StageSpec:
     """Wire the console's read model: the runs' handlers and the ladder's, one fold, one
     table; the sequential test's policy, to draw the test's path."""
@@ -304,6 +336,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             on_run_verified,
             on_run_graded,
             on_run_result,
+            on_rollout_result,
             *LADDER_HANDLERS,
             *SPEND_HANDLERS,
         ),

@@ -26,6 +26,9 @@
         outcome.textContent = action + ": applied (run now " + answer.run.state + ")";
       } else if (res.status === 202) {
         outcome.textContent = action + ": sent, not applied yet — reload to see it";
+      } else if (res.status === 409) {
+        // Not in a state it applies to, or the owning stage refused it: say why.
+        outcome.textContent = action + ": not applied — " + answer.detail;
       } else {
         outcome.textContent = action + " failed: " + answer.detail;
       }

@@ -28,6 +28,9 @@
         for (const b of row.querySelectorAll("button")) b.disabled = true;
       } else if (res.status === 202) {
         outcome.textContent = verb + ": sent, not applied yet — reload to see it";
+      } else if (res.status === 409) {
+        // Already reviewed, or the owning stage refused it: say why.
+        outcome.textContent = verb + ": not applied — " + answer.detail;
       } else {
         outcome.textContent = verb + " failed: " + answer.detail;
       }
