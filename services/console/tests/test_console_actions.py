@@ -26,6 +26,7 @@ from assay_console.access import Access
 from assay_console.app import create_app
 from assay_console.outbox import EmbeddedOutbox
 from assay_console.reads import ConsoleReads, RunFilters, SqliteRunsTable
+from assay_ingest.routing import Allocation
 from services.console.tests.console_seed import HOSTILE, TENANT_A, TENANT_B
 
 TOKENS = f"{TENANT_A}=token-a,{TENANT_B}=token-b"
@@ -83,7 +84,7 @@ async def until_waiting(reads: ConsoleReads, want: dict[TenantId, int], timeout_
 
 
 async def until_read(rt: Embedded, stage: str, topic: str, timeout_s: float) -> None:
-    """Wait until `stage` has read everything on `topic` (ingest knows the workflows)."""
+    """Wait until `stage` has read everything on `topic`."""
     deadline = time.monotonic() + timeout_s
     ends = await rt.bus.end_offsets(topic)
     while True:
@@ -93,6 +94,19 @@ async def until_read(rt: Embedded, stage: str, topic: str, timeout_s: float) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{stage} did not read {topic}")
         await asyncio.sleep(0.02)  # the bus offers no wake-up for "a consumer caught up"
+
+
+async def until_routed(
+    rt: Embedded, workflows: list[tuple[TenantId, str]], timeout_s: float
+) -> None:
+    """Wait until ingest holds every workflow's allocation: decide publishes it after
+    ingest stored the definition, and a task before it is refused as unknown."""
+    deadline = time.monotonic() + timeout_s
+    for tenant, workflow in workflows:
+        while await rt.logs["ingest"].get(Allocation.at(tenant, workflow)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ingest never got {workflow}'s allocation for {tenant}")
+            await asyncio.sleep(0.02)  # the bus offers no wake-up for "a stage folded this"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -109,7 +123,7 @@ async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Con
                 definition = wf.model_dump(mode="json", by_alias=True)
                 msg = WorkflowRegistered(tenant=tenant, definition=definition)
                 await rt.publish(WORKFLOWS, msg, tenant, idem=f"{tenant}:{wf.version}")
-        await until_read(rt, "ingest", WORKFLOWS, 60)
+        await until_routed(rt, [(t, w) for t in (TENANT_A, TENANT_B) for w in ("gate", "poke")], 60)
         tasks = [
             (TASKS, task(TENANT_A, k, "poke" if k == "signal-me" else "gate"), TENANT_A, k)
             for k in KEYS_A
