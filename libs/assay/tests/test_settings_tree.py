@@ -131,6 +131,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_HELD_OUT_FRACTION": ("0.3", "ladder.held_out_fraction", 0.3),
     "ASSAY_KAFKA_BOOTSTRAP": ("k:9092", "kafka.bootstrap", "k:9092"),
     "ASSAY_KAFKA_MEMBER_TIMEOUT_MS": ("6000", "kafka.member_timeout_ms", 6000),
+    "ASSAY_KAFKA_FETCH_MAX_WAIT_MS": ("500", "kafka.fetch_max_wait_ms", 500),
     "ASSAY_DATABASE_URL": ("postgresql://s@h/d", "database.url", "postgresql://s@h/d"),
     "ASSAY_ADMIN_DATABASE_URL": ("postgresql://a@h/d", "database.admin_url", "postgresql://a@h/d"),
     "ASSAY_STAGE_PASSWORD": ("shared", "database.stage_password", "shared"),

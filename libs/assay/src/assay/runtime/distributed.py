@@ -96,13 +96,7 @@ async def serve(stage: str, settings: AssaySettings, stop: asyncio.Event) -> Non
         relay = OutboxRelay(stage, event_log, transport, leader)
         listener = await listen_for_outbox(settings.database.url, stage, relay.wake)
         stack.push_async_callback(listener.close)
-        source = KafkaSource(
-            settings.kafka.bootstrap,
-            group_id=f"assay-{stage}",
-            client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
-            member_timeout_ms=settings.kafka.member_timeout_ms,
-            heartbeat_interval_ms=min(3_000, settings.kafka.member_timeout_ms // 3),
-        )
+        source = kafka_source(settings, stage)
         vitals = Vitals(
             unready_after_s=settings.unready_after_s,
             exit_after_s=settings.exit_after_s,
@@ -170,3 +164,17 @@ async def _cancelled(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def kafka_source(settings: AssaySettings, stage: str) -> KafkaSource:
+    """The stage's consumer-group source, as the `kafka` settings declare it."""
+    kafka = settings.kafka
+    assert kafka.bootstrap is not None  # checked when the stage's settings were read
+    return KafkaSource(
+        kafka.bootstrap,
+        group_id=f"assay-{stage}",
+        client_id=f"assay-{stage}-{socket.gethostname()}-{os.getpid()}",
+        member_timeout_ms=kafka.member_timeout_ms,
+        heartbeat_interval_ms=min(3_000, kafka.member_timeout_ms // 3),
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+    )

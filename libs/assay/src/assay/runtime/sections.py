@@ -44,6 +44,17 @@ class KafkaSettings(_Section):
             "before its partitions go to the others or to its replacement."
         ),
     )
+    fetch_max_wait_ms: int = Field(
+        20,
+        ge=1,
+        le=30_000,
+        description=(
+            "The longest the broker holds a stage's fetch waiting for data. Apache Kafka "
+            "answers as soon as data arrives, so there a long wait (500) costs no latency "
+            "and saves the idle polling; a broker that holds every fetch for the whole "
+            "wait (Tansu 0.6) makes it each hop's latency, hence the short default."
+        ),
+    )
 
 
 class DatabaseSettings(_Section):
