@@ -150,14 +150,7 @@ def document() -> dict[str, Any]:
                     "parameters": [run_id, tenant],
                     "responses": {
                         **ok("RunView", "The run's log view."),
-                        "502": {
-                            "description": "Execute did not answer, or the run was tiered.",
-                            "content": _errors()["400"]["content"],
-                        },
-                        "503": {
-                            "description": "This console has no way to ask execute.",
-                            "content": _errors()["400"]["content"],
-                        },
+                        **_asked_of_execute(),
                     },
                 }
             },
@@ -173,14 +166,7 @@ def document() -> dict[str, Any]:
                     "parameters": [run_id, tenant],
                     "responses": {
                         **ok("RunTree", "The run's intents and branch tree."),
-                        "502": {
-                            "description": "Execute did not answer, or the run was tiered.",
-                            "content": _errors()["400"]["content"],
-                        },
-                        "503": {
-                            "description": "This console has no way to ask execute.",
-                            "content": _errors()["400"]["content"],
-                        },
+                        **_asked_of_execute(),
                     },
                 }
             },
@@ -280,3 +266,12 @@ def main() -> None:
     path = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas/console-openapi.json")
     path.write_text(rendered())
     print(path)
+
+
+def _asked_of_execute() -> dict[str, Any]:
+    """The answers of a route that asks execute for a run's log (`runlog.py`)."""
+    errors = _errors()["400"]["content"]
+    return {
+        "502": {"description": "Execute did not answer, or the run was tiered.", "content": errors},
+        "503": {"description": "This console has no way to ask execute.", "content": errors},
+    }
