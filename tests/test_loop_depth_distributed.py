@@ -7,9 +7,9 @@ reads, with SQL on a stage's schema only to see state.
 The embedded counterparts are `test_replay_matrix.py`, `test_model_context_embedded.py`
 and `test_winner_effects.py`.
 
-Measured (the module's wall time, on the two cores this suite shares): 46-54 s when the
+Measured (the module's wall time, on the two cores this suite shares): 34-54 s when the
 other test runs were light, 70-88 s with other test runs busy on the same cores; starting
-and stopping the deployment is 20-40 s of it.
+and stopping the deployment is 11-40 s of it.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ async def submit_command(
 
     With `wait` (the default when a matrix is given), it then waits up to `wait_s` for
     ingest's verdict on each task and prints it: 0 when every task was admitted, 1 when
-    ingest refused one (its reason printed), 3 when a verdict did not come in time.
+    ingest refused one (its reason printed), else 3 when a verdict did not come in time.
     """
     tasks = with_matrix(
         read_tasks(
@@ -178,7 +178,7 @@ async def submit_command(
         settings.kafka.bootstrap, [e.value for e in entries], lambda: produce(entries), wait_s
     )
     print(f"submitted {len(entries)} task(s)")
-    status = 0
+    refused = missing = False
     for message, key in keys.items():
         verdict = verdicts.get(message)
         if verdict is None:
@@ -188,13 +188,13 @@ async def submit_command(
                 " comes on assay.results",
                 file=sys.stderr,
             )
-            status = max(status, 3)
+            missing = True
         elif verdict.admitted:
             print(f"task {key!r} admitted")
         else:
             print(f"assay: error: task {key!r} refused: {verdict.reason}", file=sys.stderr)
-            status = 1 if status == 0 else status
-    return status
+            refused = True
+    return 1 if refused else 3 if missing else 0  # a refusal is certain; a missing verdict not
 
 
 async def cancel_command(run: str, tenant: str, reason: str) -> int:
