@@ -208,6 +208,22 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--control", default=None, help="the candidate pinned as control (default: current)"
     )
+    submit.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=(
+            "wait for ingest's verdict on each task, print it, exit 1 if one was refused"
+            " (default: with a candidate matrix)"
+        ),
+    )
+    submit.add_argument(
+        "--wait-s",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long --wait waits for the verdicts (exit 3 if one is missing; default 60)",
+    )
     cancel = sub.add_parser(
         "cancel",
         help="stop a run (CancelRun onto assay.run-commands) or, with --rollout, a rollout group",
@@ -590,7 +606,9 @@ async def _dispatch(args: argparse.Namespace) -> int:
             from assay.cli.candidates import matrix_of
 
             matrix = matrix_of(args.candidates, args.matrix, args.control)
-            return await d.submit_command(args.file, args.tenant, args.workflow, matrix)
+            return await d.submit_command(
+                args.file, args.tenant, args.workflow, matrix, args.wait, args.wait_s
+            )
         if args.command in ("approve", "signal"):
             name = "approval" if args.command == "approve" else args.name
             return await d.signal_command(

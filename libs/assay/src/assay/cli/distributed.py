@@ -141,20 +141,60 @@ async def submit_command(
     tenant: str | None,
     workflow: str | None,
     matrix: dict[str, Any] | None = None,
+    wait: bool | None = None,
+    wait_s: float = 60.0,
 ) -> int:
     """`assay submit FILE.jsonl`: one `TaskSubmitted` per line onto `assay.tasks`.
 
     A line is a whole TaskSubmitted, or `{"idempotency_key", "input"}` completed
     by `--tenant` and `--workflow`. A candidate `matrix` (`--candidate`, `--candidates`)
     makes every task a replay tournament.
+
+    With `wait` (the default when a matrix is given), it then waits up to `wait_s` for
+    ingest's verdict on each task and prints it: 0 when every task was admitted, 1 when
+    ingest refused one (its reason printed), else 3 when a verdict did not come in time.
     """
-    tasks = read_tasks(
-        path, tenant_arg(tenant) if tenant else None, WorkflowId(workflow) if workflow else None
+    tasks = with_matrix(
+        read_tasks(
+            path,
+            tenant_arg(tenant) if tenant else None,
+            WorkflowId(workflow) if workflow else None,
+        ),
+        matrix,
     )
-    entries = [commands.submit_task(task).entry for task in with_matrix(tasks, matrix)]
-    await produce(entries)
+    entries = [commands.submit_task(task).entry for task in tasks]
+    if not (matrix is not None if wait is None else wait):
+        await produce(entries)
+        print(f"submitted {len(entries)} task(s)")
+        return 0
+    from assay.cli.verdicts import produce_and_await
+
+    settings = AssaySettings.from_env()
+    settings.require("kafka.bootstrap")
+    assert settings.kafka.bootstrap is not None
+    pairs = zip(entries, tasks, strict=True)
+    keys = {str(open_envelope(e.value).id): t.idempotency_key for e, t in pairs}
+    verdicts = await produce_and_await(
+        settings.kafka.bootstrap, [e.value for e in entries], lambda: produce(entries), wait_s
+    )
     print(f"submitted {len(entries)} task(s)")
-    return 0
+    refused = missing = False
+    for message, key in keys.items():
+        verdict = verdicts.get(message)
+        if verdict is None:
+            print(
+                f"assay: task {key!r}: no verdict from ingest within {wait_s:g} s (ingest is"
+                " behind, or the key repeats a task already accepted); its result, if any,"
+                " comes on assay.results",
+                file=sys.stderr,
+            )
+            missing = True
+        elif verdict.admitted:
+            print(f"task {key!r} admitted")
+        else:
+            print(f"assay: error: task {key!r} refused: {verdict.reason}", file=sys.stderr)
+            refused = True
+    return 1 if refused else 3 if missing else 0  # a refusal is certain; a missing verdict not
 
 
 async def cancel_command(run: str, tenant: str, reason: str) -> int:
