@@ -31,6 +31,7 @@ from assay.bus import (
     original_headers,
     partition_for,
 )
+from assay.bus.kafka import log_end
 from assay.devstack import Service
 from assay.devstack.kafka import broker_outage
 from assay.kernel import TenantId, WorkflowId
@@ -620,3 +621,34 @@ async def test_a_relay_keeps_its_rows_through_a_broker_outage_and_ships_them_aft
         if int(seq) not in first[key.encode()]:
             first[key.encode()].append(int(seq))
     assert all(seqs == sorted(seqs) for seqs in first.values())
+
+
+async def test_a_partitions_end_counts_every_record_of_its_last_batch(kafka: Service) -> None:
+    """Three single records, then a batch of four: the end is 7. Tansu 0.6 answers
+    ListOffsets with 4 (the last batch's first offset plus one); `log_end` takes the high
+    watermark a fetch saw, so lag and `assay results` do not stop short."""
+    topic = unique("end")
+    await ensure_topics(kafka.address, [topic], partitions=1)
+    tp = TopicPartition(topic, 0)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.address, linger_ms=50)
+    await producer.start()
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.address, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        for _ in range(3):
+            await producer.send_and_wait(topic, b"single", partition=0)
+        batch = [await producer.send(topic, b"batched", partition=0) for _ in range(4)]
+        await asyncio.gather(*batch)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        read = 0
+        deadline = time.monotonic() + 20
+        while read < 7:
+            assert time.monotonic() < deadline, f"read {read} of 7 records"
+            read += sum(len(rs) for rs in (await consumer.getmany(timeout_ms=500)).values())
+        listed = (await consumer.end_offsets([tp]))[tp]
+        assert listed in (4, 7)  # 4 on Tansu 0.6, 7 on Kafka
+        assert log_end(consumer, tp, listed) == 7
+    finally:
+        await consumer.stop()
+        await producer.stop()

@@ -266,6 +266,16 @@ class KafkaTransport:
             await broker.stop()
 
 
+def log_end(consumer: Any, tp: Any, listed: int) -> int:
+    """A partition's end offset: what ListOffsets answered, or the high watermark the
+    consumer's last fetch of it saw, whichever is further. Tansu 0.6 answers ListOffsets
+    with the first offset of the partition's last batch plus one (three single records
+    and then a batch of four: 4, not 7), while its fetches carry the true high watermark;
+    on Kafka the two agree."""
+    high = consumer.highwater(tp)
+    return max(int(listed), int(high or 0))
+
+
 def stage_subscriber(
     broker: KafkaBroker,
     topics: list[str],
@@ -406,7 +416,7 @@ class KafkaSource:
         if not held:
             return {}
         ends = await consumer.end_offsets(held)
-        return {(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+        return {(tp.topic, tp.partition): log_end(consumer, tp, end) for tp, end in ends.items()}
 
     async def _start(
         self, topics: list[str], workers: PartitionWorkers, stop: asyncio.Event

@@ -230,6 +230,8 @@ async def results_command(follow: bool, tenant: str | None) -> int:
     from the beginning."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from assay.bus.kafka import log_end
+
     settings = AssaySettings.from_env()
     settings.require("kafka.bootstrap")
     only = tenant_arg(tenant) if tenant else None
@@ -262,7 +264,8 @@ async def results_command(follow: bool, tenant: str | None) -> int:
             sys.stdout.flush()
             if not follow:
                 positions = [await consumer.position(tp) for tp in parts]
-                if all(pos >= end[tp] for pos, tp in zip(positions, parts, strict=True)):
+                ends = [log_end(consumer, tp, end[tp]) for tp in parts]
+                if all(pos >= e for pos, e in zip(positions, ends, strict=True)):
                     return 0
     finally:
         await consumer.stop()
