@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 import uuid
@@ -367,3 +368,96 @@ async def test_a_command_inside_the_resident_keeps_its_limits(
     finally:
         await resident.stop()
         await small.discard(ws)
+
+
+# -- waits on a sub-workflow or a parallel step ------------------------------------------
+
+CALL = {"id": "call", "kind": "subworkflow", "workflow": "child", "version": "latest"}
+
+
+def with_child(spec: Any, steps: list[dict[str, Any]], output: str) -> Any:
+    """`spec` with the sub-workflow `child@latest` (`steps`) resolved, as at spawn."""
+    doc = {"id": "child", "steps": steps, "output": output}
+    child = validate(WorkflowDef.model_validate(doc), frozenset(TOOLS))
+    return dataclasses.replace(spec, children={"child@latest": child})
+
+
+def fan(*branches: dict[str, Any]) -> list[dict[str, Any]]:
+    """A parallel step over `branches` (joined by all), then the branches."""
+    ids = [b["id"] for b in branches]
+    return [{"id": "fan", "kind": "parallel", "branches": ids, "join": "all"}, *branches]
+
+
+async def test_a_subworkflow_that_never_uses_the_sandbox_is_a_wait_that_releases_it(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    spec = with_child(spec_for([WRITE, CALL, READ]), [THINK], "think")
+    episode = await driver(sandbox).drive(spec, LogJournal(work_log))
+    assert episode.output == "kept"
+    assert sandbox_order(await events(work_log, spec.key)) == [
+        "started 1",
+        "write",
+        "checkpointed 1",
+        "released 1 subworkflow",
+        "started 2",
+        "read",
+    ]
+    assert not residents_of(spec.ref.run_id)
+
+
+async def test_a_subworkflow_that_uses_the_sandbox_releases_it_at_its_own_waits(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    """The child's model call releases the run's sandbox and its command resumes it: the
+    records are the run's own (one stream holds every generation), the file survives."""
+    spec = with_child(spec_for([WRITE, CALL], output="call"), [THINK, READ], "read")
+    d = driver(sandbox)
+    episode = await d.drive(spec, LogJournal(work_log))
+    assert episode.output == "kept"
+    assert sandbox_order(await events(work_log, spec.key)) == [
+        "started 1",
+        "write",
+        "checkpointed 1",
+        "released 1 model",
+        "started 2",
+    ]
+    inner = dataclasses.replace(spec.key, stream=f"{spec.key.stream}/sub/call/0")
+    assert sandbox_order(await events(work_log, inner)) == ["read"]
+    assert d.suspension is not None
+    assert metric(d.suspension, "assay_sandbox_resumes_total") == 1
+    assert not residents_of(spec.ref.run_id)
+
+
+async def test_a_parallel_step_with_no_sandbox_branch_is_a_wait_that_releases_it(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    other = {**THINK, "id": "think2"}
+    spec = spec_for([WRITE, *fan(THINK, other), READ])
+    episode = await driver(sandbox).drive(spec, LogJournal(work_log))
+    assert episode.output == "kept"
+    order = [o for o in sandbox_order(await events(work_log, spec.key)) if o != "think2"]
+    assert order == [
+        "started 1",
+        "write",
+        "checkpointed 1",
+        "released 1 parallel",
+        "started 2",
+        "read",
+    ]
+
+
+async def test_a_parallel_step_with_a_sandbox_branch_keeps_the_sandbox_up(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    """Its branches run at once: the command may run at any moment of the model's long
+    wait, so the sandbox is never released inside the group (docs/sandbox.md)."""
+    spec = spec_for([WRITE, *fan(THINK, READ)], output="fan")
+    d = driver(sandbox)
+    episode = await d.drive(spec, LogJournal(work_log))
+    assert episode.succeeded, episode.attempts
+    evs = await events(work_log, spec.key)
+    assert sandbox_order(evs) == ["started 1", "write", "read"]
+    think = next(e for e in evs if isinstance(e, AttemptFinished) and e.step == "think")
+    assert think.duration_ms >= POLICY.idle_after_s * 1000  # long enough to have released
+    assert d.suspension is not None
+    assert metric(d.suspension, "assay_sandbox_suspensions_total", kind="model") == 0
