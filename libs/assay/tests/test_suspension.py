@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from assay.engine.tools import BUILTIN_TOOLS
 from assay.kernel import BranchId, RunId, TaskId, content_hash, new_run_id, tenant_id
 from assay.messages import Purpose, Role, RunRef
 from assay.record import BranchKey, Event
-from assay.sandbox import LocalSandbox, SandboxError
+from assay.sandbox import Limits, LocalSandbox, SandboxError
 from assay.sandbox.resident import LocalResident
 from assay.store import FsBlobStore
 from assay.store.ports import EventLog
@@ -262,3 +266,198 @@ async def test_a_generation_whose_start_cannot_be_recorded_is_stopped(
         await driver(sandbox).drive(spec, Refuses(work_log))
     assert not residents_of(spec.ref.run_id)
     assert not any(isinstance(e, AttemptFinished) for e in await events(work_log, spec.key))
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until `check()` holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+def processes_naming(marker: str) -> list[int]:
+    """Processes alive whose command line holds `marker`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(name))
+    return found
+
+
+def ancestors(pid: int) -> list[int]:
+    """`pid`'s parent, its parent, … up to the first process (from `/proc`)."""
+    chain = []
+    while pid > 1:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        chain.append(pid)
+    return chain
+
+
+HOLD = "import sys, time; held = b'2' * (32 << 20); time.sleep(60)  # {marker}"
+"""A command that holds 32 MiB until it is killed (its command line names it)."""
+
+
+async def test_a_command_runs_inside_the_resident_and_its_release_frees_both(
+    sandbox: LocalSandbox,
+) -> None:
+    """Commands of a workspace with a resident sandbox are the resident process's children:
+    their memory is the sandbox's, and stopping the sandbox (a release) ends them too."""
+    ws = await sandbox.open(TENANT, new_run_id(), BranchId(0))
+    resident = await sandbox.start_resident(ws, generation=1, identity="r-1", memory_bytes=16 << 20)
+    alone = resident.memory_bytes()
+    assert alone >= 16 << 20
+    marker = uuid.uuid4().hex
+    command = asyncio.ensure_future(
+        ws.run(["python3", "-c", HOLD.format(marker=marker)], timeout_s=60)
+    )
+    await eventually(lambda: bool(processes_naming(marker)))
+    (pid,) = processes_naming(marker)
+    assert resident.proc.pid in ancestors(pid), "the command runs beside the resident"
+    await eventually(lambda: resident.memory_bytes() >= alone + (32 << 20))
+    await resident.stop()  # what a release does
+    with pytest.raises(SandboxError, match="gone"):
+        await command
+    assert not processes_naming(marker), "a command outlived its resident sandbox"
+    assert resident.memory_bytes() == 0
+    assert sandbox.resident_of(ws) is None
+    assert (await ws.run(["true"], timeout_s=10)).ok  # beside it again, as without one
+    await sandbox.discard(ws)
+
+
+async def test_a_command_inside_the_resident_keeps_its_limits(
+    sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timeout, output limit, stdin, the scrubbed environment, and nothing a command left
+    behind survives it — as for a command run through the launcher alone."""
+    monkeypatch.setenv("ASSAY_PROBE_SECRET", "do-not-leak")
+    small = LocalSandbox(
+        sandbox.base, sandbox.blobs, limits=Limits(output_bytes=1000, processes=16)
+    )
+    ws = await small.open(TENANT, new_run_id(), BranchId(0))
+    resident = await small.start_resident(ws, generation=1, identity="r-1", memory_bytes=0)
+    try:
+        assert small.resident_of(ws) is resident
+        slow = await ws.run(["sleep", "30"], timeout_s=0.3)
+        assert slow.timed_out
+        assert not slow.ok
+        big = await ws.run(["head", "-c", "5000", "/dev/zero"], timeout_s=10)
+        assert big.truncated
+        assert len(big.stdout) == 1000
+        echoed = await ws.run(["cat"], timeout_s=10, stdin=b"to the command")
+        assert echoed.stdout == "to the command"
+        env = await ws.run(["env"], timeout_s=10, env={"GIVEN": "yes"})
+        assert "GIVEN=yes" in env.stdout
+        assert "ASSAY_PROBE_SECRET" not in env.stdout
+        assert f"HOME={ws.root}" in env.stdout
+        marker = uuid.uuid4().hex
+        left = await ws.run(
+            ["sh", "-c", f"setsid python3 -c 'import time; time.sleep(60)  # {marker}' &"],
+            timeout_s=10,
+        )
+        assert left.ok
+        if small.capabilities.processes_contained:
+            await eventually(lambda: not processes_naming(marker))
+        cpu = await ws.run(
+            ["python3", "-c", "import resource; print(resource.getrlimit(0))"], timeout_s=10
+        )
+        assert cpu.stdout.strip() == f"({small.limits.cpu_s}, {small.limits.cpu_s + 1})"
+    finally:
+        await resident.stop()
+        await small.discard(ws)
+
+
+# -- waits on a sub-workflow or a parallel step ------------------------------------------
+
+CALL = {"id": "call", "kind": "subworkflow", "workflow": "child", "version": "latest"}
+
+
+def with_child(spec: Any, steps: list[dict[str, Any]], output: str) -> Any:
+    """`spec` with the sub-workflow `child@latest` (`steps`) resolved, as at spawn."""
+    doc = {"id": "child", "steps": steps, "output": output}
+    child = validate(WorkflowDef.model_validate(doc), frozenset(TOOLS))
+    return dataclasses.replace(spec, children={"child@latest": child})
+
+
+def fan(*branches: dict[str, Any]) -> list[dict[str, Any]]:
+    """A parallel step over `branches` (joined by all), then the branches."""
+    ids = [b["id"] for b in branches]
+    return [{"id": "fan", "kind": "parallel", "branches": ids, "join": "all"}, *branches]
+
+
+async def test_a_subworkflow_that_never_uses_the_sandbox_is_a_wait_that_releases_it(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    spec = with_child(spec_for([WRITE, CALL, READ]), [THINK], "think")
+    episode = await driver(sandbox).drive(spec, LogJournal(work_log))
+    assert episode.output == "kept"
+    assert sandbox_order(await events(work_log, spec.key)) == [
+        "started 1",
+        "write",
+        "checkpointed 1",
+        "released 1 subworkflow",
+        "started 2",
+        "read",
+    ]
+    assert not residents_of(spec.ref.run_id)
+
+
+async def test_a_subworkflow_that_uses_the_sandbox_releases_it_at_its_own_waits(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    """The child's model call releases the run's sandbox and its command resumes it: the
+    records are the run's own (one stream holds every generation), the file survives."""
+    spec = with_child(spec_for([WRITE, CALL], output="call"), [THINK, READ], "read")
+    d = driver(sandbox)
+    episode = await d.drive(spec, LogJournal(work_log))
+    assert episode.output == "kept"
+    assert sandbox_order(await events(work_log, spec.key)) == [
+        "started 1",
+        "write",
+        "checkpointed 1",
+        "released 1 model",
+        "started 2",
+    ]
+    inner = dataclasses.replace(spec.key, stream=f"{spec.key.stream}/sub/call/0")
+    assert sandbox_order(await events(work_log, inner)) == ["read"]
+    assert d.suspension is not None
+    assert metric(d.suspension, "assay_sandbox_resumes_total") == 1
+    assert not residents_of(spec.ref.run_id)
+
+
+async def test_a_parallel_step_with_no_sandbox_branch_is_a_wait_that_releases_it(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    other = {**THINK, "id": "think2"}
+    spec = spec_for([WRITE, *fan(THINK, other), READ])
+    episode = await driver(sandbox).drive(spec, LogJournal(work_log))
+    assert episode.output == "kept"
+    order = [o for o in sandbox_order(await events(work_log, spec.key)) if o != "think2"]
+    assert order == [
+        "started 1",
+        "write",
+        "checkpointed 1",
+        "released 1 parallel",
+        "started 2",
+        "read",
+    ]
+
+
+async def test_a_parallel_step_with_a_sandbox_branch_keeps_the_sandbox_up(
+    work_log: EventLog, sandbox: LocalSandbox
+) -> None:
+    """Its branches run at once: the command may run at any moment of the model's long
+    wait, so the sandbox is never released inside the group (docs/sandbox.md)."""
+    spec = spec_for([WRITE, *fan(THINK, READ)], output="fan")
+    d = driver(sandbox)
+    episode = await d.drive(spec, LogJournal(work_log))
+    assert episode.succeeded, episode.attempts
+    evs = await events(work_log, spec.key)
+    assert sandbox_order(evs) == ["started 1", "write", "read"]
+    think = next(e for e in evs if isinstance(e, AttemptFinished) and e.step == "think")
+    assert think.duration_ms >= POLICY.idle_after_s * 1000  # long enough to have released
+    assert d.suspension is not None
+    assert metric(d.suspension, "assay_sandbox_suspensions_total", kind="model") == 0

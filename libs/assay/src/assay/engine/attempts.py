@@ -605,7 +605,7 @@ class AttemptRunner:
         """Open the run's workspace (restored from its last snapshot) if none is open."""
         if self.sandbox is None or run.workspace is not None:
             return
-        if self.resident is not None and run.depth == 0:
+        if self.resident is not None:
             await self.resident(run)
             return
         ref = run.spec.ref

@@ -271,6 +271,8 @@ class RunContext:
     recovery makes progress commit by commit (see `record_later`)."""
     depth: int = 0
     """How deep in sub-workflows this stream is (the run itself: 0)."""
+    root: RunContext | None = None
+    """A sub-workflow's: the run's own stream's context (its sandbox's records go there)."""
 
     def template_context(self) -> dict[str, Any]:
         """What templates and conditions read: the task and the steps' outputs."""

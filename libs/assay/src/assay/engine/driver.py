@@ -192,6 +192,8 @@ class Driver:
             drives.append(run)
         if parent is not None:  # a sub-workflow works in its run's workspace
             run.workspace, run.workspace_ref = parent.workspace, parent.workspace_ref
+            run.root = parent.root or parent
+        given = run.workspace, run.workspace_ref
         run.depth = depth
         saved = base + run.appended.n
         runs_of, edges_taken = loop.runs_of, loop.edges_taken
@@ -221,8 +223,10 @@ class Driver:
                     failed_step = step_id
                     break
                 step_id = routed if isinstance(routed, str) else _route(edges, step_id, edges_taken)
-        finally:
-            if parent is not None:
+        finally:  # what the child changed (the run may have released it meanwhile)
+            if parent is not None and (
+                run.workspace is not given[0] or run.workspace_ref != given[1]
+            ):
                 parent.workspace, parent.workspace_ref = run.workspace, run.workspace_ref
         cancelled = run.cancel.cancelled
         if cancelled:
@@ -299,12 +303,16 @@ class Driver:
 
     async def _run(self, run: RunContext, step: AnyStep, iteration: int) -> bool | StepId:
         """Run one step: False if it failed, a step id if it chose where to go, else True."""
-        if self.suspension is not None and run.depth == 0:  # the run's wait boundaries
-            if isinstance(step, SubworkflowStep) and self._uses_sandbox(run, step):
-                await self.suspension.ready(run)  # the child works in the run's workspace
+        if self.suspension is not None:  # the run's wait boundaries, in any stream of it
             if isinstance(step, ModelStep):
                 work = self._attempts.run_step(run, step, iteration)
                 return await self.suspension.waiting(run, "model", work)
+            if isinstance(step, SubworkflowStep) and not self._uses_sandbox(run, step):
+                child = self._subworkflow(run, step, iteration)  # none of it needs the sandbox
+                return await self.suspension.waiting(run, "subworkflow", child)
+            if isinstance(step, ParallelStep) and not self._parallel_uses_sandbox(run, step):
+                group = self._parallel(run, step, iteration)  # no branch needs the sandbox
+                return await self.suspension.waiting(run, "parallel", group)
         if isinstance(step, ModelStep | ToolStep):
             return await self._attempts.run_step(run, step, iteration)
         if isinstance(step, ConditionalStep):
@@ -319,10 +327,22 @@ class Driver:
             f"step {step.id!r}: {step.kind} steps cannot be executed by this version of Assay"
         )
 
-    def _uses_sandbox(self, run: RunContext, step: SubworkflowStep) -> bool:
-        """Whether a step of the sub-workflow `step` calls needs the run's sandbox."""
+    def _uses_sandbox(self, run: RunContext, step: SubworkflowStep, depth: int = 0) -> bool:
+        """Whether a step of the sub-workflow `step` calls (or of one it calls, at any
+        depth) needs the run's sandbox."""
         child = run.spec.children.get(child_key(step))
-        return child is not None and any(self._attempts.needs_sandbox(s) for s in child.steps)
+        if child is None or depth > MAX_SUBWORKFLOW_DEPTH:
+            return child is not None
+        return any(
+            self._attempts.needs_sandbox(s)
+            or (isinstance(s, SubworkflowStep) and self._uses_sandbox(run, s, depth + 1))
+            for s in child.steps
+        )
+
+    def _parallel_uses_sandbox(self, run: RunContext, step: ParallelStep) -> bool:
+        """Whether a branch of the parallel step `step` needs the run's sandbox."""
+        wf = run.spec.definition
+        return any(self._attempts.needs_sandbox(wf.node(b)) for b in step.branches)
 
     async def _subworkflow(self, run: RunContext, step: SubworkflowStep, iteration: int) -> bool:
         """Drive the child workflow, pinned when the run was spawned, on a stream of its
@@ -363,7 +383,7 @@ class Driver:
             if run.cancel.cancelled:
                 return False  # stopped while it waited
             if suspended is None:
-                if self.suspension is not None and run.depth == 0:  # released before it waits
+                if self.suspension is not None:  # released before it waits
                     await self.suspension.release(run, "human")
                 deadline = int((self.clock() + step.timeout_s) * 1000)
                 suspended = Suspended(

@@ -248,7 +248,11 @@ class SandboxReleased(Event):
     type: ClassVar[str] = "SandboxReleased"
     version: ClassVar[int] = 1
     generation: int = Field(ge=1, description="The generation released.")
-    wait: str = Field(description="The kind of wait it was released for (`model`, `human`).")
+    wait: str = Field(
+        description=(
+            "The kind of wait it was released for (`model`, `human`, `subworkflow`, `parallel`)."
+        )
+    )
 
 
 class BranchVerified(Event):

@@ -24,9 +24,12 @@ points: `sandbox.after_stop` (stopped, release not recorded),
 `sandbox.after_start` (process up, not verified), beside the commit boundaries
 of the three records.
 
-Only a run's own stream is suspended (not a sub-workflow's, whose steps share
-the run's sandbox and start it through `ready`), and only around steps outside a
-parallel step: a sandbox that may be busy is never released.
+A sub-workflow works in its run's sandbox: its steps wait and start it as the run's
+own do, and the records go to the run's own stream (`RunContext.root`), so one log
+holds the sandbox's generations. A sub-workflow or a parallel step none of whose
+steps needs the sandbox is one wait (`subworkflow`, `parallel`), timed as a model
+call is. A parallel step with a branch that needs the sandbox never releases it:
+its branches run at once, so the sandbox may be busy at any moment of the group.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ class _Held:
     """A generation started and not yet verified."""
     up_since: float = 0.0
     rss_at_start: int = 0
+    watched: bool = False
+    """A wait is being timed (a sub-workflow's): the waits inside it are not, again."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -132,12 +137,18 @@ class Suspension:
     def _key(run: RunContext) -> _Key:
         return run.spec.ref.tenant, run.spec.ref.run_id, run.spec.branch
 
+    @staticmethod
+    def _stream(run: RunContext) -> RunContext:
+        """Where the sandbox's records go: the run's own stream, a sub-workflow's too."""
+        return run.root or run
+
     async def _state(self, run: RunContext) -> _Held:
         """This process's record of the branch's sandbox; from its log the first time."""
         held = self._held.get(self._key(run))
         if held is None:
             held = _Held(generation=0)
-            for record in await run.journal.history(run.spec.key):
+            stream = self._stream(run)
+            for record in await stream.journal.history(stream.spec.key):
                 match record.event:
                     case SandboxStarted(generation=g):
                         held.generation, held.checkpoint = max(held.generation, g), None
@@ -189,7 +200,7 @@ class Suspension:
                 restored_from=ref,
                 start_ms=int(elapsed * 1000),
             )
-            await run.record_and_commit(started)
+            await self._stream(run).record_and_commit(started)
         except BaseException:  # unverified or unrecorded: nothing may run in it
             await resident.stop()
             await self.sandbox.discard(ws)
@@ -213,20 +224,25 @@ class Suspension:
                 raise ResumeRefused(f"the workspace restored from {ref} archives to {restored}")
 
     async def waiting(self, run: RunContext, kind: str, work: Awaitable[T]) -> T:
-        """Await `work` (a model call); release the sandbox once it lasted `idle_after_s`.
+        """Await `work` — a model call, or a sub-workflow or parallel step none of whose
+        steps needs the sandbox — and release the sandbox once it lasted `idle_after_s`.
 
         A call that ends while the sandbox is being released waits for the release.
+        Waits inside a wait already timed (a sub-workflow's model calls) are not timed
+        again: the outer one releases, with its kind.
         """
         held = self._held.get(self._key(run))
-        if held is None or held.resident is None:
+        if held is None or held.resident is None or held.watched:
             return await work
         task = asyncio.ensure_future(work)
+        held.watched = True
         try:
             done, _ = await asyncio.wait({task}, timeout=self.policy.idle_after_s)
             if not done:
                 await self.release(run, kind)
             return await task
         finally:
+            held.watched = False
             if not task.done():
                 task.cancel()
 
@@ -241,13 +257,14 @@ class Suspension:
                 return
             ref = await self.sandbox.snapshot(run.workspace)
             checkpoint = SandboxCheckpointed(generation=resident.generation, workspace=ref)
-            await run.record_and_commit(checkpoint)
+            await self._stream(run).record_and_commit(checkpoint)
             held.checkpoint = run.workspace_ref = ref
             await self._stop(held, resident)
             crash_point("sandbox.after_stop")
             await self.sandbox.discard(run.workspace)
             run.workspace = None
-            await run.record_and_commit(SandboxReleased(generation=resident.generation, wait=kind))
+            released = SandboxReleased(generation=resident.generation, wait=kind)
+            await self._stream(run).record_and_commit(released)
             self.metrics.suspensions.labels(kind).inc()
 
     async def close(self, run: RunContext) -> None:

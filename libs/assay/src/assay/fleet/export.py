@@ -20,7 +20,9 @@ What becomes what:
 Parallel branches can overlap. Busy time wins over any wait it overlaps (the sandbox
 is not idle), and where waits overlap each other the one that began first names the
 stretch. Time in neither — the driver's own work, a sub-workflow's steps (recorded on
-their own streams), a retry's backoff — is active time: never suspended. Record
+their own streams), a retry's backoff — is active time: never suspended in a
+simulation (execute does release a sandbox across a sub-workflow that does not use
+it, so there the simulated saving is a lower bound). Record
 timestamps are wall-clock; a timestamp that goes back is held at the previous one so
 the trace's clock stays monotonic. Stretches shorter than a millisecond are dropped.
 Nothing of a record's content (prompt, arguments, output, error) is read.

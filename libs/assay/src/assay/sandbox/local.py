@@ -1,7 +1,8 @@
 """The local sandbox provider: workspaces in a directory, commands under rlimits (DESIGN §9).
 
 A workspace is `<root>/<tenant>/<run>/<branch>`. Each command runs through
-`_launcher.py` in its own process group, with the workspace as cwd, a minimal
+`_launcher.py` in its own process group (inside the workspace's resident sandbox
+when one is up: see `resident`), with the workspace as cwd, a minimal
 environment, `setrlimit` limits, an empty network namespace unless the network
 is allowed, a PID namespace when one can be made, and — when Assay runs as
 root — as an unprivileged uid. At its wall-clock timeout the whole process
@@ -173,6 +174,8 @@ class LocalSandbox:
         self._gid = None if self._userns else (NOBODY if gid is None else gid)
         self.owner = Owner(self._uid, self._gid)
         self._dirs = threading.Lock()
+        self._residents: dict[Path, LocalResident] = {}
+        """The resident sandbox up in each workspace: its commands run inside it."""
         self.base.mkdir(mode=0o711, parents=True, exist_ok=True)
         self._mode = self._detect()
         self.capabilities = SandboxCapabilities(
@@ -379,16 +382,40 @@ class LocalSandbox:
         """How the launcher is started with its spec on `spec_fd`."""
         return [self._python, "-I", "-S", str(LAUNCHER), str(spec_fd)]
 
+    @property
+    def launcher_source(self) -> str:
+        """The launcher's text: a resident sandbox runs it (as `-c`) for each command,
+        since the sandbox's uid may not be able to read Assay's files."""
+        return LAUNCHER.read_text()
+
     async def start_resident(
         self, workspace: Workspace, *, generation: int, identity: str, memory_bytes: int
     ) -> LocalResident:
-        """Start a resident sandbox generation in `workspace` (see `ResidentSandboxes`)."""
+        """Start a resident sandbox generation in `workspace` (see `ResidentSandboxes`).
+
+        Until it is stopped, the workspace's commands run inside it (see `run_in`).
+        """
         from assay.sandbox.resident import start_resident
 
         ws = self._own(workspace)
-        return await start_resident(
+        if (old := self._residents.get(ws.path)) is not None and old.up:
+            raise SandboxError(f"workspace {ws.root} already has a resident sandbox")
+        resident = await start_resident(
             self, ws, generation=generation, identity=identity, memory_bytes=memory_bytes
         )
+        resident.on_stop = self._forget
+        self._residents[ws.path] = resident
+        return resident
+
+    def _forget(self, resident: LocalResident) -> None:
+        for path, known in list(self._residents.items()):
+            if known is resident:
+                del self._residents[path]
+
+    def resident_of(self, workspace: Workspace) -> LocalResident | None:
+        """The resident sandbox up in `workspace`, if any."""
+        resident = self._residents.get(self._own(workspace).path)
+        return resident if resident is not None and resident.up else None
 
     # -- commands -------------------------------------------------------------------------
 
@@ -408,6 +435,14 @@ class LocalSandbox:
         if timeout_s <= 0:
             raise SandboxError(f"timeout must be positive, not {timeout_s}")
         full_env = {"PATH": SEARCH_PATH, "HOME": ws.root, "LANG": "C.UTF-8", **(env or {})}
+        resident = self.resident_of(ws)
+        if resident is not None:  # inside it: already isolated, limited and unprivileged
+            inner = _Mode(net=False, pid=False)
+            inside = await asyncio.to_thread(self._spec, args, full_env, inner)
+            inside["uid"] = inside["gid"] = None
+            return await resident.run(
+                inside, stdin=stdin, timeout_s=timeout_s, output_bytes=self.limits.output_bytes
+            )
         # Off the loop: the process count reads /proc.
         encoded = await asyncio.to_thread(
             lambda: json.dumps(self._spec(args, full_env, self._mode)).encode()
