@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from assay.bus.commands import Command
 from assay.bus.embedded import DeadLetterWatch, EmbeddedBus
+from assay.bus.headers import DLQ_REASON
 from assay.bus.kafka import KafkaTransport
 from assay.bus.topics import dlq
 from assay.messages.envelope import open_envelope
@@ -142,7 +143,7 @@ class KafkaDeadLetters:
         for records in batches.values():
             for m in records:
                 if open_envelope(m.value).id == self._message:
-                    reason = dict(m.headers or ()).get("assay-dlq-reason", b"").decode()
+                    reason = dict(m.headers or ()).get(DLQ_REASON, b"").decode()
                     return reason or "refused"
         return None
 

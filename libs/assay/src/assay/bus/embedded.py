@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from assay.bus.headers import DLQ_REASON
 from assay.bus.partitioner import partition_for
 from assay.bus.transport import BusMessage, Handle, Positions
 from assay.store.ports import OutboxEntry
@@ -227,5 +228,5 @@ class DeadLetterWatch:
             for m in await self._bus.fetch(self._topic, p, offset, 1000, 0.0):
                 self._since[p] = m.offset + 1
                 if open_envelope(m.value).id == self._message:
-                    return dict(m.headers).get("assay-dlq-reason", b"").decode()
+                    return dict(m.headers).get(DLQ_REASON, b"").decode()
         return None

@@ -22,6 +22,9 @@ from assay.kernel.errors import AssayError
 ORIGINAL_HEADERS = "assay-dlq-original-headers"
 """The header carrying a record's complete header list when a dict could not."""
 
+DLQ_REASON = "assay-dlq-reason"
+"""The header on a dead letter saying why the stage refused the record."""
+
 Headers = tuple[tuple[str, bytes], ...]
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from assay.bus.headers import DLQ_REASON as REASON
 from assay.bus.topics import RUNS, dlq
 from assay.messages import open_envelope
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
 DLQ = dlq("ingest")
-REASON = "assay-dlq-reason"
 
 
 @dataclasses.dataclass(frozen=True)

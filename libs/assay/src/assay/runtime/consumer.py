@@ -16,6 +16,7 @@ from collections import Counter
 
 from pydantic import ValidationError
 
+from assay.bus.headers import DLQ_REASON
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import TENANTS, dlq
 from assay.bus.transport import BusMessage, Measured, Source
@@ -348,7 +349,7 @@ class StageRunner:
         )
         headers = (
             *m.headers,
-            ("assay-dlq-reason", reason.encode()),
+            (DLQ_REASON, reason.encode()),
             ("assay-dlq-stage", self.spec.name.encode()),
             ("assay-dlq-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from assay.bus.embedded import EmbeddedBus
+from assay.bus.headers import DLQ_REASON
 from assay.bus.relay import FileLock, OutboxRelay
 from assay.bus.topics import producer_entry
 from assay.bus.transport import BusMessage
@@ -97,7 +98,7 @@ class StageHarness:
     async def dead_letters(self) -> list[tuple[bytes, str]]:
         """(original bytes, reason) of everything the stage refused."""
         return [
-            (row.entry.value, dict(row.entry.headers)["assay-dlq-reason"].decode())
+            (row.entry.value, dict(row.entry.headers)[DLQ_REASON].decode())
             for row in await self.outbox()
             if row.entry.topic.startswith("assay.dlq.")
         ]
