@@ -3,7 +3,8 @@ a pass and a fail — make the tenant's calibration pair; the tournament's timer
 round on its own, the stub judge (which cannot tell the two apart: a draw both ways)
 is metered as purpose `calibration`, its agreement is exported on `/metrics` and shown
 by `assay grade health`; decide holds the challenger's promotion until a calibration
-finds the judge recovered, and `assay ladder` shows both; every record re-folds
+finds the judge recovered — at once, with no new evidence — and `assay ladder` shows
+both; every record re-folds
 identically."""
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ async def test_a_scheduled_round_is_metered_exported_and_holds_promotion(
 
             await until(challenged, "the challenger to be registered")
             await rt.publish(AGGREGATES, evidence(served=0), TENANT, idem="to-trial")
-            await rt.publish(AGGREGATES, evidence(served=5), TENANT, idem="promote?")
+            held_on = evidence(served=5)
+            await rt.publish(AGGREGATES, held_on, TENANT, idem="promote?")
 
             async def held() -> bool:
                 doc = await rt.logs["decide"].get(
@@ -196,20 +198,22 @@ async def test_a_scheduled_round_is_metered_exported_and_holds_promotion(
             assert "agreement 0% over 2 calibration orderings" in report["standing"]["held"]
             assert report["judge_calibration"]["agreement"] == 0.0
 
-            # A later round finds the judge recovered: the next evidence promotes.
+            # A later round finds the judge recovered: the held challenger is promoted at
+            # once, on the evidence it was held on — no new evidence is published.
             await rt.publish(AGGREGATES, recovered(found), TENANT, idem="recovered")
 
-            async def heard() -> bool:
-                doc = await rt.logs["decide"].get(StateKey(TENANT, "judge_health", "latest"))
-                return doc is not None and doc["agreement"] == 1.0
+            async def promoted() -> list[Promoted]:
+                return [m for m in await on_bus(rt, DECISIONS) if isinstance(m, Promoted)]
 
-            await until(heard, "decide to hear the judge recovered")
-            await rt.publish(AGGREGATES, evidence(served=6), TENANT, idem="promote!")
+            async def any_promoted() -> bool:
+                return bool(await promoted())
 
-            async def promoted() -> bool:
-                return any(isinstance(m, Promoted) for m in await on_bus(rt, DECISIONS))
-
-            await until(promoted, "the promotion")
+            await until(any_promoted, "the promotion, released by the recovery")
+            (promotion,) = await promoted()
+            assert (promotion.workflow_version, promotion.record) == (V2.version, held_on.record)
+            doc = await rt.logs["decide"].get(StateKey(TENANT, "judge_health", "latest"))
+            assert doc is not None
+            assert doc["agreement"] == 1.0
         finally:
             await status.close()
 

@@ -4,7 +4,7 @@ tenant's ceilings."""
 
 from __future__ import annotations
 
-from assay.cli.health import spend_report
+from assay.cli.health import replay_report, spend_report
 from assay.cli.ladder import grading_cost
 from assay.kernel.spend import Spend, SpendDay, SpendLimit
 
@@ -41,3 +41,36 @@ def test_the_days_spend_shows_what_is_held_beside_the_ceilings() -> None:
         "held": {"calls": 1, "tokens": 8192, "usd": 0.2},
         "ceiling": {"calls": 100, "tokens": None, "usd": 2.0},
     }
+
+
+def test_replay_shows_calls_tokens_and_dollars_reserved_today_beside_its_ceilings() -> None:
+    meter = {
+        "day": "2026-12-02",
+        "calls_today": 20,
+        "tokens_today": 20_000,
+        "micro_usd_today": 60_000,
+        "runs_today": 2,
+        "cut_today": 1,
+        "cut_total": 3,
+    }
+    spent = [{"day": "2026-12-02", "model_calls": 4, "tokens": 900}]
+    limit = SpendLimit(tokens=50_000, micro_usd=70_000)
+    shown = replay_report(meter, spent, limit, "2026-12-02")
+    assert (shown["calls_ceiling"], shown["tokens_ceiling"], shown["usd_ceiling"]) == (
+        None,
+        50_000,
+        0.07,
+    )
+    assert (
+        shown["calls_reserved_today"],
+        shown["tokens_reserved_today"],
+        shown["usd_reserved_today"],
+    ) == (20, 20_000, 0.06)
+    assert (shown["runs_admitted_today"], shown["runs_cut_today"]) == (2, 1)
+    assert (shown["model_calls_today"], shown["tokens_today"]) == (4, 900)
+    tomorrow = replay_report(meter, spent, limit, "2026-12-03")  # a new day reserves afresh
+    assert (tomorrow["tokens_reserved_today"], tomorrow["usd_reserved_today"]) == (0, 0.0)
+    before = {k: v for k, v in meter.items() if "tokens" not in k and "usd" not in k}
+    assert replay_report(before, [], limit, "2026-12-02")["usd_reserved_today"] == 0.0
+    unseen = replay_report(None, [], limit, "2026-12-02")  # ingest's state is not here
+    assert unseen["usd_reserved_today"] is None

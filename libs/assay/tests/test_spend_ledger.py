@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from assay.kernel.ids import TenantId, tenant_id
-from assay.kernel.spend import MICRO, Reservation, Spend, SpendDay, SpendLimit, micro_usd
+from assay.kernel.spend import (
+    MICRO,
+    Reservation,
+    Spend,
+    SpendDay,
+    SpendLimit,
+    micro_usd,
+    worst_case,
+)
 from assay.record import EventRegistry, LogRecord, StateDelta
 from assay.store import EventLog
 from assay.store.postgres import PostgresEventLog
@@ -63,6 +71,17 @@ def test_a_limit_bounds_each_unit_it_names_and_leaves_the_others_open() -> None:
     assert not limit.admits(Spend(micro_usd=2 * MICRO + 1))
     assert not SpendLimit().bounded
     assert SpendLimit(calls=3, micro_usd=1_250_000).describe() == "3 calls, $1.250000"
+
+
+def test_a_worst_case_prices_every_token_of_every_call_at_the_price_given() -> None:
+    # 10 calls of 1,000 tokens at $3 per million tokens: 10,000 tokens, $0.03
+    assert worst_case(10, 1_000, 3.0) == Spend(10, 10_000, 30_000)
+    assert worst_case(1, 8_192, 0.0) == Spend(1, 8_192, 0)  # no price declared: free
+    assert worst_case(0, 8_192, 3.0) == Spend()
+    with pytest.raises(ValueError, match=">= 0"):
+        worst_case(-1, 10, 1.0)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        worst_case(1, 10, float("nan"))
 
 
 # -- one store ---------------------------------------------------------------------------

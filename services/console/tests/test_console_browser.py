@@ -461,7 +461,7 @@ def test_the_spend_page_draws(page: Page, served: str, shots: Path) -> None:
     assert float(work.last.get_attribute("data-value") or 0) >= 8
     assert box(page.locator("svg.spend-calls g.series[data-name=work] polyline"))["width"] > 100
     # Each ceiling in the table with today's use; the grading one drawn on the chart.
-    assert page.locator("#ceilings tr.ceiling").count() == 3
+    assert page.locator("#ceilings tr.ceiling").count() == 5  # replay's: calls, tokens, $
     grading = page.locator("#ceilings tr.ceiling[data-purpose=grading]")
     assert float(grading.get_attribute("data-limit") or 0) > 0
     expect(page.locator("svg.spend-calls g.limit[data-name=grading]")).to_have_count(1)

@@ -92,6 +92,7 @@ SETTINGS = AssaySettings.model_validate(
     {
         "grading": {"calls_per_day": 100, "ceilings": f"{TENANT_A}=2"},
         "calibration": {"calls_per_day": 50, "min_agreement": 0.8},
+        "replay": {"usd_per_day": 0.5},
     }
 )
 
@@ -143,11 +144,15 @@ async def test_spend_by_purpose_against_the_ceilings(reads: ConsoleReads) -> Non
         "shadow": (1, 0, 40, 0.01),
         "calibration": (1, 0, 40, 0.001),
     }
-    ceilings = {c["purpose"]: (c["unit"], c["limit"], c["used_today"]) for c in report["ceilings"]}
+    ceilings = {
+        (c["purpose"], c["unit"]): (c["limit"], c["used_today"]) for c in report["ceilings"]
+    }
     assert ceilings == {
-        "grading": ("calls", 2, 2),  # the tenant's own ceiling, reached
-        "shadow": ("calls", None, 1),  # replay has no ceiling unless one is set
-        "calibration": ("calls", 50, 1),
+        ("grading", "calls"): (2, 2),  # the tenant's own ceiling, reached
+        ("shadow", "calls"): (None, 1),  # replay has no ceiling unless one is set
+        ("shadow", "tokens"): (None, 40),
+        ("shadow", "usd"): (0.5, 0.01),  # the dollar ceiling every tenant has here
+        ("calibration", "calls"): (50, 1),
     }
     assert any("proposer" in note for note in report["notes"])
 

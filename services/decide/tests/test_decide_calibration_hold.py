@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from assay.bus import AGGREGATES
+from assay.bus import AGGREGATES, WORKFLOWS
 from assay.grading.calibration_policy import CalibrationPolicy
 from assay.kernel import TenantId
 from assay.kernel.scores import WinRecord
@@ -20,8 +20,10 @@ from services.decide.tests.decide_harness import (
     TENANT,
     Stage,
     evidence,
+    ir,
     open_stage,
 )
+from services.decide.tests.test_decide_task_mix import drifted, rebased
 
 OTHER = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000d2"))
 WINS = WinRecord(judge_wins=6, verifier_wins=3)
@@ -80,9 +82,44 @@ async def test_low_agreement_holds_promotion_until_a_calibration_finds_it_recove
     assert health is not None
     assert (health["agreed"], health["judged"], health["due_ms"]) == (4, 10, 1_000)
 
-    await stage.send(AGGREGATES, calibrated(2_000, agreed=9, judged=10))  # recovered: 90%
-    out = await stage.evidence(evidence(2, record=WINS, served=served + 1))
+    # A later round finds the judge recovered (90%): the held challenger is promoted at
+    # once, on the evidence it was held on — no new evidence is needed.
+    await stage.send(AGGREGATES, calibrated(2_000, agreed=9, judged=10))
+    out = await stage.take()
     assert [type(m) for m in out] == [Promoted, AllocationChanged]
+    assert (out[0].workflow_version, out[0].record) == (ir(2).version, WINS)
+    assert await stage.state("held_evidence", f"arith/{ir(2).version}") is None
+
+
+async def test_a_round_that_still_finds_the_judge_low_releases_nothing(stage: Stage) -> None:
+    await stage.send(AGGREGATES, calibrated(1_000, agreed=4, judged=10))
+    held = evidence(2, record=WINS, served=LADDER.min_trial_runs)
+    assert await stage.evidence(held) == []
+    stored = await stage.state("held_evidence", f"arith/{ir(2).version}")
+    assert stored is not None
+    assert stored["served"] == LADDER.min_trial_runs
+    newer = evidence(2, record=WINS, served=LADDER.min_trial_runs + 1)
+    assert await stage.evidence(newer) == []  # still held: the newest evidence is kept
+    stored = await stage.state("held_evidence", f"arith/{ir(2).version}")
+    assert stored is not None
+    assert stored["served"] == LADDER.min_trial_runs + 1
+    await stage.send(AGGREGATES, calibrated(2_000, agreed=5, judged=10))  # 50%: still low
+    assert await stage.take() == []
+    assert (await standing(stage))["held"].startswith("judge-versus-verifier agreement 50%")
+    await stage.send(AGGREGATES, calibrated(3_000, agreed=8, judged=10))  # 80%: recovered
+    out = await stage.take()
+    assert [type(m) for m in out] == [Promoted, AllocationChanged]
+
+
+async def test_a_recovery_waits_on_a_drift_that_still_holds(stage: Stage) -> None:
+    await stage.send(AGGREGATES, calibrated(1_000, agreed=4, judged=10))
+    assert await stage.evidence(evidence(2, record=WINS, served=LADDER.min_trial_runs)) == []
+    await stage.send(WORKFLOWS, drifted())
+    await stage.send(AGGREGATES, calibrated(2_000, agreed=9, judged=10))  # judge recovered
+    assert await stage.take() == []
+    assert (await standing(stage))["held"].startswith("task mix drifted")
+    await stage.send(WORKFLOWS, rebased())  # the drift acknowledged: nothing holds it now
+    assert [type(m) for m in await stage.take()] == [Promoted, AllocationChanged]
 
 
 async def test_an_older_or_empty_calibration_changes_nothing(stage: Stage) -> None:

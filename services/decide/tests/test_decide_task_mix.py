@@ -92,10 +92,25 @@ async def test_a_drift_holds_promotion_until_it_is_acknowledged(stage: Stage) ->
     assert hold is not None
     assert hold["psi"]["input.language"] == 0.412
 
+    # The acknowledgement releases the hold, and the challenger is promoted at once on
+    # the evidence it was held on: no new evidence is needed.
     await stage.send(WORKFLOWS, rebased())
     assert await stage.state("task_mix_hold", "arith") is None
-    out = await stage.evidence(evidence(2, record=WINS, served=served + 1))
+    out = await stage.take()
     assert [type(m) for m in out] == [Promoted, AllocationChanged]
+    assert out[0].workflow_version == ir(2).version
+    assert out[0].record == WINS
+    assert await stage.state("held_evidence", f"arith/{ir(2).version}") is None
+    assert await stage.evidence(evidence(2, record=WINS, served=served + 1)) == []
+
+
+async def test_a_release_redelivered_promotes_once(stage: Stage) -> None:
+    await stage.send(WORKFLOWS, drifted())
+    assert await stage.evidence(evidence(2, record=WINS, served=LADDER.min_trial_runs)) == []
+    await stage.send(WORKFLOWS, rebased(), mid="ack")
+    assert [type(m) for m in await stage.take()] == [Promoted, AllocationChanged]
+    await stage.send(WORKFLOWS, rebased(), mid="ack-again")  # a second ack: nothing held
+    assert await stage.take() == []
 
 
 async def test_a_drift_never_holds_a_rollback(stage: Stage) -> None:

@@ -14,7 +14,9 @@ from pydantic import ValidationError
 import assay_ingest
 from assay.bus import DECISIONS, TASKS, WORKFLOWS
 from assay.engine import BUILTIN_TOOLS, StubModel
+from assay.engine.models import Prices
 from assay.grading import StubJudge
+from assay.grading.replay import ReplayPolicy
 from assay.messages import (
     CancelRollout,
     CancelRun,
@@ -240,3 +242,41 @@ async def test_a_cancelled_matrix_lets_go_of_the_capacity_its_unstarted_candidat
     await h.send(TASKS, task("m-7", rollout=matrix(*prompts)))  # the three fit again
     spawned = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
     assert len(spawned) == 3
+
+
+async def test_a_matrix_whose_worst_case_passes_the_dollar_ceiling_is_refused_whole(
+    tmp_path: Path,
+) -> None:
+    model = StubModel()
+    model.prices = Prices(prompt_per_mtok=1.0, completion_per_mtok=3.0)
+    deps = StageDeps(
+        blobs=FsBlobStore(tmp_path / "blobs"),
+        model=model,
+        judge=StubJudge(),
+        tools=dict(BUILTIN_TOOLS),
+        replay=ReplayPolicy(usd_per_day=0.025),
+    )
+    h = await open_harness(tmp_path, assay_ingest.create_stage(deps))
+    try:
+        await two_versions(h)
+        # each run: 2 calls of the default 8,192-token context at $3/Mtok is $0.049152,
+        # capped by the group's per-run $0.01 — three runs ($0.03) pass the $0.025 a day
+        capped = {"run_max_model_calls": 2, "run_max_cost_usd": 0.01}
+        spec = matrix({"name": "a", "model": "x"}, {"name": "b", "model": "y"}, budget=capped)
+        await h.send(TASKS, task("m-usd", rollout=spec))
+        assert await refusal(h) == (
+            "candidate 'current' cannot be admitted: its worst case (2 calls, 16384 tokens, "
+            "$0.010000) does not fit under the tenant's replay ceiling of $0.025000 a day "
+            "(4 calls, 32768 tokens, $0.020000 reserved today)"
+        )
+        assert await h.log.get(StateKey(TENANT, "meter", "replay")) is None  # nothing held
+        one = matrix({"name": "a", "model": "x"}, budget=capped)
+        await h.send(TASKS, task("m-two", rollout=one))
+        spawned = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+        assert len(spawned) == 2  # one candidate and the control: $0.02 fits
+        meter = await h.log.get(StateKey(TENANT, "meter", "replay"))
+        assert meter is not None
+        assert (meter["runs_today"], meter["micro_usd_today"]) == (2, 20_000)
+    finally:
+        await h.log.close()
+        await h.bus.close()

@@ -22,7 +22,7 @@ from assay.runtime.settings import AssaySettings
 from assay_console.spend import MICRO, CalibrationSeen
 
 MAX_DAYS = 90
-Unit = Literal["calls", "usd"]
+Unit = Literal["calls", "tokens", "usd"]
 
 
 class SpendBucket(BaseModel):
@@ -41,7 +41,7 @@ class CeilingView(BaseModel):
     """One ceiling a stage enforces on a purpose's spend per UTC day, and today's use."""
 
     purpose: str = Field(description="The purpose it bounds.")
-    unit: Unit = Field(description="What it counts: model calls or US dollars.")
+    unit: Unit = Field(description="What it counts: model calls, tokens or US dollars.")
     limit: float | None = Field(description="The ceiling (None: unlimited).")
     used_today: float = Field(description="Today's (UTC) use, as recorded on `assay.usage`.")
     setting: str = Field(description="The settings that set it.")
@@ -110,6 +110,22 @@ CEILINGS: tuple[Ceiling, ...] = (
         "shown beside the calls made",
     ),
     Ceiling(
+        "shadow",
+        "tokens",
+        "ASSAY_REPLAY_TOKENS_PER_DAY, ASSAY_REPLAY_TOKEN_CEILINGS",
+        lambda s, t: s.replay.limit_for(str(t)).tokens,
+        "ingest reserves each shadow run's worst case (every call its largest context) at "
+        "admission; shown beside the tokens spent",
+    ),
+    Ceiling(
+        "shadow",
+        "usd",
+        "ASSAY_REPLAY_USD_PER_DAY, ASSAY_REPLAY_USD_CEILINGS",
+        lambda s, t: s.replay.limit_for(str(t)).usd,
+        "ingest reserves each shadow run's worst case at the agent model's higher price at "
+        "admission; shown beside the dollars spent",
+    ),
+    Ceiling(
         "calibration",
         "calls",
         "ASSAY_CALIBRATION_CALLS_PER_DAY, ASSAY_CALIBRATION_BUDGETS",
@@ -127,6 +143,8 @@ def used_today(buckets: list[SpendBucket], purpose: str, unit: Unit, today: date
     todays = [b for b in buckets if b.purpose == purpose and b.start.date() == today]
     if unit == "usd":
         return round(sum(b.cost_usd for b in todays), 6)
+    if unit == "tokens":
+        return float(sum(b.prompt_tokens + b.completion_tokens for b in todays))
     return float(sum(b.calls for b in todays))
 
 

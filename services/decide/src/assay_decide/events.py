@@ -15,6 +15,8 @@ Derived state, per tenant (read models and fold in `state.py`):
 - `unproposed/<workflow>`: why the last request for a proposal yielded none;
 - `task_mix_hold/<workflow>`: the task-mix drift ingest found, while it holds the
   workflow's promotion (`task_mix.py`);
+- `held_evidence/<workflow>/<version>`: the evidence a held challenger's promotion
+  waits on, while it is held (so the hold's release can promote it at once);
 - `judge_health/latest`: the tenant's last judge calibration that judged anything
   (on the tenant's stream `judge-health`): what holds promotion when agreement is low.
 """
@@ -36,6 +38,7 @@ from assay.messages import (
     TaskMixDrifted,
     TaskMixRebased,
     Usage,
+    VariantAggregate,
 )
 from assay.messages.loop import allocation_changed_v1_to_v2, allocation_changed_v2_to_v3
 from assay.messages.proposals import FailureEvidence, ProposalRequested
@@ -114,15 +117,25 @@ class PromotionHeld(Event):
     """Everything but the drift check, the judge's calibration or a stronger held
     challenger says promote (or nothing holds it any more).
 
-    Version 2 adds the challenger's `strength` when held."""
+    Version 2 adds the challenger's `strength` when held. Version 3 adds the `evidence`
+    it was held on, so that the hold's release — a calibration that finds the judge
+    recovered, a new reference task mix — can promote it at once, without waiting for
+    the next evidence."""
 
     type: ClassVar[str] = "PromotionHeld"
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = 3
     workflow_id: WorkflowId = Field(description="Workflow.")
     workflow_version: WorkflowVersion = Field(description="The challenger.")
     reason: str | None = Field(description="Why the swap waits; None: it no longer does.")
     strength: float | None = Field(
         None, description="v2: its strength when held (None: no strength, or no longer held)."
+    )
+    evidence: VariantAggregate | None = Field(
+        None,
+        description=(
+            "v3: the evidence that said promote but for the hold (None: no longer held, or "
+            "recorded before v3 — then only the next evidence can promote it)."
+        ),
     )
 
 
@@ -238,3 +251,9 @@ def _allocation_set_v2(payload: dict[str, Any]) -> dict[str, Any]:
 def _promotion_held_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 kept no strength."""
     return {**payload, "strength": None}
+
+
+@DECIDE_EVENTS.upcaster("PromotionHeld", 2)
+def _promotion_held_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 kept no evidence: the hold's release waits for the next."""
+    return {**payload, "evidence": None}

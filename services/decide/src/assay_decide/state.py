@@ -19,6 +19,7 @@ from assay.messages import (
     LiveChallenger,
     Rung,
     TaskMixDrifted,
+    VariantAggregate,
 )
 from assay.messages.proposals import FailureEvidence, ProposalRequested
 from assay.record import Delete, LogRecord, Patch, ReadModel, StateDelta
@@ -126,6 +127,13 @@ class Climb(ReadModel):
         )
 
 
+class HeldEvidence(ReadModel, VariantAggregate):
+    """The evidence a held challenger's promotion waits on (`PromotionHeld` v3), keyed
+    like its standing, while it is held: what the hold's release steps it on again."""
+
+    kind: ClassVar[str] = "held_evidence"
+
+
 class Known(ReadModel):
     """A version decide has held or turned away."""
 
@@ -200,6 +208,7 @@ DECIDE_STATE: tuple[type[ReadModel], ...] = (
     Head,
     Allocation,
     Climb,
+    HeldEvidence,
     Known,
     Decision,
     Accepted,
@@ -232,6 +241,7 @@ def fold_decide(record: LogRecord) -> list[StateDelta]:
                 Decision.model_validate(e.model_dump()).put(t, e.workflow_version),
                 Known(workflow_id=e.workflow_id).put(t, e.workflow_version),
                 Delete(Climb.at(t, climb_key(e.workflow_id, e.workflow_version))),
+                Delete(HeldEvidence.at(t, climb_key(e.workflow_id, e.workflow_version))),
             ]
         case EvidenceAccepted() as e:
             out += [
@@ -242,7 +252,12 @@ def fold_decide(record: LogRecord) -> list[StateDelta]:
             ]
         case PromotionHeld() as e:
             held = {"held": e.reason, "held_strength": e.strength}
-            out.append(Patch(Climb.at(t, climb_key(e.workflow_id, e.workflow_version)), held))
+            where = climb_key(e.workflow_id, e.workflow_version)
+            out.append(Patch(Climb.at(t, where), held))
+            if e.evidence is None:
+                out.append(Delete(HeldEvidence.at(t, where)))
+            else:
+                out.append(HeldEvidence.model_validate(e.evidence.model_dump()).put(t, where))
         case ProposalMade(proposal=p, failures=failures):
             made = ProposalRecord.model_validate(
                 {**p.model_dump(), "failures": failures, "status": "pending", "review": None}

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from assay.engine.models import FREE, Prices
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
 from assay.grading.replay import ReplayPolicy
@@ -34,6 +35,8 @@ class Ingesting:
     """Capacity checks at registration and admission (§14.2); none without a declaration."""
     strategies: Mapping[str, GradingStrategy] = field(default_factory=builtin_strategies)
     """The registered grading strategies: a workflow naming another one is refused."""
+    prices: Prices = FREE
+    """The agent model's per-token prices: what a shadow run's worst case is priced at."""
     replay_locks: defaultdict[TenantId, asyncio.Lock] = field(
         default_factory=lambda: defaultdict(asyncio.Lock)
     )

@@ -35,12 +35,13 @@ from pydantic import Field
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.replay import METER_STREAM, admit, meter_of
 from assay.kernel import Lsn, Refused, RunId, WorkflowVersion, run_id_from
+from assay.kernel.spend import Spend, micro_usd
 from assay.messages import Purpose, Role, RolloutSpec, TaskSubmitted
 from assay.messages.candidates import CURRENT, Candidate, MatrixEstimate, PlannedCandidate
 from assay.record import BranchKey, Event, LogRecord, ReadModel, StateDelta
 from assay.workflow import ModelStep, ResourceSpec, WorkflowDef, WorkflowInvalid, validate
 from assay_ingest.ingesting import IngestUnitOfWork
-from assay_ingest.replay import METER_KEY, ReplayMeter, ReplayMetered
+from assay_ingest.replay import METER_KEY, ReplayMeter, ReplayMetered, no_room, worst_run
 from assay_ingest.routing import Allocation
 from assay_ingest.versions import StoredDefinition, resolve
 
@@ -157,7 +158,7 @@ async def admit_matrix(
     per_run = max(p.max_model_calls for p in plans)
     _check_budget(spec, plans, per_run)
     _hold_capacity(uow, resolved, run_id_of)
-    estimate = await _reserve_replay(uow, spec, plans)
+    estimate = await _reserve_replay(uow, spec, plans, resolved)
     definitions = {
         r.workflow.version: r.workflow.model_dump(mode="json", by_alias=True) for r in resolved
     }
@@ -368,23 +369,36 @@ def release_unstarted(
         uow.on_landed(functools.partial(uow.deps.admission.release, run))
 
 
+def _worst(uow: IngestUnitOfWork, plan: PlannedCandidate, r: Resolved) -> Spend:
+    """A candidate's run at its worst (`replay.worst_run`), within the per-run token and
+    dollar caps its group declares."""
+    worst = worst_run(r.workflow, plan.max_model_calls, uow.deps.admission, uow.deps.prices)
+    tokens, micro = worst.tokens, worst.micro_usd
+    if plan.max_tokens is not None:
+        tokens = min(tokens, plan.max_tokens)
+    if plan.max_cost_usd is not None:
+        micro = min(micro, micro_usd(plan.max_cost_usd))
+    return Spend(worst.calls, tokens, micro)
+
+
 async def _reserve_replay(
-    uow: IngestUnitOfWork, spec: RolloutSpec, plans: list[PlannedCandidate]
+    uow: IngestUnitOfWork,
+    spec: RolloutSpec,
+    plans: list[PlannedCandidate],
+    resolved: list[Resolved],
 ) -> MatrixEstimate:
-    """Reserve every candidate's model calls against the tenant's replay ceiling, or
-    none (the meter is compare-and-swapped like a shadow run's reservation)."""
+    """Reserve every candidate's worst case against the tenant's replay ceiling, or none
+    (the meter is compare-and-swapped like a shadow run's reservation)."""
     doc = await uow.get(ReplayMeter, METER_KEY)
     head = Lsn(0) if doc is None else doc.next
     today = uow.envelope.occurred_at.date().isoformat()
     meter = meter_of(today, None if doc is None else doc.counts())
-    ceiling = uow.deps.replay.ceiling_for(str(uow.tenant))
-    for plan in plans:
-        if not admit(meter, plan.max_model_calls, ceiling):
-            raise Refused(
-                f"candidate {plan.name!r} cannot be admitted: its {plan.max_model_calls} model "
-                f"calls do not fit under the tenant's replay ceiling of {ceiling} a day "
-                f"({meter['calls_today']} reserved today)"
-            )
+    limit = uow.deps.replay.limit_for(str(uow.tenant))
+    for plan, r in zip(plans, resolved, strict=True):
+        worst = _worst(uow, plan, r)
+        why = no_room(worst, meter, limit)
+        if not admit(meter, worst, limit):
+            raise Refused(f"candidate {plan.name!r} cannot be admitted: {why}")
     key = BranchKey.main(uow.tenant, METER_STREAM)
     uow.expect(key, head)  # another task of the tenant reserved first: read it again
     uow.record(key, ReplayMetered(meter=meter))

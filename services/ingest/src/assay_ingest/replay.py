@@ -1,8 +1,10 @@
 """Replay's spend ceiling at admission (§12.4, §14.1; `assay.grading.replay`).
 
-Every shadow run a task's route plans reserves its workflow's model-call budget
-against the tenant's replay meter for the UTC day the task arrived. One that does
-not fit under the tenant's ceiling is cut: never spawned, recorded in
+Every shadow run a task's route plans reserves its worst case against the tenant's
+replay meter for the UTC day the task arrived: its workflow's model-call budget,
+each call its largest context, priced at the agent model's higher per-token price
+(`worst_run`). One that does not fit under every unit of the tenant's ceiling
+(calls, tokens, dollars) is cut: never spawned, recorded in
 `TaskAccepted.cut` with its reason, and announced as `Cancelled` on
 `assay.run-status`, so it is never a silent gap and never evidence either way. A
 challenger run whose reference run was cut is spawned not expecting one.
@@ -23,11 +25,14 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from assay.bus.topics import RUN_STATUS
-from assay.grading.replay import METER_STREAM, ReplayPolicy, admit, meter_of
+from assay.engine.models import Prices
+from assay.grading.replay import METER_STREAM, ReplayPolicy, admit, meter_of, reserved_today
 from assay.kernel import Lsn, RunId, RunState, WorkflowVersion
+from assay.kernel.spend import MICRO, Spend, SpendLimit, worst_case
 from assay.messages import Purpose, Role, RunRef, RunStatusChanged
 from assay.record import BranchKey, Event, LogRecord, ReadModel, StateDelta
 from assay.runtime import Gauge, UnitOfWork
+from assay.runtime.admission import Admission
 from assay.store import EventLog
 from assay.workflow import WorkflowDef
 from assay_ingest.routing import PlannedRun, Route
@@ -53,7 +58,11 @@ class CutRun(BaseModel):
     purpose: Purpose = Field(description="Shadow, or work when capacity refused the task.")
     reason: CutReason = Field(description="Why it was cut.")
     calls: int = Field(ge=0, description="Model calls it would have reserved (its budget).")
-    detail: str = Field("", description="Why, with the numbers (capacity refusals).")
+    detail: str = Field(
+        "",
+        description="Why, with the numbers (capacity refusals; replay cuts since tokens "
+        "and dollars are reserved too).",
+    )
 
 
 class ReplayMetered(Event):
@@ -64,8 +73,10 @@ class ReplayMetered(Event):
     version: ClassVar[int] = 1
     meter: dict[str, Any] = Field(
         description=(
-            "`day` (UTC), `calls_today` (reserved), `runs_today` (admitted), `cut_today`, and "
-            "the same since the meter began (`calls_total`, `runs_total`, `cut_total`)."
+            "`day` (UTC), what the runs admitted that day reserved (`calls_today`, "
+            "`tokens_today`, `micro_usd_today`: their worst cases), `runs_today` (admitted), "
+            "`cut_today`, and the same since the meter began (`*_total`). A meter recorded "
+            "before tokens and dollars were reserved has none: they read as zero."
         )
     )
 
@@ -84,9 +95,13 @@ class ReplayMeter(ReadModel):
     day: str
     """The UTC day the `*_today` counts are of."""
     calls_today: int
+    tokens_today: int = 0
+    micro_usd_today: int = 0
     runs_today: int
     cut_today: int
     calls_total: int
+    tokens_total: int = 0
+    micro_usd_total: int = 0
     runs_total: int
     cut_total: int
     next: Lsn
@@ -120,14 +135,37 @@ class Metered:
     reserved: int
 
 
+def worst_run(definition: WorkflowDef, calls: int, admission: Admission, prices: Prices) -> Spend:
+    """What one run of `definition` may spend at most, making `calls` model calls: each
+    of its largest context (`resources.max_context_tokens`, else the deployment's
+    default), every token at the higher of `prices`' two (`assay.kernel.spend.worst_case`,
+    as a judge call is reserved). A step calling another model is priced as the agent's.
+    """
+    return worst_case(calls, admission.context_tokens(definition), prices.worst_per_mtok)
+
+
+def no_room(worst: Spend, meter: dict[str, Any], limit: SpendLimit) -> str:
+    """Why a run's worst case does not fit under the tenant's replay ceiling, in numbers."""
+    return (
+        f"its worst case ({_amount(worst)}) does not fit under the tenant's replay ceiling "
+        f"of {limit.describe()} a day ({_amount(reserved_today(meter))} reserved today)"
+    )
+
+
+def _amount(spend: Spend) -> str:
+    return f"{spend.calls} calls, {spend.tokens} tokens, ${spend.micro_usd / MICRO:.6f}"
+
+
 async def metered(
     uow: UnitOfWork[Any],
     policy: ReplayPolicy,
     plan: Route,
     definitions: dict[str, Any],
     run_id_of: Callable[[PlannedRun], RunId],
+    admission: Admission,
+    prices: Prices,
 ) -> Metered:
-    """Reserve each planned shadow run's budget, cutting those that do not fit.
+    """Reserve each planned shadow run's worst case, cutting those that do not fit.
 
     A plan without shadow runs leaves the meter alone: work runs are never metered.
     """
@@ -137,7 +175,7 @@ async def metered(
     head = Lsn(0) if doc is None else doc.next
     today = uow.envelope.occurred_at.date().isoformat()
     meter = meter_of(today, None if doc is None else doc.counts())
-    ceiling = policy.ceiling_for(str(uow.tenant))
+    limit = policy.limit_for(str(uow.tenant))
     kept: list[PlannedRun] = []
     cut: list[CutRun] = []
     reserved = 0
@@ -147,7 +185,9 @@ async def metered(
             continue
         definition = WorkflowDef.model_validate(definitions[planned.version])
         calls = definition.budget.max_model_calls
-        if admit(meter, calls, ceiling):
+        worst = worst_run(definition, calls, admission, prices)
+        why = no_room(worst, meter, limit)  # as it stands before this run reserves
+        if admit(meter, worst, limit):
             kept.append(planned)
             reserved += calls
             continue
@@ -159,6 +199,7 @@ async def metered(
                 purpose=planned.purpose,
                 reason=CutReason.REPLAY_BUDGET_EXHAUSTED,
                 calls=calls,
+                detail=why,
             )
         )
     key = BranchKey.main(uow.tenant, METER_STREAM)
@@ -167,7 +208,7 @@ async def metered(
     return Metered(dataclasses.replace(plan, runs=tuple(kept)), tuple(cut), reserved)
 
 
-def announce_cut(uow: UnitOfWork[Any], gone: CutRun, like: RunRef, ceiling: int | None) -> None:
+def announce_cut(uow: UnitOfWork[Any], gone: CutRun, like: RunRef) -> None:
     """Tell observers a cut run ended before it began (`like`: the task's run reference,
     whose identity the cut run would have shared)."""
     ref = like.model_copy(
@@ -180,33 +221,39 @@ def announce_cut(uow: UnitOfWork[Any], gone: CutRun, like: RunRef, ceiling: int 
             "reference_expected": False,
         }
     )
-    detail = (
-        f"{gone.reason.value}: not run; its budget of {gone.calls} model calls does not fit "
-        f"under the tenant's replay ceiling of {ceiling} a day"
-    )
+    detail = f"{gone.reason.value}: not run; {gone.detail}"
     uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.CANCELLED, detail=detail))
 
 
 async def replay_gauges(log: EventLog, policy: ReplayPolicy, today: str) -> list[Gauge]:
-    """Each tenant's replay meter for `today` (UTC), and its ceiling."""
-    calls: list[tuple[tuple[str, ...], float]] = []
+    """Each tenant's replay meter for `today` (UTC) — calls, tokens and dollars reserved,
+    shadow runs admitted and cut — and its ceilings."""
+    reserved: dict[str, list[tuple[tuple[str, ...], float]]] = {u: [] for u in _UNITS}
+    ceilings: dict[str, list[tuple[tuple[str, ...], float]]] = {u: [] for u in _UNITS}
     runs: list[tuple[tuple[str, ...], float]] = []
-    ceilings: list[tuple[tuple[str, ...], float]] = []
     for tenant, key, doc in sorted(await log.scan_kind(ReplayMeter.kind), key=lambda r: r[:2]):
         if key != METER_KEY:
             continue
         who, meter = (str(tenant),), ReplayMeter.model_validate(doc).on(today)
-        calls.append((who, float(meter.calls_today)))
+        held = reserved_today(meter.counts())
+        reserved["calls"].append((who, float(held.calls)))
+        reserved["tokens"].append((who, float(held.tokens)))
+        reserved["usd"].append((who, held.usd))
         runs += [((*who, "admitted"), meter.runs_today), ((*who, "cut"), meter.cut_today)]
-        ceiling = policy.ceiling_for(str(tenant))
-        if ceiling is not None:
-            ceilings.append((who, float(ceiling)))
+        limit = policy.limit_for(str(tenant))
+        for unit, cap in (("calls", limit.calls), ("tokens", limit.tokens), ("usd", limit.usd)):
+            if cap is not None:
+                ceilings[unit].append((who, float(cap)))
     return [
-        Gauge(
-            "assay_replay_calls_reserved",
-            "Model calls reserved today (UTC) by the tenant's shadow runs (their budgets).",
-            ("tenant",),
-            tuple(calls),
+        *(
+            Gauge(
+                f"assay_replay_{unit}_reserved",
+                f"{what} reserved today (UTC) by the tenant's shadow runs and replay "
+                "candidates (their worst cases).",
+                ("tenant",),
+                tuple(reserved[unit]),
+            )
+            for unit, what in _UNITS.items()
         ),
         Gauge(
             "assay_replay_runs",
@@ -214,10 +261,16 @@ async def replay_gauges(log: EventLog, policy: ReplayPolicy, today: str) -> list
             ("tenant", "outcome"),
             tuple(runs),
         ),
-        Gauge(
-            "assay_replay_calls_ceiling",
-            "The tenant's replay ceiling: model calls shadow runs may reserve per UTC day.",
-            ("tenant",),
-            tuple(ceilings),
+        *(
+            Gauge(
+                f"assay_replay_{unit}_ceiling",
+                f"The tenant's replay ceiling: {what.lower()} shadow runs may reserve per UTC day.",
+                ("tenant",),
+                tuple(ceilings[unit]),
+            )
+            for unit, what in _UNITS.items()
         ),
     ]
+
+
+_UNITS = {"calls": "Model calls", "tokens": "Tokens", "usd": "US dollars"}

@@ -8,8 +8,10 @@ tasks (its entry in `shares`); a `shadow_rate` share is also run under the other
 versions for comparison. Every draw is recorded. A workflow asking for more live
 challengers than it may have (`grading.challengers`) is refused at registration.
 
-Each shadow run reserves its workflow's model-call budget against the tenant's
-replay ceiling (`assay.grading.replay`); one that does not fit is cut — recorded
+Each shadow run reserves its worst case (its workflow's model-call budget, each
+call its largest context, at the agent model's prices) against the tenant's replay
+ceiling in calls, tokens and dollars (`assay.grading.replay`); one that does not fit
+is cut — recorded
 in `TaskAccepted.cut` and announced as `Cancelled` on `assay.run-status` — and
 never spawned. The tenant's replay meter is one stream, compare-and-swapped, so
 concurrent tasks never reserve the same calls twice.
@@ -35,6 +37,7 @@ from datetime import UTC, datetime
 
 from assay.bus.topics import RUN_STATUS, RUNS
 from assay.engine import StepNotExecutable, check_executable
+from assay.engine.models import prices_of
 from assay.grading.ladder import ChallengersRefused, check_challengers
 from assay.grading.strategies import StrategyRefused, check_fits, profile
 from assay.kernel import (
@@ -162,7 +165,9 @@ async def _spawn(
 
     deps = uow.deps
     fits, refused = admit_by_capacity(uow, deps.admission, plan, alloc.definitions, run_id_of)
-    admitted = await metered(uow, deps.replay, fits, alloc.definitions, run_id_of)
+    admitted = await metered(
+        uow, deps.replay, fits, alloc.definitions, run_id_of, deps.admission, deps.prices
+    )
     for gone in admitted.cut:  # cut by the replay ceiling: it will make no model call
         deps.admission.release(str(gone.run_id))
     deps.admission.count_budget_cuts(len(admitted.cut), uow)
@@ -201,7 +206,7 @@ async def _spawn(
     for gone in refused:  # refused at admission, never queued (§14.2)
         announce_refused(uow, msg, task_id, split, alloc.current, gone)
     for gone in admitted.cut:  # ended before it began, and said so: never a silent gap
-        announce_cut(uow, gone, refs[0], deps.replay.ceiling_for(str(uow.tenant)))
+        announce_cut(uow, gone, refs[0])
 
 
 def _rung(alloc: Allocation, plan: Route) -> Rung | None:
@@ -331,6 +336,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         replay=deps.replay,
         admission=deps.admission,
         strategies=deps.strategies,
+        prices=prices_of(deps.model),
     )
     return StageSpec(
         name="ingest",

@@ -27,7 +27,7 @@ from assay.grading.judges import Judge, JudgeFailed, JudgeUsage, UsageCallback
 from assay.grading.swiss import rounds_for
 from assay.kernel.ids import TenantId
 from assay.kernel.scores import CoreViolation, Verdict
-from assay.kernel.spend import Reservation, Spend, SpendLimit, micro_usd
+from assay.kernel.spend import Reservation, Spend, SpendLimit, worst_case
 from assay.messages import Episode, Purpose
 from assay.store import EventLog
 from assay.workflow import RubricItem
@@ -50,13 +50,8 @@ def worst_call(judge: Judge) -> Spend:
     """One judge call at its worst: the judge's largest context, every token priced at
     the higher of its prompt and completion prices (free without declared prices)."""
     prices = getattr(judge, "prices", None)
-    per_mtok = (
-        max(prices.prompt_per_mtok, prices.completion_per_mtok)
-        if isinstance(prices, Prices)
-        else 0.0
-    )
-    tokens = judge.max_context_tokens
-    return Spend(1, tokens, micro_usd(tokens * per_mtok / 1_000_000))
+    per_mtok = prices.worst_per_mtok if isinstance(prices, Prices) else 0.0
+    return worst_case(1, judge.max_context_tokens, per_mtok)
 
 
 @dataclass

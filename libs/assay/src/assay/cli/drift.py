@@ -3,7 +3,9 @@
 Ingest compares each full window of a workflow's tasks with the mix its current version
 was promoted under; a drift holds the challenger's promotion in decide. Acknowledging
 puts an `AcknowledgeDrift` on `assay.workflows`: ingest takes the drifted mix (its last
-full window) as the new reference and says so, which releases decide's hold.
+full window) as the new reference and says so, which releases decide's hold — and
+promotes at once a challenger the drift held, whose promotion retakes the reference
+(its cause then reads `promoted`).
 
 The workflow's watch is read from the ingest stage's state (the data directory's SQLite
 file, or the `ingest` schema with `ASSAY_DATABASE_URL` set). The acknowledgement goes to
@@ -51,6 +53,11 @@ async def watch_of(data_dir: Path, workflow: str, tenant: TenantId | None) -> tu
     return who, doc
 
 
+RETAKEN = ("acknowledged", "promoted")
+"""Why the reference was retaken once acknowledged: the acknowledgement itself, or the
+promotion it released (which retakes it again)."""
+
+
 async def ack_drift_command(
     data_dir: Path, workflow: str, tenant: TenantId | None, reason: str
 ) -> int:
@@ -70,7 +77,7 @@ async def ack_drift_command(
 
         async def released() -> dict[str, Any] | None:
             mix = await ingest.get(StateKey(who, "task_mix", workflow))
-            if mix is None or mix.get("cause") != "acknowledged" or mix.get("drifted"):
+            if mix is None or mix.get("cause") not in RETAKEN or mix.get("drifted"):
                 return None
             held = await decide.get(StateKey(who, "task_mix_hold", workflow))
             return mix if held is None else None

@@ -8,8 +8,9 @@ order-inconsistency rate on sampled order checks and both-order tournament
 pairs, and the last failure — and how grading ended, by score kind
 and `Ungraded` by reason (§11.6: a tenant whose loop never engages must see a
 stated reason, not a silence). Beside it, replay's spend (§12.4): the tenant's
-replay ceiling, the model calls its shadow runs reserved today and the shadow
-runs admitted and cut (the ingest stage's meter), and what the shadow runs whose
+replay ceilings, the model calls, tokens and dollars its shadow runs and replay
+candidates reserved today (their worst cases) and the shadow runs admitted and cut
+(the ingest stage's meter), and what the shadow runs whose
 grading ended spent (runs, model calls, tokens). And the judge's scheduled
 calibration (§11): each judge model's last agreement with the verifier and order
 inconsistency on the tenant's calibration set, the calls it spent today against
@@ -35,7 +36,7 @@ from typing import Any
 from assay.cli.ladder import reports as ladder_reports
 from assay.cli.logs import stage_state
 from assay.grading.calibration_policy import CalibrationPolicy
-from assay.grading.replay import meter_of
+from assay.grading.replay import meter_of, reserved_today
 from assay.kernel.ids import TenantId
 from assay.kernel.spend import MICRO, SpendDay, SpendLimit
 from assay.messages import Purpose
@@ -97,21 +98,26 @@ def merged(shards: list[dict[str, Any]]) -> dict[str, Any]:
 def replay_report(
     reserved: dict[str, Any] | None,
     spent: list[dict[str, Any]],
-    ceiling: int | None,
+    limit: SpendLimit,
     today: str,
 ) -> dict[str, Any]:
     """One tenant's replay spend: reserved at admission (ingest's meter, for `today`;
-    None where that state is not there) and spent by its shadow runs whose grading
-    ended (`spent`: one document per run)."""
+    None where that state is not there) beside its ceilings, and spent by its shadow
+    runs whose grading ended (`spent`: one document per run)."""
     admitted = None if reserved is None else meter_of(today, reserved)
 
     def of(key: str) -> int | None:
         return None if admitted is None else int(admitted[key])
 
+    held = None if admitted is None else reserved_today(admitted)
     done_today = [d for d in spent if d["day"] == today]
     return {
-        "calls_ceiling": ceiling,
+        "calls_ceiling": limit.calls,
+        "tokens_ceiling": limit.tokens,
+        "usd_ceiling": limit.usd,
         "calls_reserved_today": of("calls_today"),
+        "tokens_reserved_today": None if held is None else held.tokens,
+        "usd_reserved_today": None if held is None else held.usd,
         "runs_admitted_today": of("runs_today"),
         "runs_cut_today": of("cut_today"),
         "runs_cut_total": of("cut_total"),
@@ -215,7 +221,7 @@ async def _reports(
             "replay": replay_report(
                 reserved.get(who, {}) if ingest is not None else None,
                 spent[who],
-                replay.ceiling_for(str(who)),
+                replay.limit_for(str(who)),
                 today,
             ),
             "calibration": calibration_report(

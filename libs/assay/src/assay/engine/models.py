@@ -54,6 +54,11 @@ class Prices:
             if not math.isfinite(price) or price < 0:
                 raise ValueError(f"a price per million tokens must be finite and >= 0: {price}")
 
+    @property
+    def worst_per_mtok(self) -> float:
+        """The higher of the two prices: what any token of a call may cost at most."""
+        return max(self.prompt_per_mtok, self.completion_per_mtok)
+
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         """The price of one call, in US dollars."""
         return (

@@ -76,6 +76,22 @@ class Spend:
         return Spend(self.calls * times, self.tokens * times, self.micro_usd * times)
 
 
+def worst_case(calls: int, tokens_per_call: int, per_mtok: float) -> Spend:
+    """`calls` model calls at their worst: each `tokens_per_call` tokens (prompt and
+    answer), every token priced at `per_mtok` US dollars per million — the higher of the
+    model's two per-token prices, so no split of the context between prompt and answer
+    costs more. What a judge call (the tournament's grading ledger) and a shadow run or
+    replay candidate (ingest's replay meter) reserve before they are made.
+
+    Raises:
+        ValueError: a negative count or a negative or non-finite price.
+    """
+    if calls < 0 or tokens_per_call < 0:
+        raise ValueError(f"calls and tokens must be >= 0: {calls}, {tokens_per_call}")
+    tokens = calls * tokens_per_call
+    return Spend(calls, tokens, micro_usd(tokens * per_mtok / 1_000_000))
+
+
 @dataclass(frozen=True)
 class SpendLimit:
     """A ceiling per UTC day in calls, tokens and dollars; None: that unit is unbounded."""
@@ -83,6 +99,11 @@ class SpendLimit:
     calls: int | None = None
     tokens: int | None = None
     micro_usd: int | None = None
+
+    @property
+    def usd(self) -> float | None:
+        """The dollar ceiling in US dollars (None: unbounded)."""
+        return None if self.micro_usd is None else self.micro_usd / MICRO
 
     @property
     def bounded(self) -> bool:

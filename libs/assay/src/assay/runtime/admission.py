@@ -67,13 +67,19 @@ class Admission:
         model = spec.model if spec is not None and spec.model else self.plan.agent_model
         if model is None:
             return None
-        context = spec.max_context_tokens if spec and spec.max_context_tokens else None
         calls = spec.concurrent_calls if spec and spec.concurrent_calls else None
         return Demand(
             model,
-            context_tokens=context or self.default_context_tokens,
+            context_tokens=self.context_tokens(wf),
             concurrent_calls=calls or wf.model_call_width(),
         )
+
+    def context_tokens(self, wf: WorkflowDef) -> int:
+        """The largest context (prompt and answer) of one of `wf`'s model calls: its
+        `resources.max_context_tokens`, else the deployment's default."""
+        spec = wf.resources
+        declared = spec.max_context_tokens if spec is not None else None
+        return declared or self.default_context_tokens
 
     def check_workflow(self, wf: WorkflowDef, grading: ResourceProfile) -> None:
         """Refuse a workflow whose model and grading models cannot be resident together

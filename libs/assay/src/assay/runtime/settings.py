@@ -225,7 +225,10 @@ class AssaySettings(BaseSettings):
     )
     replay: ReplayPolicy = Field(
         default_factory=ReplayPolicy,
-        description="Ceilings on the model calls shadow runs and replay candidates reserve.",
+        description=(
+            "Ceilings on the model calls, tokens and dollars shadow runs and replay candidates "
+            "reserve (their worst cases)."
+        ),
     )
     retention: RetentionPolicy = Field(
         default_factory=RetentionPolicy, description="When finished runs are reduced and tiered."
