@@ -231,7 +231,7 @@ async def _resolve(
     """Every candidate's workflow, the implicit control last if needed, and the control."""
     assert spec.candidates is not None
     current = WorkflowDef.model_validate(alloc.definitions[alloc.current])
-    resolved: list[Resolved] = []  # the implicit control runs as many siblings as the most
+    resolved: list[Resolved] = []
     for i, c in enumerate(spec.candidates):
         name = c.label(i)
         try:
