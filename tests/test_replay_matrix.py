@@ -1,9 +1,10 @@
 """A replay tournament end to end, embedded: a rollout group of heterogeneous candidates.
 
 Two stored versions of the arithmetic workflow and a model variant of the
-current one run on the same task as one rollout group. The result must rank
-every candidate against the pinned control (the current version) with an
-interval, a rank and a pass rate; the candidates' model calls must be metered as
+current one run on the same task as one rollout group, the versions two
+siblings each. The result must rank every candidate against the pinned control
+(the current version) with an interval, a rank and a pass rate over all its
+siblings; the candidates' model calls must be metered as
 purpose `replay` (the model variant's under its own model), reserved against
 the tenant's replay ceiling when the group was admitted, and never tallied as a
 version's evidence. A matrix the replay ceiling cannot hold whole is refused at
@@ -83,6 +84,18 @@ MATRIX = RolloutSpec.model_validate(
 )
 
 
+SIBLINGS = RolloutSpec.model_validate(
+    {
+        "candidates": [
+            {"name": "v1", "version": "current", "samples": 2},
+            {"name": "v2", "version": V2.version[:16], "samples": 2},
+            {"name": "big", "model": "stub-arith-2"},
+        ]
+    }
+)
+SAMPLES = {"v1": 2, "v2": 2, "big": 1}
+
+
 async def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -140,8 +153,8 @@ async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_con
     async with Embedded(tmp_path / "data") as rt:
         rt.start()
         await register(rt, TENANT)
-        await submit(rt, TENANT, "matrix-1")
-        await submit(rt, TENANT, "matrix-1")  # a resubmission admits and reserves nothing more
+        await submit(rt, TENANT, "matrix-1", SIBLINGS)
+        await submit(rt, TENANT, "matrix-1", SIBLINGS)  # admits and reserves nothing more
         result = await wait_for(lambda: result_of(rt, "matrix-1"), 120, "the matrix's result")
         usage = [u for u in await messages(rt, USAGE, UsageRecorded) if u.tenant == TENANT]
         meter = await rt.logs["ingest"].get(StateKey(TENANT, "meter", "replay"))
@@ -155,10 +168,10 @@ async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_con
     assert lines["v2"].workflow_version == V2.version
     assert lines["big"].workflow_version not in (V1.version, V2.version)  # a derived variant
     assert [c.control for c in lines.values()] == [True, False, False]
-    for c in lines.values():
-        assert len(c.runs) == 1
-        assert c.verified == 1
-        assert c.pass_rate == float(c.passes)
+    for name, c in lines.items():  # every sibling of the candidate counts
+        assert c.samples == SAMPLES[name]
+        assert len(set(c.runs)) == c.verified == SAMPLES[name]
+        assert c.pass_rate == c.passes / c.verified
     ranked = {name: c for name, c in lines.items() if c.strength is not None}
     assert "v1" in ranked, "the control took part in no comparison"
     control = ranked["v1"].strength
@@ -179,7 +192,7 @@ async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_con
     assert winner.passes == max(c.passes for c in lines.values())
     assert result.passes == sum(c.passes for c in lines.values())
     assert result.estimate is not None
-    assert result.estimate.model_calls == result.estimate.replay_calls == 3 * CALLS
+    assert result.estimate.model_calls == result.estimate.replay_calls == 5 * CALLS
     assert result.model_calls <= result.estimate.model_calls
 
     runs = {run for c in lines.values() for run in c.runs}
@@ -192,8 +205,8 @@ async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_con
     assert {u.model for u in calls if u.run_id in big} == {"stub-arith-2"}
     assert {u.model for u in calls if u.run_id not in big} == {"stub-arith-1"}
     assert meter is not None
-    assert meter["calls_today"] == 3 * CALLS  # reserved once, at admission
-    assert meter["runs_today"] == 3
+    assert meter["calls_today"] == 5 * CALLS  # every sibling's, reserved once, at admission
+    assert meter["runs_today"] == 5
     assert tallied == [], "a candidate's run was tallied as a version's evidence"
 
 

@@ -588,7 +588,7 @@ def test_envelope_round_trips_through_its_wire_body() -> None:
     opened = open_envelope(body)
     assert opened == env
     assert MESSAGES.decode(opened.type, opened.schema_version, opened.payload) == msg
-    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 4, TENANT)
+    assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 5, TENANT)
 
 
 def test_headers_mirror_the_envelope_fields() -> None:
@@ -602,7 +602,7 @@ def test_headers_mirror_the_envelope_fields() -> None:
         assert value == str(fields[name]).encode()
     assert headers["id"] == env.id.encode()
     assert headers["tenant"] == str(TENANT).encode()
-    assert headers["schema_version"] == b"4"
+    assert headers["schema_version"] == b"5"
     assert datetime.fromisoformat(headers["occurred_at"].decode()) == env.occurred_at
 
     child = sealed(task("other"), cause=env)

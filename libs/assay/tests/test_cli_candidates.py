@@ -25,13 +25,18 @@ TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000c1"))
         ("big:model=gpt-4o", {"name": "big", "model": "gpt-4o"}),
         ("prompt=Say {{ task.q }} = ?", {"prompt": "Say {{ task.q }} = ?"}),
         ("c:prompt.solve=Step by step", {"name": "c", "prompt": {"solve": "Step by step"}}),
+        ("big*3:model=gpt-4o", {"name": "big", "samples": 3, "model": "gpt-4o"}),
+        ("*5:version=current", {"samples": 5, "version": "current"}),
+        ("v:1*2:version=3f9a", {"name": "v:1", "samples": 2, "version": "3f9a"}),
     ],
 )
 def test_a_candidate_flag_is_a_name_a_kind_and_a_value(flag: str, doc: dict[str, object]) -> None:
     assert parse_candidate(flag) == doc
 
 
-@pytest.mark.parametrize("flag", ["model", "model=", "speed=fast", "x:prompt.=y"])
+@pytest.mark.parametrize(
+    "flag", ["model", "model=", "speed=fast", "x:prompt.=y", "a*:model=m", "a*two:model=m"]
+)
 def test_a_malformed_candidate_flag_is_refused_naming_it(flag: str) -> None:
     with pytest.raises(AssayError, match="--candidate"):
         parse_candidate(flag)
@@ -84,3 +89,30 @@ def test_the_matrix_goes_on_every_task_over_its_own_budget() -> None:
     assert out[1].rollout is not None
     assert out[1].rollout.budget.max_concurrency == 2
     assert with_matrix(tasks, None) == tasks
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["a*0:model=m"], "candidates.0.samples: Input should be greater than or equal to 1"),
+        (["a*65:model=m"], "the candidates run 65 siblings, more than a group's 64"),
+        (["a*40:model=m", "b*30:model=n"], "the candidates run 70 siblings"),
+    ],
+    ids=["zero", "above-the-group", "sum-above-the-group"],
+)
+def test_a_candidates_siblings_out_of_range_are_refused_before_anything_is_produced(
+    flags: list[str], says: str
+) -> None:
+    with pytest.raises(AssayError, match="candidate matrix") as err:
+        matrix_of(flags, None, None)
+    assert says in str(err.value)
+
+
+def test_k_siblings_per_candidate_reach_every_task() -> None:
+    task = TaskSubmitted(
+        tenant=TENANT, workflow_id=WorkflowId("arith"), idempotency_key="t", input={}
+    )
+    (out,) = with_matrix([task], matrix_of(["v1*3:version=current", "big*2:model=m2"], None, None))
+    assert out.rollout is not None
+    assert out.rollout.n == 5
+    assert [c.samples for c in out.rollout.candidates or []] == [3, 2]

@@ -997,11 +997,12 @@ EVENT_EXAMPLES: dict[str, tuple[EventRegistry, list[Event]]] = {
                         workflow_version=V1,
                         control=True,
                         implicit=True,
+                        samples=3,
                         max_model_calls=10,
                     )
                 ],
                 definitions={V1: {"id": "arith"}},
-                estimate=MatrixEstimate(model_calls=10, replay_calls=10),
+                estimate=MatrixEstimate(model_calls=30, replay_calls=30),
             ),
         ],
     ),

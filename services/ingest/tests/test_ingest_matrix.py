@@ -244,6 +244,157 @@ async def test_a_cancelled_matrix_lets_go_of_the_capacity_its_unstarted_candidat
     assert len(spawned) == 3
 
 
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        ({"candidates": [{"model": "a", "samples": 0}]}, "greater than or equal to 1"),
+        ({"candidates": [{"model": "a", "samples": -2}]}, "greater than or equal to 1"),
+        ({"candidates": [{"model": "a", "samples": 65}]}, "65 siblings, more than a group's 64"),
+        (
+            {"candidates": [{"model": "a", "samples": 40}, {"model": "b", "samples": 30}]},
+            "70 siblings, more than a group's 64",
+        ),
+        (
+            {"n": 2, "candidates": [{"model": "a", "samples": 2}, {"model": "b"}]},
+            "n (2) is not the number of siblings the candidates run (3",
+        ),
+        (
+            {"admit": 2, "candidates": [{"model": "a", "samples": 2}, {"model": "b"}]},
+            "a sibling of candidate 'model:b'",
+        ),
+    ],
+    ids=["zero", "negative", "above-the-group", "sum-above-the-group", "n", "admit"],
+)
+def test_a_candidates_samples_outside_one_to_the_groups_most_is_refused_when_decoded(
+    doc: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        RolloutSpec.model_validate(doc)
+    assert says in str(err.value)
+
+
+def test_samples_default_to_one_and_n_to_the_siblings_added_up() -> None:
+    spec = matrix({"version": "current", "samples": 3}, {"model": "m"})
+    assert spec.n == 4
+    assert [c.samples for c in spec.candidates or []] == [3, 1]
+    dumped = spec.model_dump(mode="json")["candidates"]
+    assert dumped[0]["samples"] == 3
+    assert "samples" not in dumped[1]  # a one-sibling candidate serialises as it always did
+
+
+async def test_each_candidate_runs_its_samples_as_consecutive_siblings(h: Harness) -> None:
+    v1, v2 = await two_versions(h)
+    spec = matrix(
+        {"name": "v2", "version": v2.version[:10], "samples": 2},
+        {"name": "big", "model": "m", "samples": 3},
+        budget={"run_max_model_calls": 4},
+    )
+    assert spec.n == 5
+    await h.send(TASKS, task("s-1", rollout=spec))
+    spawned = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+    assert [m.run.rollout.index for m in spawned if m.run.rollout] == list(range(8))
+    assert {m.run.rollout.size for m in spawned if m.run.rollout} == {8}
+    versions = [m.run.workflow_version for m in spawned]
+    big = versions[2]
+    # the implicit control runs as many siblings as the most any candidate runs
+    assert versions == [v2.version] * 2 + [big] * 3 + [v1.version] * 3
+    assert [m.run.role for m in spawned] == [Role.CHALLENGER] * 5 + [Role.CURRENT] * 3
+    doc = await h.log.get(StateKey(TENANT, "rollout", "s-1"))
+    assert doc is not None
+    assert doc["admitted"] == 8
+    placed = [(c["name"], c["index"], c.get("samples", 1)) for c in doc["candidates"]]
+    assert placed == [("v2", 0, 2), ("big", 2, 3), ("current", 5, 3)]
+    assert doc["estimate"]["model_calls"] == doc["estimate"]["replay_calls"] == 8 * 4
+    meter = await h.log.get(StateKey(TENANT, "meter", "replay"))
+    assert meter is not None
+    assert (meter["calls_today"], meter["runs_today"]) == (32, 8)  # every sibling reserved
+
+
+async def test_the_replay_ceiling_counts_every_sibling_and_names_the_candidate(
+    tmp_path: Path,
+) -> None:
+    """Two calls a sibling: `a` (2 siblings) reserves 4 and `b` (3) 6 of the ceiling of
+    12; the implicit control's 3 siblings need 6 more — it is named, nothing reserved."""
+    deps = StageDeps(
+        blobs=FsBlobStore(tmp_path / "blobs"),
+        model=StubModel(),
+        judge=StubJudge(),
+        tools=dict(BUILTIN_TOOLS),
+        replay=ReplayPolicy(calls_per_day=12),
+    )
+    h = await open_harness(tmp_path, assay_ingest.create_stage(deps))
+    try:
+        await two_versions(h)
+        spec = matrix(
+            {"name": "a", "model": "x", "samples": 2},
+            {"name": "b", "model": "y", "samples": 3},
+            budget={"run_max_model_calls": 2},
+        )
+        await h.send(TASKS, task("s-2", rollout=spec))
+        assert await refusal(h) == (
+            "candidate 'current' cannot be admitted: its 3 siblings' worst case (6 calls, "
+            "49152 tokens, $0.000000) does not fit under the tenant's replay ceiling of 12 "
+            "calls a day (10 calls, 81920 tokens, $0.000000 reserved today)"
+        )
+        assert await h.log.get(StateKey(TENANT, "meter", "replay")) is None
+        assert await h.log.get(StateKey(TENANT, "rollout", "s-2")) is None
+        fits = matrix(
+            {"name": "a", "model": "x", "samples": 2},
+            {"name": "cur", "version": "current", "samples": 4},
+            budget={"run_max_model_calls": 2},
+        )
+        await h.send(TASKS, task("s-3", rollout=fits))  # 6 siblings, 12 calls: exactly
+        spawned = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+        assert len(spawned) == 6
+    finally:
+        await h.log.close()
+        await h.bus.close()
+
+
+@pytest.mark.parametrize(
+    ("candidates", "budget", "says"),
+    [
+        (
+            [{"name": "a", "model": "x", "samples": 2}, {"name": "b", "model": "y"}],
+            {"run_max_model_calls": 2, "group_max_model_calls": 5},
+            "candidate 'b' cannot be admitted: the group's group_max_model_calls covers 2 of "
+            "the 5 siblings at the per-run maximum",
+        ),
+        (
+            [
+                {"name": "a", "model": "x", "samples": 40},
+                {"name": "b", "model": "y", "samples": 20},
+            ],
+            {},
+            "candidate 'current' cannot be admitted: its 40 sibling(s) take the group to 100 "
+            "siblings, more than a group's 64",
+        ),
+    ],
+    ids=["group-budget", "implicit-control-past-the-group"],
+)
+async def test_a_matrix_whose_siblings_cannot_all_be_admitted_names_the_candidate(
+    h: Harness, candidates: list[dict[str, Any]], budget: dict[str, Any], says: str
+) -> None:
+    await two_versions(h)
+    await h.send(TASKS, task("s-4", rollout=matrix(*candidates, budget=budget)))
+    assert await refusal(h) == says
+    assert await h.log.get(StateKey(TENANT, "rollout", "s-4")) is None
+    assert await h.log.get(StateKey(TENANT, "meter", "replay")) is None
+
+
+async def test_capacity_is_held_for_every_sibling_or_for_none(h: Harness) -> None:
+    await two_versions(h, resources=RESOURCES)  # three runs fit the declared capacity
+    prompts = [
+        {"name": f"c{i}", "prompt": f"#{i} {{{{ task.question }}}}", "samples": 2} for i in range(2)
+    ]
+    await h.send(TASKS, task("s-5", rollout=matrix(*prompts, control="c0")))
+    assert "candidate 'c1' cannot be admitted: capacity" in await refusal(h)  # its 2nd sibling
+    fits = matrix(prompts[0], {"name": "cur", "version": "current"}, control="cur")
+    await h.send(TASKS, task("s-6", rollout=fits))  # nothing of the refused group is held
+    spawned = [m for _, m in map(decoded, await h.take()) if isinstance(m, RunSpawned)]
+    assert len(spawned) == 3
+
+
 async def test_a_matrix_whose_worst_case_passes_the_dollar_ceiling_is_refused_whole(
     tmp_path: Path,
 ) -> None:

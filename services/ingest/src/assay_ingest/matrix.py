@@ -1,22 +1,23 @@
 """A rollout group's candidate matrix at ingest (§11.1 `ReplayTournament`, DESIGN §13).
 
 A task whose rollout spec carries `candidates` runs N variants of its workflow
-on the same input — stored versions, a model, prompts — one sibling each, with
-purpose `replay`. Ingest admits the matrix whole or refuses it whole, at
-submission:
+on the same input — stored versions, a model, prompts — each as `samples`
+consecutive siblings (default one), with purpose `replay`. Ingest admits the
+matrix whole or refuses it whole, at submission:
 
 - **Resolution.** Each candidate becomes the definition its sibling runs: a
   stored version of the workflow (its hash, a prefix naming one, or `current`),
   or the current version with every model step calling another model, or with
   new prompts (a derived definition, content-addressed like any version). The
   control is the candidate named `control`, else the one that is the current
-  version, else the current version added as an implicit last candidate.
-- **Cost, declared.** Each candidate's per-run maxima (model calls, tokens, US
+  version, else the current version added as an implicit last candidate running
+  as many siblings as the most any candidate runs.
+- **Cost, declared.** Every sibling's per-run maxima (model calls, tokens, US
   dollars) add up to the group's `MatrixEstimate`. The group's caps must cover
-  every candidate at the largest per-run maximum (what spawning holds each
-  start to), every candidate's run must fit the declared capacity (§14.2), and
-  every candidate's model calls are reserved against the tenant's replay
-  ceiling (§12.4) — all in the commit that admits the group.
+  every sibling at the largest per-run maximum (what spawning holds each start
+  to), every sibling's run must fit the declared capacity (§14.2), and every
+  sibling's model calls are reserved against the tenant's replay ceiling (§12.4)
+  — all in the commit that admits the group.
 - **Refusal.** The first candidate that does not fit refuses the task: `Refused`
   names it and why, the message goes to `assay.dlq.ingest`, and nothing is
   recorded — no group, no reservation, no capacity held.
@@ -33,11 +34,18 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from assay.engine import StepNotExecutable, check_executable
-from assay.grading.replay import METER_STREAM, admit, meter_of
+from assay.grading.replay import METER_STREAM, admit, meter_of, reserved_today
 from assay.kernel import Lsn, Refused, RunId, WorkflowVersion, run_id_from
 from assay.kernel.spend import Spend, micro_usd
 from assay.messages import Purpose, Role, RolloutSpec, TaskSubmitted
-from assay.messages.candidates import CURRENT, Candidate, MatrixEstimate, PlannedCandidate
+from assay.messages.candidates import (
+    CURRENT,
+    MAX_SIBLINGS,
+    Candidate,
+    MatrixEstimate,
+    PlannedCandidate,
+    sibling_owner,
+)
 from assay.record import BranchKey, Event, LogRecord, ReadModel, StateDelta
 from assay.workflow import ModelStep, ResourceSpec, WorkflowDef, WorkflowInvalid, validate
 from assay_ingest.ingesting import IngestUnitOfWork
@@ -48,12 +56,17 @@ from assay_ingest.versions import StoredDefinition, resolve
 
 class MatrixAdmitted(Event):
     """A rollout group's candidate matrix was admitted whole: each candidate's plan and
-    the definition its sibling runs, and the cost declared."""
+    the definition its siblings run, and the cost declared.
+
+    Version 2: a candidate may run several siblings (`PlannedCandidate.samples`).
+    """
 
     type: ClassVar[str] = "MatrixAdmitted"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     group: str = Field(description="The task's idempotency key.")
-    candidates: list[PlannedCandidate] = Field(description="Every candidate, by sibling index.")
+    candidates: list[PlannedCandidate] = Field(
+        description="Every candidate, in the order of its siblings' indexes."
+    )
     definitions: dict[str, dict[str, Any]] = Field(
         description="The IR each candidate runs, by version (derived variants included)."
     )
@@ -128,8 +141,13 @@ class AdmittedMatrix:
 
     @property
     def candidates(self) -> list[PlannedCandidate]:
-        """Every candidate, by sibling index."""
+        """Every candidate, in the order of its siblings' indexes."""
         return self.matrix.candidates
+
+    @property
+    def siblings(self) -> int:
+        """The siblings the matrix runs: every candidate's `samples` added up."""
+        return sum(p.samples for p in self.candidates)
 
     @property
     def estimate(self) -> MatrixEstimate:
@@ -143,21 +161,23 @@ async def admit_matrix(
     alloc: Allocation,
     run_id_of: Callable[[int], RunId],
 ) -> AdmittedMatrix:
-    """Resolve, cost, hold and reserve every candidate of `msg`'s matrix, and record it.
+    """Resolve, cost, hold and reserve every sibling of every candidate of `msg`'s matrix,
+    and record it.
 
     Raises:
         Refused: a candidate names no stored version of the workflow, cannot be derived,
             or does not fit the group's budget, the declared capacity or the tenant's
-            replay ceiling; the reason names it. Nothing is recorded or held.
+            replay ceiling, or the implicit control would take the group past its most
+            siblings; the reason names it. Nothing is recorded or held.
     """
     spec = msg.rollout
     assert spec is not None
     assert spec.candidates is not None
     resolved, control = await _resolve(uow, msg, alloc, spec)
-    plans = [_plan(i, r, spec, control) for i, r in enumerate(resolved)]
+    plans = _plans(resolved, spec, control)
     per_run = max(p.max_model_calls for p in plans)
     _check_budget(spec, plans, per_run)
-    _hold_capacity(uow, resolved, run_id_of)
+    _hold_capacity(uow, resolved, plans, run_id_of)
     estimate = await _reserve_replay(uow, spec, plans, resolved)
     definitions = {
         r.workflow.version: r.workflow.model_dump(mode="json", by_alias=True) for r in resolved
@@ -179,8 +199,9 @@ async def sibling_plan(
     admitted: RolloutMatrix | None = None,
 ) -> SiblingPlan:
     """What the group's sibling `index` runs: for a matrix (`admitted` in the commit that
-    admits it, else as recorded), its candidate's definition (purpose `replay`; the control
-    as current, the others as challengers of it); else the group's version."""
+    admits it, else as recorded), the definition of the candidate it is a sibling of
+    (purpose `replay`; the control as current, the others as challengers of it); else the
+    group's version."""
     if not matrix:
         stored = await uow.get(StoredDefinition, version)
         assert stored is not None, "a routed version is always stored"
@@ -190,7 +211,7 @@ async def sibling_plan(
         return SiblingPlan(wf, stored.definition, children, Role.CURRENT, Purpose.WORK, calls)
     doc = admitted or await uow.get(RolloutMatrix, key)
     assert doc is not None, "a matrix group's matrix is recorded when it is admitted"
-    plan = doc.candidates[index]
+    plan = doc.candidates[sibling_owner([c.samples for c in doc.candidates], index)]
     definition = doc.definitions[plan.workflow_version]
     wf = WorkflowDef.model_validate(definition)
     control = next(c for c in doc.candidates if c.control)
@@ -297,7 +318,31 @@ def _model_steps(wf: WorkflowDef) -> list[ModelStep]:
     return [s for s in wf.steps if isinstance(s, ModelStep)]
 
 
-def _plan(index: int, r: Resolved, spec: RolloutSpec, control: str) -> PlannedCandidate:
+def _plans(resolved: list[Resolved], spec: RolloutSpec, control: str) -> list[PlannedCandidate]:
+    """Every candidate's plan, its siblings numbered on from the previous candidate's; the
+    implicit control runs as many siblings as the most any candidate runs.
+
+    Raises:
+        Refused: the implicit control takes the group past its most siblings.
+    """
+    most = max((r.candidate.samples for r in resolved if r.candidate is not None), default=1)
+    plans: list[PlannedCandidate] = []
+    index = 0
+    for r in resolved:
+        samples = most if r.candidate is None else r.candidate.samples
+        if index + samples > MAX_SIBLINGS:
+            raise Refused(
+                f"candidate {r.name!r} cannot be admitted: its {samples} sibling(s) take the "
+                f"group to {index + samples} siblings, more than a group's {MAX_SIBLINGS}"
+            )
+        plans.append(_plan(index, samples, r, spec, control))
+        index += samples
+    return plans
+
+
+def _plan(
+    index: int, samples: int, r: Resolved, spec: RolloutSpec, control: str
+) -> PlannedCandidate:
     budget = spec.budget
     calls = r.workflow.budget.max_model_calls
     if budget.run_max_model_calls is not None:
@@ -305,6 +350,7 @@ def _plan(index: int, r: Resolved, spec: RolloutSpec, control: str) -> PlannedCa
     return PlannedCandidate(
         name=r.name,
         index=index,
+        samples=samples,
         kind="version" if r.candidate is None else r.candidate.kind,
         variant=r.variant,
         workflow_version=r.workflow.version,
@@ -317,8 +363,8 @@ def _plan(index: int, r: Resolved, spec: RolloutSpec, control: str) -> PlannedCa
 
 
 def _check_budget(spec: RolloutSpec, plans: list[PlannedCandidate], per_run: int) -> None:
-    """Refuse a matrix whose group caps do not cover every candidate at the largest
-    per-run maximum (so no start is ever held back), naming the first left out."""
+    """Refuse a matrix whose group caps do not cover every sibling at the largest per-run
+    maximum (so no start is ever held back), naming the candidate of the first left out."""
     budget = spec.budget
     limits: list[tuple[str, int]] = []
     if budget.group_max_model_calls is not None:
@@ -328,28 +374,35 @@ def _check_budget(spec: RolloutSpec, plans: list[PlannedCandidate], per_run: int
     if budget.group_max_cost_usd is not None and budget.run_max_cost_usd is not None:
         held = Decimal(repr(budget.group_max_cost_usd)) // Decimal(repr(budget.run_max_cost_usd))
         limits.append(("group_max_cost_usd", int(held)))
+    siblings = sum(p.samples for p in plans)
     for cap, fits in limits:
-        if fits < len(plans):
+        if fits < siblings:
+            left_out = plans[sibling_owner([p.samples for p in plans], fits)].name
+            what = "candidates" if siblings == len(plans) else "siblings"
             raise Refused(
-                f"candidate {plans[fits].name!r} cannot be admitted: the group's {cap} covers "
-                f"{fits} of the {len(plans)} candidates at the per-run maximum"
+                f"candidate {left_out!r} cannot be admitted: the group's {cap} covers "
+                f"{fits} of the {siblings} {what} at the per-run maximum"
             )
 
 
 def _hold_capacity(
-    uow: IngestUnitOfWork, resolved: list[Resolved], run_id_of: Callable[[int], RunId]
+    uow: IngestUnitOfWork,
+    resolved: list[Resolved],
+    plans: list[PlannedCandidate],
+    run_id_of: Callable[[int], RunId],
 ) -> None:
-    """Hold every candidate's run against the declared capacity (§14.2), or none."""
+    """Hold every sibling's run against the declared capacity (§14.2), or none."""
     admission = uow.deps.admission
     held: list[str] = []
-    for i, r in enumerate(resolved):
-        run = str(run_id_of(i))
-        why = admission.admit(run, r.workflow, uow)
-        if why is not None:
-            for other in held:
-                admission.release(other)
-            raise Refused(f"candidate {r.name!r} cannot be admitted: {why}")
-        held.append(run)
+    for r, plan in zip(resolved, plans, strict=True):
+        for i in plan.indexes:
+            run = str(run_id_of(i))
+            why = admission.admit(run, r.workflow, uow)
+            if why is not None:
+                for other in held:
+                    admission.release(other)
+                raise Refused(f"candidate {r.name!r} cannot be admitted: {why}")
+            held.append(run)
     for run in held:  # spawned, each lets go when its run stops executing
         uow.on_discard(functools.partial(admission.release, run))
 
@@ -387,7 +440,7 @@ async def _reserve_replay(
     plans: list[PlannedCandidate],
     resolved: list[Resolved],
 ) -> MatrixEstimate:
-    """Reserve every candidate's worst case against the tenant's replay ceiling, or none
+    """Reserve every sibling's worst case against the tenant's replay ceiling, or none
     (the meter is compare-and-swapped like a shadow run's reservation)."""
     doc = await uow.get(ReplayMeter, METER_KEY)
     head = Lsn(0) if doc is None else doc.next
@@ -396,18 +449,24 @@ async def _reserve_replay(
     limit = uow.deps.replay.limit_for(str(uow.tenant))
     for plan, r in zip(plans, resolved, strict=True):
         worst = _worst(uow, plan, r)
-        why = no_room(worst, meter, limit)
-        if not admit(meter, worst, limit):
+        if not limit.admits(reserved_today(meter) + worst * plan.samples):
+            whose = "its" if plan.samples == 1 else f"its {plan.samples} siblings'"
+            why = no_room(worst * plan.samples, meter, limit, whose=whose)
             raise Refused(f"candidate {plan.name!r} cannot be admitted: {why}")
+        for _ in plan.indexes:  # each sibling a replay run of its own on the meter
+            reserved = admit(meter, worst, limit)
+            assert reserved, "its siblings together were found to fit"
     key = BranchKey.main(uow.tenant, METER_STREAM)
     uow.expect(key, head)  # another task of the tenant reserved first: read it again
     uow.record(key, ReplayMetered(meter=meter))
     budget = spec.budget
+    siblings = sum(p.samples for p in plans)
+    calls = sum(p.max_model_calls * p.samples for p in plans)
     return MatrixEstimate(
-        model_calls=sum(p.max_model_calls for p in plans),
-        tokens=None if budget.run_max_tokens is None else budget.run_max_tokens * len(plans),
+        model_calls=calls,
+        tokens=None if budget.run_max_tokens is None else budget.run_max_tokens * siblings,
         cost_usd=None
         if budget.run_max_cost_usd is None
-        else float(Decimal(repr(budget.run_max_cost_usd)) * len(plans)),
-        replay_calls=sum(p.max_model_calls for p in plans),
+        else float(Decimal(repr(budget.run_max_cost_usd)) * siblings),
+        replay_calls=calls,
     )

@@ -144,10 +144,11 @@ def worst_run(definition: WorkflowDef, calls: int, admission: Admission, prices:
     return worst_case(calls, admission.context_tokens(definition), prices.worst_per_mtok)
 
 
-def no_room(worst: Spend, meter: dict[str, Any], limit: SpendLimit) -> str:
-    """Why a run's worst case does not fit under the tenant's replay ceiling, in numbers."""
+def no_room(worst: Spend, meter: dict[str, Any], limit: SpendLimit, *, whose: str = "its") -> str:
+    """Why a run's worst case (or `whose`: several runs' together) does not fit under the
+    tenant's replay ceiling, in numbers."""
     return (
-        f"its worst case ({_amount(worst)}) does not fit under the tenant's replay ceiling "
+        f"{whose} worst case ({_amount(worst)}) does not fit under the tenant's replay ceiling "
         f"of {limit.describe()} a day ({_amount(reserved_today(meter))} reserved today)"
     )
 

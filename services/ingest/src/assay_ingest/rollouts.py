@@ -133,7 +133,8 @@ class RolloutGroup(ReadModel):
     reason: Literal["completed", "cancelled", "deadline"]
     detail: str
     candidates: list[PlannedCandidate] | None = None
-    """A candidate matrix's candidates, by sibling index (None: homogeneous siblings)."""
+    """A candidate matrix's candidates, in the order of their siblings' indexes (None:
+    homogeneous siblings)."""
     estimate: MatrixEstimate | None = None
     """A candidate matrix's cost, declared at submission."""
 
@@ -253,7 +254,7 @@ async def admit(
     if spec.candidates is not None:  # admitted whole, or `Refused` naming a candidate
         run_id_of = functools.partial(sibling_run_id, at_ms, uow.envelope.id)
         matrix = await admit_matrix(uow, msg, alloc, run_id_of)
-        per_run, admitted = matrix.per_run, len(matrix.candidates)
+        per_run, admitted = matrix.per_run, matrix.siblings
     else:
         per_run = WorkflowDef.model_validate(alloc.definitions[version]).budget.max_model_calls
         if budget.run_max_model_calls is not None:

@@ -144,6 +144,12 @@ def _task_accepted_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "cut": [], "replay_calls": 0}
 
 
+@INGEST_EVENTS.upcaster("MatrixAdmitted", 1)
+def _matrix_admitted_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1: every candidate ran one sibling (`samples` 1); it reads as it is."""
+    return dict(payload)
+
+
 def fold_ingest(record: LogRecord) -> list[StateDelta]:
     """Definitions, latest version per workflow, allocations and accepted tasks."""
     t = record.key.tenant

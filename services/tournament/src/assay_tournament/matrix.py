@@ -1,20 +1,26 @@
 """Ranking a candidate matrix (§11.1 `ReplayTournament`): one fit, control pinned.
 
-Every candidate's sibling ran the same task. The candidates are ranked in one
-Bradley-Terry fit with the Davidson tie term, the control's strength pinned to
-zero, from two kinds of comparison:
+Every candidate's siblings (`samples` of them, default one) ran the same task.
+The candidates are ranked in one Bradley-Terry fit with the Davidson tie term,
+the control's strength pinned to zero, whose players are the candidates: every
+comparison between siblings of two candidates counts for those two candidates,
+so a candidate's strength pools its siblings' comparisons and its interval
+narrows as it runs more. The comparisons are of two kinds:
 
-- **Verifier-decided.** A candidate every verifier passed beats one that failed
+- **Verifier-decided.** A sibling every verifier passed beats one that failed
   (§11.8: by definition, never shown to a judge), counted as a bout both of
   whose orderings it won.
 - **Judged.** Within each outcome class, a Swiss tournament (both orderings)
-  among the candidates of that class, as a rollout group's selection runs it.
+  among the siblings of that class, as a rollout group's selection runs it;
+  siblings of one candidate are paired only when the round cannot avoid it, and
+  such a bout ranks nothing.
 
-A capped candidate (`Core` violation) or one cancelled before verification is
-not ranked. The winner is the strongest of the best outcome class — the
-recorded policy `verifier_then_judge` — with equal strengths falling to the
-lowest index. Judge calls are metered as the group's selection's (purpose
-`rollout`); the candidates' own runs were metered as `replay`.
+A capped sibling (`Core` violation) or one cancelled before verification is not
+ranked. The winner is a sibling of the strongest candidate of the best outcome
+class — the recorded policy `verifier_then_judge` — its lowest index in that
+class, with equal strengths falling to the lowest index. Each ranked sibling's
+score is its candidate's. Judge calls are metered as the group's selection's
+(purpose `rollout`); the candidates' own runs were metered as `replay`.
 """
 
 from __future__ import annotations
@@ -65,16 +71,22 @@ class MatrixRanking:
 async def rank_matrix(
     s: Scoring, judge: Judge, msg: RolloutClosed, contenders: list[Contender]
 ) -> MatrixRanking:
-    """Rank every verified, uncapped candidate against the pinned control; select."""
+    """Rank every candidate with a verified, uncapped sibling against the pinned control;
+    select."""
     assert msg.candidates is not None
-    plans = {p.index: p for p in msg.candidates}
+    plans = {i: p for p in msg.candidates for i in p.indexes}
     control = next(p for p in msg.candidates if p.control)
     eligible = [c for c in contenders if not c.capped and c.episode is not None]
-    seen = await _comparisons(s, judge, msg, eligible)
-    scores = _fit(seen, eligible, plans)
+    seen = await _comparisons(s, judge, msg, eligible, plans)
+    strengths = _fit(seen, eligible, plans)
+    scores = {
+        c.verified.run.run_id: strengths[plans[c.index].name]
+        for c in eligible
+        if plans[c.index].name in strengths
+    }
     passing = [c for c in eligible if c.verified.passed]
     best = passing or eligible
-    winner, decided_by, evidence = _winner(msg, best, scores, plans, seen.asked)
+    winner, decided_by, evidence = _winner(msg, best, strengths, plans, seen.asked)
     record = SelectionRecord(
         policy=msg.spec.selection.name,
         policy_version=msg.spec.selection.policy_version,
@@ -83,15 +95,16 @@ async def rank_matrix(
         judge_calls=seen.asked - seen.unanswered,
         judge_failures=seen.unanswered,
     )
-    lines = _lines(msg, contenders, scores)
+    lines = _lines(msg, contenders, strengths)
     return MatrixRanking(scores, record, winner, lines, control.name)
 
 
 @dataclass
 class Comparisons:
-    """Every comparison of the matrix: the counts the fit reads; by contender, those
-    decided (by a verifier or an answered judge call) and those the judge left unanswered;
-    the judge calls asked and left unanswered."""
+    """Every comparison of the matrix between two candidates' siblings, as the counts the
+    fit reads (by candidate); by candidate, those decided (by a verifier or an answered
+    judge call) and those the judge left unanswered; the judge calls asked and left
+    unanswered (a bout of two siblings of one candidate included)."""
 
     counts: list[PairCount]
     answered: dict[str, int]
@@ -101,46 +114,69 @@ class Comparisons:
 
 
 async def _comparisons(
-    s: Scoring, judge: Judge, msg: RolloutClosed, eligible: list[Contender]
+    s: Scoring,
+    judge: Judge,
+    msg: RolloutClosed,
+    eligible: list[Contender],
+    plans: dict[int, PlannedCandidate],
 ) -> Comparisons:
-    """The verifier-decided counts, then each outcome class's judged bouts."""
+    """The verifier-decided counts, then each outcome class's judged bouts, each between
+    two siblings counted for their candidates."""
+    of = {c.name: plans[c.index].name for c in eligible}
     counts: list[PairCount] = []
-    answered = {c.name: 0 for c in eligible}
-    failed = {c.name: 0 for c in eligible}
+    answered = dict.fromkeys(of.values(), 0)
+    failed = dict.fromkeys(of.values(), 0)
     seen = Comparisons(counts, answered, failed)
     for p in (c for c in eligible if c.verified.passed):
         for f in (c for c in eligible if not c.verified.passed):
-            counts.append(PairCount(p.name, f.name, 2.0, 0.0, 0.0))  # §11.8: pass beats fail
-            answered[p.name] += 2
-            answered[f.name] += 2
+            if of[p.name] == of[f.name]:
+                continue  # one candidate's pass and fail: no evidence between candidates
+            counts.append(PairCount(of[p.name], of[f.name], 2.0, 0.0, 0.0))  # §11.8
+            answered[of[p.name]] += 2
+            answered[of[f.name]] += 2
     for outcome in (True, False):
         group = [c for c in eligible if c.verified.passed is outcome]
-        if len(group) < 2 or s.meter.exhausted(s.uow.tenant):
+        if len({of[c.name] for c in group}) < 2 or s.meter.exhausted(s.uow.tenant):
             continue
-        bouts, asked = await _judged(s, judge, msg, group, "pass" if outcome else "fail")
+        bouts, asked = await _judged(s, judge, msg, group, "pass" if outcome else "fail", of)
         seen.asked += asked
         for bout in bouts:
+            a, b = of[bout.a], of[bout.b]
+            seen.unanswered += (bout.first is None) + (bout.second is None)
+            if a == b:
+                continue  # two siblings of one candidate: it ranks nothing
             count = bout.count()
             if count.a_wins + count.b_wins + count.draws > 0:
-                counts.append(count)
+                counts.append(PairCount(a, b, count.a_wins, count.b_wins, count.draws))
             for verdict in (bout.first, bout.second):
                 tally = answered if verdict is not None else failed
-                tally[bout.a] += 1
-                tally[bout.b] += 1
-                seen.unanswered += verdict is None
+                tally[a] += 1
+                tally[b] += 1
     return seen
 
 
 async def _judged(
-    s: Scoring, judge: Judge, msg: RolloutClosed, group: list[Contender], outcome: str
+    s: Scoring,
+    judge: Judge,
+    msg: RolloutClosed,
+    group: list[Contender],
+    outcome: str,
+    of: dict[str, str],
 ) -> tuple[list[Bout], int]:
-    """One outcome class's Swiss tournament (both orderings): its bouts and calls asked."""
+    """One outcome class's Swiss tournament (both orderings), siblings of one candidate
+    kept apart while the round allows: its bouts and calls asked."""
     meter = s.meter
     sinks = {
         c.verified.run.run_id: meter.sink(c.verified.run.run_id, JudgePurpose.ROLLOUT)
         for c in group
     }
     workflow = _workflow(group)
+    kin = [
+        frozenset((a.name, b.name))
+        for i, a in enumerate(group)
+        for b in group[i + 1 :]
+        if of[a.name] == of[b.name]
+    ]
     played = await run_tournament(
         [Entrant(name=c.name, episode=c.episode, control=False) for c in group if c.episode],
         judge,
@@ -148,6 +184,7 @@ async def _judged(
         seed=f"{s.uow.tenant}/replay/{msg.idempotency_key}/{outcome}",
         prior_precision=workflow.grading.precision,
         on_usage=lambda shown, usage: sinks[RunId(shown)](usage),
+        apart=kin,
     )
     for failure in played.failures:
         meter.failed(RunId(failure.billed_to), JudgePurpose.ROLLOUT, failure.reason)
@@ -163,29 +200,49 @@ def _workflow(group: list[Contender]) -> WorkflowDef:
 
 def _fit(
     seen: Comparisons, eligible: list[Contender], plans: dict[int, PlannedCandidate]
-) -> dict[RunId, Ranked]:
-    """One Bradley-Terry-Davidson fit over every comparison, the control pinned to zero
-    when it was compared (else the mean, and `anchored` says so)."""
+) -> dict[str, Ranked]:
+    """One Bradley-Terry-Davidson fit over every comparison, by candidate, the control
+    pinned to zero when it was compared (else the mean, and `anchored` says so)."""
     counts, answered, failed = seen.counts, seen.answered, seen.failed
-    players = [c.name for c in eligible if answered[c.name] > 0]
+    return fit_candidates(
+        counts,
+        answered,
+        failed,
+        control=next(p.name for p in plans.values() if p.control),
+        prior_precision=_workflow(eligible).grading.precision if eligible else 0.0,
+    )
+
+
+def fit_candidates(
+    counts: list[PairCount],
+    answered: dict[str, int],
+    failed: dict[str, int],
+    *,
+    control: str,
+    prior_precision: float,
+) -> dict[str, Ranked]:
+    """The candidates' strengths from their pooled counts: one Bradley-Terry-Davidson fit
+    over every candidate with an answered comparison (`answered`: by candidate), `control`
+    pinned to zero when it is one of them (else their mean, not `anchored`)."""
+    players = [name for name, n in answered.items() if n > 0]
     if not counts or len(players) < 2:
         return {}
-    controls = [c.name for c in eligible if plans[c.index].control and c.name in players]
+    anchored = control in players
     result = fit(
         counts,
-        anchor=controls or players,
-        prior_precision=_workflow(eligible).grading.precision,
+        anchor=[control] if anchored else players,
+        prior_precision=prior_precision,
         ties=Ties.DAVIDSON,
         players=players,
     )
     return {
-        RunId(name): Ranked(
+        name: Ranked(
             strength=st.strength,
             interval=st.interval,
-            group_size=len(eligible),
-            anchored=bool(controls),
+            group_size=len(answered),
+            anchored=anchored,
             comparisons=answered[name],
-            comparisons_failed=failed[name],
+            comparisons_failed=failed.get(name, 0),
         )
         for name, st in result.strengths.items()
     }
@@ -194,67 +251,65 @@ def _fit(
 def _winner(
     msg: RolloutClosed,
     best: list[Contender],
-    scores: dict[RunId, Ranked],
+    strengths: dict[str, Ranked],
     plans: dict[int, PlannedCandidate],
     asked: int,
 ) -> tuple[RunId | None, Literal["verifier", "judge", "index", "none"], str]:
-    """The strongest of the best outcome class (ties to the lowest index), who decided it,
-    and the evidence."""
+    """A sibling of the strongest candidate of the best outcome class (its lowest index
+    there; equal strengths to the lowest index), who decided it, and the evidence."""
     if msg.spec.mode == "trajectory_collection" or not best:
         return None, "none", "no candidate was verified without a Core violation"
     how = "passed" if best[0].verified.passed else "failed"
-    if len(best) == 1:
-        only = best[0]
+    first = min(best, key=lambda c: c.index)
+    shown = sorted({plans[c.index].index: plans[c.index] for c in best}.items())
+    classed = [plan for _, plan in shown]
+    if len(classed) == 1:
         return (
-            only.verified.run.run_id,
+            first.verified.run.run_id,
             "verifier",
-            f"candidate {plans[only.index].name!r} alone {how} without a Core violation; "
-            + _shown(scores, plans, best),
+            f"candidate {classed[0].name!r} alone {how} without a Core violation; "
+            + _shown(strengths, classed),
         )
-    ranked = [c for c in best if c.verified.run.run_id in scores]
+    ranked = [c for c in best if plans[c.index].name in strengths]
     if not ranked:
-        first = min(best, key=lambda c: c.index)
         why = f"the judge answered none of {asked} comparisons" if asked else "no judge call"
         return first.verified.run.run_id, "index", f"{why}: the lowest index of the best class"
-    top = max(scores[c.verified.run.run_id].strength for c in ranked)
+    top = max(strengths[plans[c.index].name].strength for c in ranked)
     leaders = sorted(
-        (c for c in ranked if top - scores[c.verified.run.run_id].strength < TIE),
+        (c for c in ranked if top - strengths[plans[c.index].name].strength < TIE),
         key=lambda c: c.index,
     )
-    tie = "tie broken by the lowest index" if len(leaders) > 1 else "the strongest won"
-    evidence = f"{len(best)} candidates {how}; {_shown(scores, plans, best)}; {tie}"
-    return leaders[0].verified.run.run_id, "index" if len(leaders) > 1 else "judge", evidence
+    tied = len({plans[c.index].name for c in leaders}) > 1
+    tie = "tie broken by the lowest index" if tied else "the strongest won"
+    evidence = f"{len(classed)} candidates {how}; {_shown(strengths, classed)}; {tie}"
+    return leaders[0].verified.run.run_id, "index" if tied else "judge", evidence
 
 
-def _shown(
-    scores: dict[RunId, Ranked], plans: dict[int, PlannedCandidate], shown: list[Contender]
-) -> str:
+def _shown(strengths: dict[str, Ranked], shown: list[PlannedCandidate]) -> str:
     parts = []
-    for c in sorted(shown, key=lambda c: c.index):
-        r = scores.get(c.verified.run.run_id)
+    for plan in shown:
+        r = strengths.get(plan.name)
         if r is not None:
             lo, hi = r.interval
-            parts.append(f"{plans[c.index].name} {r.strength:+.3f} [{lo:+.2f}, {hi:+.2f}]")
+            parts.append(f"{plan.name} {r.strength:+.3f} [{lo:+.2f}, {hi:+.2f}]")
     if not parts:
         return "no Bradley-Terry strength"
     return "Bradley-Terry strengths against the control: " + ", ".join(parts)
 
 
 def _lines(
-    msg: RolloutClosed, contenders: list[Contender], scores: dict[RunId, Ranked]
+    msg: RolloutClosed, contenders: list[Contender], strengths: dict[str, Ranked]
 ) -> list[CandidateResult]:
-    """Each candidate's line: strength, rank (1 = strongest; equal strengths share one),
-    pass rate over its verified siblings."""
+    """Each candidate's line over all its siblings: strength, rank (1 = strongest; equal
+    strengths share one), pass rate over its verified siblings."""
     assert msg.candidates is not None
-    strengths = sorted({round(r.strength, 9) for r in scores.values()}, reverse=True)
+    ordered = sorted({round(r.strength, 9) for r in strengths.values()}, reverse=True)
     lines = []
     for plan in msg.candidates:
-        runs = [msg.runs[plan.index]] if plan.index < len(msg.runs) else []
-        ran = [c for c in contenders if c.index == plan.index]
+        runs = [msg.runs[i] for i in plan.indexes if i < len(msg.runs)]
+        ran = [c for c in contenders if c.index in plan.indexes]
         passes = sum(1 for c in ran if c.verified.passed)
-        score = next(
-            (scores[c.verified.run.run_id] for c in ran if c.verified.run.run_id in scores), None
-        )
+        score = strengths.get(plan.name)
         lines.append(
             CandidateResult(
                 name=plan.name,
@@ -262,13 +317,14 @@ def _lines(
                 variant=plan.variant,
                 workflow_version=plan.workflow_version,
                 control=plan.control,
+                samples=plan.samples,
                 runs=runs,
                 verified=len(ran),
                 passes=passes,
                 pass_rate=passes / len(ran) if ran else None,
                 capped=any(c.capped for c in ran),
                 strength=score,
-                rank=None if score is None else strengths.index(round(score.strength, 9)) + 1,
+                rank=None if score is None else ordered.index(round(score.strength, 9)) + 1,
             )
         )
     return lines

@@ -191,10 +191,11 @@ def _parser() -> argparse.ArgumentParser:
         dest="candidates",
         action="append",
         default=None,
-        metavar="[NAME:]KIND=VALUE",
+        metavar="[NAME][*K]:KIND=VALUE",
         help=(
             "run each task as a replay tournament: one candidate per flag (version=HASH|current,"
-            " model=NAME, prompt=TEMPLATE or prompt.STEP=TEMPLATE)"
+            " model=NAME, prompt=TEMPLATE or prompt.STEP=TEMPLATE), running K siblings"
+            " (default 1)"
         ),
     )
     submit.add_argument(

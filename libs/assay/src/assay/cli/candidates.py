@@ -1,7 +1,8 @@
 """A candidate matrix from the command line (`assay submit --candidate/--candidates`).
 
-A `--candidate` flag is `[NAME:]KIND=VALUE`: `version=current`, `v2:version=3f9a…`,
-`big:model=gpt-4o`, `prompt=Think step by step: {{ task.question }}`, or
+A `--candidate` flag is `[NAME][*K]:KIND=VALUE` (the prefix may be left out):
+`version=current`, `v2:version=3f9a…`, `big*3:model=gpt-4o` (three siblings),
+`*5:version=current`, `prompt=Think step by step: {{ task.question }}`, or
 `prompt.STEP=TEMPLATE` for one model step of several. A `--candidates` file (YAML
 or JSON) is a list of candidates, or a rollout spec holding `candidates` (and
 `control`, `budget`, `mode`…). Either is attached to every task submitted.
@@ -23,16 +24,22 @@ KINDS = ("version", "model", "prompt")
 
 
 def parse_candidate(flag: str) -> dict[str, Any]:
-    """One `--candidate` flag as a candidate document.
+    """One `--candidate` flag as a candidate document (`*K`: it runs K siblings).
 
     Raises:
-        AssayError: no `=`, or a kind other than version, model, prompt or prompt.STEP.
+        AssayError: no `=`, a kind other than version, model, prompt or prompt.STEP, or a
+            K that is not a whole number (its range is the matrix's to check).
     """
     left, sep, value = flag.partition("=")
     if not sep or not value:
-        raise AssayError(f"--candidate {flag!r}: expected [NAME:]KIND=VALUE")
-    name, _, kind = left.rpartition(":")
+        raise AssayError(f"--candidate {flag!r}: expected [NAME][*K]:KIND=VALUE")
+    prefix, _, kind = left.rpartition(":")
+    name, star, samples = prefix.partition("*")
     doc: dict[str, Any] = {"name": name} if name else {}
+    if star:
+        if not samples.isdecimal():
+            raise AssayError(f"--candidate {flag!r}: K in NAME*K is a whole number of siblings")
+        doc["samples"] = int(samples)
     if kind.startswith("prompt.") and len(kind) > len("prompt."):
         return {**doc, "prompt": {kind.removeprefix("prompt."): value}}
     if kind not in KINDS:

@@ -21,7 +21,7 @@ group is then fitted against its own mean and says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from assay.grading.bt import PairCount, Ties, fit
@@ -157,9 +157,12 @@ async def run_tournament(
     prior_precision: float,
     on_usage: EntrantSink | None = None,
     rounds: int | None = None,
+    apart: Collection[frozenset[str]] = (),
 ) -> TournamentOutcome:
     """Pair, judge and fit one group of at least two entrants, in `rounds` Swiss rounds
-    (None: all ⌈log₂ G⌉; fewer downsample the group, never more).
+    (None: all ⌈log₂ G⌉; fewer downsample the group, never more). The pairs in `apart`
+    (e.g. two siblings of one candidate, whose bout ranks nothing) count as met already:
+    they meet only when no pairing of the round avoids it.
 
     Raises:
         ValueError: fewer than two entrants, two with one name, or `rounds` < 1.
@@ -173,7 +176,7 @@ async def run_tournament(
         raise ValueError("a tournament needs at least two entrants with distinct names")
     by_name = {e.name: e for e in entrants}
     points = dict.fromkeys(names, 0.0)
-    met: set[frozenset[str]] = set()
+    met: set[frozenset[str]] = set(apart)
     byes: list[str] = []
     bouts: list[Bout] = []
     failures: list[JudgeFailure] = []

@@ -69,10 +69,12 @@ class TaskSubmitted(Versioned):
     `group_max_cost_usd`); a version 2 task reads as it is (no cost cap).
     Version 4 adds the rollout spec's candidate matrix (`candidates`, `control`); a version
     3 task reads as it is (a homogeneous group, or none).
+    Version 5 lets a candidate run several siblings (`Candidate.samples`); a version 4 task
+    reads as it is (each candidate runs one).
     """
 
     type: ClassVar[str] = "TaskSubmitted"
-    version: ClassVar[int] = 4
+    version: ClassVar[int] = 5
     tenant: TenantId = Field(description="Tenant submitting the task.")
     workflow_id: WorkflowId = Field(description="Workflow to run it with.")
     idempotency_key: str = Field(
@@ -724,4 +726,9 @@ def workflow_registered_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 
 def task_submitted_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
     """TaskSubmitted v3 -> v4: a version 3 rollout spec carries no candidate matrix."""
+    return dict(payload)
+
+
+def task_submitted_v4_to_v5(payload: dict[str, Any]) -> dict[str, Any]:
+    """TaskSubmitted v4 -> v5: a version 4 candidate runs one sibling (`samples` 1)."""
     return dict(payload)

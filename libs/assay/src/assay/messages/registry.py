@@ -54,6 +54,7 @@ from assay.messages.models import (
     task_submitted_v1_to_v2,
     task_submitted_v2_to_v3,
     task_submitted_v3_to_v4,
+    task_submitted_v4_to_v5,
     usage_recorded_v1_to_v2,
     usage_recorded_v2_to_v3,
     usage_recorded_v3_to_v4,
@@ -70,6 +71,7 @@ from assay.messages.rollouts import (
     RolloutResult,
     rollout_cost_unknown,
     rollout_homogeneous,
+    rollout_one_sample,
     rollout_result_v2_to_v3,
 )
 from assay.messages.task_mix import AcknowledgeDrift, TaskMixDrifted, TaskMixRebased
@@ -155,6 +157,9 @@ MESSAGES.upcaster("RolloutResult", 2)(rollout_result_v2_to_v3)
 MESSAGES.upcaster("RolloutClosed", 2)(rollout_homogeneous)
 MESSAGES.upcaster("RolloutResult", 3)(rollout_homogeneous)
 MESSAGES.upcaster("TaskSubmitted", 3)(task_submitted_v3_to_v4)
+MESSAGES.upcaster("TaskSubmitted", 4)(task_submitted_v4_to_v5)
+MESSAGES.upcaster("RolloutClosed", 3)(rollout_one_sample)
+MESSAGES.upcaster("RolloutResult", 4)(rollout_one_sample)
 MESSAGES.upcaster("RunResult", 5)(run_result_v5_to_v6)
 MESSAGES.upcaster("RunGraded", 7)(run_graded_v7_to_v8)
 for _carrier, _before in (

@@ -14,9 +14,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from assay.kernel.schema import Versioned
-from assay.messages.candidates import Candidate, check_matrix
+from assay.messages.candidates import MAX_SIBLINGS, Candidate, check_matrix
 
-MAX_ROLLOUT = 64
+MAX_ROLLOUT = MAX_SIBLINGS
 """The most sibling runs one rollout group may request."""
 
 RolloutMode = Literal["best_of_n", "evaluation", "trajectory_collection", "shadow"]
@@ -152,9 +152,10 @@ class RolloutSpec(Versioned):
         min_length=1,
         max_length=MAX_ROLLOUT - 1,
         description=(
-            "A candidate matrix (a replay tournament, §11.1): one sibling per candidate, each "
-            "a variant of the workflow, ranked against the control. n defaults to their number; "
-            "admitted whole or refused whole. Left out while unset."
+            "A candidate matrix (a replay tournament, §11.1): each candidate a variant of the "
+            "workflow running `samples` siblings (default 1), ranked against the control. n "
+            "defaults to their siblings added up; admitted whole or refused whole. Left out "
+            "while unset."
         ),
     )
     control: str | None = Field(
@@ -169,7 +170,12 @@ class RolloutSpec(Versioned):
     @classmethod
     def _n_defaults_to_the_matrix(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("n") is None and data.get("candidates"):
-            return {**data, "n": len(data["candidates"])}
+            siblings = _siblings(data["candidates"])
+            if siblings > MAX_ROLLOUT:
+                raise ValueError(
+                    f"the candidates run {siblings} siblings, more than a group's {MAX_ROLLOUT}"
+                )
+            return {**data, "n": siblings}
         return data
 
     @model_validator(mode="after")
@@ -191,6 +197,24 @@ class RolloutSpec(Versioned):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
+
+
+def _siblings(candidates: Any) -> int:
+    """The siblings a matrix as given runs: each candidate's `samples` (default 1) added up;
+    a `samples` that is not a whole number ≥ 1 counts 1 (its own validation refuses it)."""
+    if not isinstance(candidates, list):
+        return 0
+    total = 0
+    for c in candidates:
+        k = (
+            c.samples
+            if isinstance(c, Candidate)
+            else c.get("samples", 1)
+            if isinstance(c, dict)
+            else 1
+        )
+        total += k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
+    return total
 
 
 class RolloutRef(Versioned):

@@ -61,11 +61,12 @@ class RolloutClosed(Versioned):
 
     Version 2: the spec's budget may carry cost caps, and `cost_usd` (0.0 in a version 1).
     Version 3 carries a candidate matrix as admitted (`candidates`, `estimate`; None in a
-    version 2: a homogeneous group).
+    version 2: a homogeneous group). Version 4: a candidate may run several siblings
+    (`PlannedCandidate.samples`; each ran one in a version 3).
     """
 
     type: ClassVar[str] = "RolloutClosed"
-    version: ClassVar[int] = 3
+    version: ClassVar[int] = 4
     tenant: TenantId = Field(description="Tenant.")
     task_id: TaskId = Field(description="The task (the tournament partition's key).")
     idempotency_key: str = Field(description="The group's task key.")
@@ -142,10 +143,12 @@ class RolloutResult(Versioned):
     Version 4 reports a candidate matrix (a replay tournament): each candidate's strength
     against the control with its interval, its rank and its pass rate (`candidates`), the
     control, and the cost declared at submission (`estimate`); None in a version 3.
+    Version 5: a candidate may have run several siblings (`CandidateResult.samples`), its
+    counts and strength pooling them; in a version 4 each ran one.
     """
 
     type: ClassVar[str] = "RolloutResult"
-    version: ClassVar[int] = 4
+    version: ClassVar[int] = 5
     tenant: TenantId = Field(description="Tenant.")
     idempotency_key: str = Field(description="The submitting task's key.")
     task_id: TaskId = Field(description="The task's comparison key.")
@@ -207,4 +210,10 @@ def rollout_result_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
 def rollout_homogeneous(payload: dict[str, Any]) -> dict[str, Any]:
     """RolloutClosed v2 -> v3, RolloutResult v3 -> v4: every earlier group was
     homogeneous (no candidate matrix); it reads as it is."""
+    return dict(payload)
+
+
+def rollout_one_sample(payload: dict[str, Any]) -> dict[str, Any]:
+    """RolloutClosed v3 -> v4, RolloutResult v4 -> v5: every earlier candidate ran one
+    sibling (`samples` 1); it reads as it is."""
     return dict(payload)
