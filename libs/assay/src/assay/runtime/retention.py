@@ -110,6 +110,19 @@ RETENTION: tuple[Kept, ...] = (
         "nothing (Kafka deletes old segments)",
     ),
     Kept(
+        "bus",
+        "a deleted tenant's embedded bus records (but `assay.tenants`)",
+        "until every stage of the process holds the tenant's tombstone (one published after"
+        " that: 30 s, so its stage refuses it and its sender reads the dead letter)",
+        "a hole in the partition's offsets",
+    ),
+    Kept(
+        "bus",
+        "a deleted tenant's messages on Kafka (distributed mode)",
+        "the topics' `retention.ms`: Kafka cannot delete records by key",
+        "nothing (Kafka deletes old segments)",
+    ),
+    Kept(
         "ingest",
         "a task's admission (`task:<idempotency key>`, `task` documents)",
         RECORDS,
