@@ -27,7 +27,7 @@ from console import console_figures
 from engine import engine_figures
 from fleet import fleet_figures
 from pipeline import pipeline_figures
-from soak import soak_figures
+from soak import soak_figures, soak_pg_figures
 
 from assay.devstack import InfraUnavailable
 from assay.devstack.postgres import create_database, drop_database, resolve_postgres
@@ -367,6 +367,7 @@ SECTIONS = (
     "grading",
     "fleet",
     "soak",
+    "soak-pg",
     "console",
 )
 FIGURES_OF = {
@@ -379,9 +380,17 @@ FIGURES_OF = {
     "grading": ("sprt.", "bt."),
     "fleet": ("fleet.",),
     "soak": ("soak.",),
+    "soak-pg": ("soak.pg.",),
     "console": ("console.",),
 }
-"""The names each section's figures start with: `--write` replaces exactly those."""
+"""The names each section's figures start with: `--write` replaces exactly those (a
+figure is its longest prefix's: `soak.pg.*` is `soak-pg`'s, not `soak`'s)."""
+
+
+def section_of(figure: str) -> str | None:
+    """The section whose prefix of `figure` is the longest (None: no section's)."""
+    owners = [(len(p), s) for s, ps in FIGURES_OF.items() for p in ps if figure.startswith(p)]
+    return max(owners)[1] if owners else None
 
 
 def measure(sections: set[str]) -> dict[str, float]:
@@ -410,6 +419,8 @@ def measure(sections: set[str]) -> dict[str, float]:
             figures.update(fleet_figures(tmp / "fleet"))
         if "soak" in sections:
             figures.update(soak_figures(tmp / "soak"))
+        if "soak-pg" in sections:
+            figures.update(soak_pg_figures(tmp / "soak-pg"))
         if "console" in sections:
             figures.update(console_figures(tmp / "console"))
     finally:
@@ -463,6 +474,9 @@ def main() -> None:
         "soak.bytes_growth_last_half": "~ 0, << soak.bytes_growth_first_half",
         "soak.results_missing": "== 0",
         "soak.rebuild_check_ok": "== 1",
+        "soak.pg.bytes_growth_last_half": "~ 0, << soak.pg.bytes_growth_first_half",
+        "soak.pg.results_missing": "== 0",
+        "soak.pg.rebuild_check_ok": "== 1",
         "console.runs_page_p95_ms.sqlite": "<= 100",
         "console.runs_page_p95_ms.postgres": "<= 100",
     }
@@ -475,8 +489,7 @@ def main() -> None:
         written = figures
     elif args.write:
         kept = json.loads(out.read_text()) if out.exists() else {}
-        measured = tuple(prefix for name in chosen for prefix in FIGURES_OF[name])
-        written = {**{k: v for k, v in kept.items() if not k.startswith(measured)}, **figures}
+        written = {**{k: v for k, v in kept.items() if section_of(k) not in chosen}, **figures}
     else:
         return
     out.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")

@@ -9,6 +9,22 @@ sampled once a second; `soak.bytes_growth_last_half` is their growth over the
 second half, beside `soak.bytes_growth_first_half`. Blobs are reported apart:
 tiered runs' archives are cold storage that retention keeps by design. At the
 end every task must have its result and `assay rebuild --check` must pass.
+
+`soak_pg_figures` does the same for the distributed pipeline (section `soak-pg`): the
+six stages and the console as `assay serve` processes on a local broker, S3 and a
+Postgres cluster of its own made with `initdb` (autovacuum on, as by default — it is
+what reuses the space of deleted rows, and a shared test server may run without it —
+every 10 s instead of 60, each vacuum, cancellation and skip logged and counted),
+for `ASSAY_SOAK_PG_S` seconds (180 by default), on the same fixed stream of tasks (the
+240 arithmetic examples, produced as bare `TaskSubmitted` records: a task's grading
+state is kept per task, so new tasks are new state), sampling every 2 s the
+`pg_total_relation_size` of every table (indexes and TOAST included) of every stage's
+schema. Kafka's topics keep a message for `topic_retention_s` whether it was read or
+not, so the topic retention here is 20 s (a stage on two busy cores may lag seconds
+behind) and the other periods exceed it; `soak.pg.bytes_growth_last_half` is the
+growth over the second half beside `soak.pg.bytes_growth_first_half`, and the table
+that grew most in the second half is named on stderr (`ASSAY_SOAK_PG_SAMPLES=<file>`
+writes every sample there as JSON).
 """
 
 from __future__ import annotations
@@ -16,16 +32,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
+import os
+import re
+import subprocess
+import sys
 import time
+import uuid
+from collections import Counter
 from pathlib import Path
 
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
-from assay.cli.rebuild import rebuild
+from assay.cli.rebuild import check_postgres, rebuild
 from assay.cli.tasks import read_tasks
-from assay.kernel import tenant_id
-from assay.messages import MESSAGES, RunResult, WorkflowRegistered, open_envelope
+from assay.devstack.deployment import ASSAY, Deployment, deploy
+from assay.devstack.postgres import start_cluster
+from assay.devstack.s3 import resolve_s3
+from assay.kernel import WorkflowId, tenant_id
+from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistered, open_envelope
 from assay.record import StateKey
 from assay.runtime.embedded import Embedded
+from assay.runtime.sections import PIPELINE_STAGES, STAGE_ROLES
 from assay.runtime.settings import AssaySettings
 from assay.workflow import load_workflow
 
@@ -123,3 +153,192 @@ def soak_figures(workdir: Path) -> dict[str, float]:
     """The soak section's figures (see the module docstring)."""
     workdir.mkdir(parents=True, exist_ok=True)
     return asyncio.run(_soak(workdir / "data"))
+
+
+# -- distributed: Postgres table sizes -------------------------------------------------
+
+SOAK_PG_S = float(os.environ.get("ASSAY_SOAK_PG_S", "180"))
+PG_IN_FLIGHT = 32
+PG_SAMPLE_S = 2.0
+PG_STARTUP_S = 300  # seven processes importing at once on a loaded two-core machine
+AUTOVACUUM_NAPTIME_S = 10
+"""The soak cluster's autovacuum period (Postgres's default is 60 s: three visits in a
+three-minute soak, too few to tell a table that levels off from one that grows)."""
+PG_RETENTION = {
+    "ASSAY_RETENTION_TOPIC_RETENTION_S": "20",
+    "ASSAY_RETENTION_INBOX_KEEP_S": "25",
+    "ASSAY_RETENTION_RECORDS_KEEP_S": "30",
+    "ASSAY_RETENTION_USAGE_KEEP_S": "30",
+    "ASSAY_RETENTION_PRUNE_INTERVAL_S": "2",
+    "ASSAY_RETENTION_TIER_AFTER_S": "0",
+    "ASSAY_RETENTION_SWEEP_INTERVAL_S": "0.5",
+}
+
+
+async def _table_bytes(d: Deployment) -> dict[str, int]:
+    """`schema.table` -> `pg_total_relation_size` of every table of every stage's schema."""
+    rows = await d.query(
+        "SELECT n.nspname AS schema, c.relname AS name, pg_total_relation_size(c.oid) AS bytes"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY($1::text[])",
+        list(STAGE_ROLES),
+    )
+    return {f"{r['schema']}.{r['name']}": int(r["bytes"]) for r in rows}
+
+
+def _task(task: TaskSubmitted, key: str) -> tuple[bytes, bytes]:
+    """`task` under idempotency key `key`, bare (as a producer with any Kafka client
+    sends it), keyed."""
+    doc = task.model_copy(update={"idempotency_key": key}).model_dump(mode="json")
+    return f"{task.tenant}:{key}".encode(), json.dumps(doc).encode()
+
+
+class _Results:
+    """Reads `assay.results` from its beginning: the idempotency keys that have one."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.got: set[str] = set()
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        await self.consumer.topics()
+        parts = [
+            TopicPartition(RESULTS, p) for p in self.consumer.partitions_for_topic(RESULTS) or ()
+        ]
+        self.consumer.assign(parts)
+        await self.consumer.seek_to_beginning(*parts)
+
+    async def poll(self, timeout_ms: int) -> None:
+        batches = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=5000)
+        for batch in batches.values():
+            for r in batch:
+                env = open_envelope(r.value)
+                if env.type == RunResult.type:
+                    self.got.add(str(env.payload["idempotency_key"]))
+
+
+async def _autovacuum_often(admin_dsn: str) -> None:
+    """The soak's own cluster: autovacuum every `AUTOVACUUM_NAPTIME_S`, each one logged."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = '{AUTOVACUUM_NAPTIME_S}s'")
+        await conn.execute("ALTER SYSTEM SET log_autovacuum_min_duration = 0")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+async def _soak_pg(d: Deployment, pg_log: Path) -> dict[str, float]:
+    tenant = str(uuid.uuid4())
+    registered = await asyncio.to_thread(
+        subprocess.run,
+        [ASSAY, "register", str(ROOT / "examples/workflows/arith-v1.yaml"), "--tenant", tenant],
+        env=d.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert registered.returncode == 0, registered.stderr
+    deadline = time.monotonic() + 120
+    while not await d.query(
+        "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'", uuid.UUID(tenant)
+    ):
+        assert time.monotonic() < deadline, "the workflow was never allocated"
+        await asyncio.sleep(0.2)  # ingest's state has no event to wait on
+    # The fixed stream: the arithmetic examples, each sent again under a new key.
+    examples = ROOT / "examples" / "tasks" / "arith.jsonl"
+    tasks = read_tasks(examples, tenant_id(tenant), WorkflowId("arith"))
+    producer = AIOKafkaProducer(bootstrap_servers=d.bootstrap, acks="all", linger_ms=2)
+    results = _Results(d.bootstrap)
+    await producer.start()
+    await results.start()
+    samples: list[tuple[float, dict[str, int]]] = []
+    sent: set[str] = set()
+    try:
+        t0 = time.monotonic()
+        next_sample = t0
+        while (now := time.monotonic()) - t0 < SOAK_PG_S:
+            while len(sent) - len(results.got & sent) < PG_IN_FLIGHT:
+                key = f"soak-{len(sent)}"
+                sent.add(key)
+                k, v = _task(tasks[len(sent) % len(tasks)], key)
+                await producer.send(TASKS, v, key=k)
+            await producer.flush()
+            if now >= next_sample:
+                samples.append((now - t0, await _table_bytes(d)))
+                next_sample += PG_SAMPLE_S
+            await results.poll(200)
+        deadline = time.monotonic() + 120
+        while not sent <= results.got and time.monotonic() < deadline:
+            await results.poll(500)
+    finally:
+        await results.consumer.stop()
+        await producer.stop()
+    tuples = await d.query(
+        "SELECT schemaname || '.' || relname AS t, n_live_tup AS live, n_dead_tup AS dead,"
+        " autovacuum_count AS vacuums FROM pg_stat_user_tables WHERE schemaname = ANY($1::text[])",
+        list(STAGE_ROLES),
+    )
+    rows = {r["t"]: (r["live"], r["dead"], r["vacuums"]) for r in tuples}
+    # An autovacuum a conflicting lock cancelled, or kept from starting, says so.
+    server_log = await asyncio.to_thread(pg_log.read_text)
+    cancelled = Counter(
+        re.findall(r'CONTEXT:  automatic vacuum of table "[^".]+\.([^"]+)"', server_log)
+    )
+    skipped = Counter(
+        re.findall(r'skipping vacuum of "([^"]+)" --- lock not available', server_log)
+    )
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        check = await check_postgres(d.admin_dsn, check=True, source="the soak's admin DSN")
+    if check:
+        print(out.getvalue(), file=sys.stderr)
+    if trace := os.environ.get("ASSAY_SOAK_PG_SAMPLES"):  # every sample, for a closer look
+        dump = json.dumps([{"at": at, **sizes} for at, sizes in samples])
+        await asyncio.to_thread(Path(trace).write_text, dump)
+    half = len(samples) // 2
+    (_, first), (_, mid), (at, last) = samples[0], samples[half], samples[-1]
+    grew = sorted(((last.get(t, 0) - mid.get(t, 0), t) for t in last), reverse=True)
+    print("soak-pg: growth over the second half, largest first:", file=sys.stderr)
+    for g, t in grew[:8]:
+        live, dead, vacuums = rows.get(t, (0, 0, 0))
+        print(
+            f"  {t:<32} {g:>+12,d} B  (end {last[t]:,d} B; rows {live:,d} live,"
+            f" {dead:,d} dead; autovacuumed {vacuums}x, cancelled {cancelled[t]}x;"
+            f" a {t.split('.')[1]} table skipped, locked, {skipped[t.split('.')[1]]}x)",
+            file=sys.stderr,
+        )
+    total = (sum(first.values()), sum(mid.values()), sum(last.values()))
+    return {
+        "soak.pg.seconds": round(at, 1),
+        "soak.pg.tasks": float(len(sent)),
+        "soak.pg.results_missing": float(len(sent - results.got)),
+        "soak.pg.table_bytes_start": float(total[0]),
+        "soak.pg.table_bytes_mid": float(total[1]),
+        "soak.pg.table_bytes_end": float(total[2]),
+        "soak.pg.bytes_growth_first_half": float(total[1] - total[0]),
+        "soak.pg.bytes_growth_last_half": float(total[2] - total[1]),
+        "soak.pg.rebuild_check_ok": float(check == 0),
+    }
+
+
+def soak_pg_figures(workdir: Path) -> dict[str, float]:
+    """The distributed soak's figures (see the module docstring): deploy, soak, tear down."""
+    postgres = start_cluster(workdir / "postgres")
+    s3 = resolve_s3(workdir / "s3")
+    try:
+        asyncio.run(_autovacuum_often(postgres.address))
+        deployed = deploy(
+            workdir / "pipeline", postgres, s3, partitions=4, stages=(), extra_env=PG_RETENTION
+        )
+        d = asyncio.run(deployed)
+        try:
+            for stage in (*PIPELINE_STAGES, "console"):
+                d.start(stage)
+            d.wait_healthy(PG_STARTUP_S)
+            return asyncio.run(_soak_pg(d, Path(postgres.details["log"])))
+        finally:
+            d.stop()
+    finally:
+        s3.stop()
+        postgres.stop()

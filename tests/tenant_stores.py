@@ -1,6 +1,7 @@
 """What a tenant holds in an embedded data directory, read straight from the files: every
-table of every stage's SQLite file, its blob prefix and its workspace root. For the
-tenant-deletion tests: the deleted tenant's leftovers, another tenant's bytes."""
+table of every stage's SQLite file, every record of the embedded bus naming it, its blob
+prefix and its workspace root. For the tenant-deletion tests: the deleted tenant's
+leftovers, another tenant's bytes."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 STAGES = ("ingest", "execute", "verify", "tournament", "aggregate", "decide", "console")
 BUS = "bus.sqlite"
-"""The embedded bus keeps a deleted tenant's messages until its topic retention, as
-Kafka's topics do; it is not a stage's store."""
+"""The embedded bus: not a stage's store; its records are read by `bus_rows_of`."""
+TENANTS_TOPIC = "assay.tenants"
+"""The deletion's own topic (the command and the stages' answers), which stays."""
 
 
 def _tables(db: sqlite3.Connection) -> list[tuple[str, list[str]]]:
@@ -44,6 +46,27 @@ def rows_of(data_dir: Path, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
     return out
 
 
+def bus_rows_of(data_dir: Path, tenant: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every record of the embedded bus that names `tenant` anywhere — in its key, its
+    body or its headers, not by the bus's own note of its tenant — by `bus.sqlite/topic`:
+    (partition, offset, key, value, headers), in offset order."""
+    path = data_dir / BUS
+    if not path.exists():
+        return {}
+    needle = tenant.encode()
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with closing(sqlite3.connect(path)) as db:
+        rows = db.execute(
+            "SELECT topic, partition, offset, key, value, headers FROM records"
+            " ORDER BY topic, partition, offset"
+        ).fetchall()
+    for topic, *row in rows:
+        key, value, headers = row[2], row[3], row[4]
+        if needle in key.encode() or needle in value or needle in headers:
+            out.setdefault(f"{BUS}/{topic}", []).append(tuple(row))
+    return out
+
+
 def files_of(root: Path) -> dict[str, bytes]:
     """Every file under `root`, by relative path (empty when there is no `root`)."""
     if not root.exists():
@@ -52,9 +75,10 @@ def files_of(root: Path) -> dict[str, bytes]:
 
 
 def holdings(data_dir: Path, tenant: str) -> dict[str, Any]:
-    """Everything of `tenant`: its rows, its blobs and its workspaces."""
+    """Everything of `tenant`: its rows, its bus records, its blobs and its workspaces."""
     return {
         "rows": rows_of(data_dir, tenant),
+        "bus": bus_rows_of(data_dir, tenant),
         "blobs": files_of(data_dir / "blobs" / tenant),
         "workspaces": files_of(data_dir / "sandbox" / tenant),
     }
@@ -62,7 +86,8 @@ def holdings(data_dir: Path, tenant: str) -> dict[str, Any]:
 
 def leftovers(data_dir: Path, tenant: str, command: str) -> dict[str, list[tuple[Any, ...]]]:
     """The rows of a deleted `tenant` that are not its tombstone (the `tenant` stream's
-    record, the `tenant_erased` document, the inbox entry of deletion `command`)."""
+    record, the `tenant_erased` document, the inbox entry of deletion `command`), and
+    its records on the embedded bus but the deletion's own on `assay.tenants`."""
     found: dict[str, list[tuple[Any, ...]]] = {}
     with_columns: dict[str, list[str]] = {}
     for path in sorted(data_dir.glob("*.sqlite")):
@@ -77,6 +102,9 @@ def leftovers(data_dir: Path, tenant: str, command: str) -> dict[str, list[tuple
         ]
         if left:
             found[where] = left
+    for where, records in bus_rows_of(data_dir, tenant).items():
+        if where != f"{BUS}/{TENANTS_TOPIC}":
+            found[where] = records
     return found
 
 

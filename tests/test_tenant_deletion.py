@@ -2,11 +2,13 @@
 tenants ran tasks through every stage (the console's read model included).
 
 Afterwards nothing of the deleted tenant is left in any table of any stage's SQLite file
-(tables with a tenant column, the outbox by key) but its tombstone, nor under its blob
-prefix or workspace root; the other tenant's rows, blobs and workspaces are byte for
-byte what they were. Deleting again, or an unknown tenant, publishes nothing; a task of
-the deleted tenant is refused at ingest with the reason; a deletion killed half-way is
-finished by the next start of the pipeline, with no command sent again.
+(tables with a tenant column, the outbox by key) but its tombstone, nor in the embedded
+bus's `bus.sqlite` but the deletion's own records on `assay.tenants`, nor under its blob
+prefix or workspace root; the other tenant's rows, bus records, blobs and workspaces are
+byte for byte what they were. Deleting again, or an unknown tenant, publishes nothing; a
+task of the deleted tenant is refused at ingest with the reason; a deletion killed
+half-way is finished by the next start of the pipeline, with no command sent again (the
+bus's part too).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from assay.runtime.tenant_deletion import erasing_point
 from assay.sandbox.local import LocalSandbox
 from assay.workflow import load_workflow
 from tests.pipeline import ROOT, V1
-from tests.tenant_stores import holdings, leftovers
+from tests.tenant_stores import bus_rows_of, holdings, leftovers
 from tests.test_branch_grading import read, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -123,6 +125,8 @@ async def test_deleting_a_tenant_leaves_its_tombstone_only_and_the_other_byte_fo
     assert holding == {f"{stage}.sqlite" for stage in STAGE_ROLES}  # every stage had some
     assert before["blobs"]
     assert before["workspaces"]
+    assert {"bus.sqlite/assay.tasks", "bus.sqlite/assay.results"} <= mine["bus"].keys()
+    assert before["bus"]["bus.sqlite/assay.results"]
 
     done = cli(data_dir, "delete", str(gone), "--reason", "contract ended", "--json")
     assert done.returncode == 0, done.stderr
@@ -135,6 +139,7 @@ async def test_deleting_a_tenant_leaves_its_tombstone_only_and_the_other_byte_fo
     assert leftovers(data_dir, str(gone), command) == {}
     after = holdings(data_dir, str(gone))
     assert (after["blobs"], after["workspaces"]) == ({}, {})
+    assert list(after["bus"]) == ["bus.sqlite/assay.tenants"]  # the command and the answers
     assert not (data_dir / "blobs" / str(gone)).exists()
     assert not (data_dir / "sandbox" / str(gone)).exists()
     answers = [e for e in await tenant_records(data_dir) if e.type == "TenantStageDeleted"]
@@ -161,7 +166,11 @@ async def test_deleting_a_tenant_leaves_its_tombstone_only_and_the_other_byte_fo
 
         with pytest.raises(Refused, match=f"tenant {gone} was deleted"):
             await rt.command("ingest", commands.submit_task(task).entry, never, 60)
-    assert leftovers(data_dir, str(gone), command) == {}
+    # It and its dead letter stay a while (`LATE_GRACE_S`): the sender read why.
+    left = leftovers(data_dir, str(gone), command)
+    assert sorted(left) == ["bus.sqlite/assay.dlq.ingest", "bus.sqlite/assay.tasks"]
+    for records in left.values():
+        assert [open_envelope(r[3]).payload["idempotency_key"] for r in records] == ["late"]
 
 
 async def test_deleting_an_unknown_tenant_is_an_error_and_publishes_nothing(
@@ -209,6 +218,11 @@ async def test_a_deletion_killed_half_way_is_finished_by_the_next_start(
 
         await wait_for(finished, "every stage to finish the deletion", timeout_s=60)
         await wait_for(lambda: _settled(rt), "the pipeline to settle", timeout_s=60)
+
+        async def off_the_bus() -> bool:
+            return list(bus_rows_of(data_dir, str(gone))) == ["bus.sqlite/assay.tenants"]
+
+        await wait_for(off_the_bus, "the tenant's records to leave the bus", timeout_s=30)
     assert len([e for e in await tenant_records(data_dir) if e.type == "TenantDeleted"]) == 1
     command = json.loads(cli(data_dir, "status", str(gone), "--json").stdout)["stages"]["ingest"]
     assert leftovers(data_dir, str(gone), command["command"]) == {}

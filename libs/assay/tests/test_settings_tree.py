@@ -113,6 +113,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_RETENTION_TOPIC_RETENTION_S": ("3600", "retention.topic_retention_s", 3600.0),
     "ASSAY_RETENTION_INBOX_KEEP_S": ("700000", "retention.inbox_keep_s", 700000.0),
     "ASSAY_RETENTION_RECORDS_KEEP_S": ("700000", "retention.records_keep_s", 700000.0),
+    "ASSAY_RETENTION_USAGE_KEEP_S": ("800000", "retention.usage_keep_s", 800000.0),
     "ASSAY_RETENTION_PRUNE_INTERVAL_S": ("5", "retention.prune_interval_s", 5.0),
     "ASSAY_RETENTION_PRUNE_LIMIT": ("7", "retention.prune_limit", 7),
     "ASSAY_SPRT_P0": ("0.4", "sprt.p0", 0.4),

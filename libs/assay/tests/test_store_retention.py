@@ -211,6 +211,37 @@ async def test_the_sweep_compacts_old_records_forgets_finished_runs_and_rebuild_
     assert (await sweep.sweep(store)).compacted == 0  # a lone checkpoint stays as it is
 
 
+async def test_each_rule_keeps_its_records_for_its_own_period(store: EventLog) -> None:
+    """A rule naming another period (the console's model calls: `usage_keep_s`) is swept
+    by that one, not by `records_keep_s`."""
+    t = _tenant()
+    usage, run = BranchKey.main(t, "usage:2026-12-01"), BranchKey.main(t, "run:r1")
+    await store.commit(CommitBatch(records=[(usage, Noted(run="u0", total=1))]))
+    await store.commit(CommitBatch(records=[(run, Noted(run="r1", total=1))]))
+    policy = RetentionPolicy(
+        topic_retention_s=60, inbox_keep_s=120, records_keep_s=DAY_MS / 1000, usage_keep_s=600
+    )
+    sweep = StageRetention("test", FOLD, policy, clock=lambda: (_newest_ms() + 3_600_000) / 1000)
+    sweep.rules = (
+        Kept("test", "runs", "", "", streams="run:*", forget=frozenset({"scored"})),
+        Kept("test", "calls", "", "", streams="usage:*", forget_all=True, period="usage_keep_s"),
+    )
+    swept = await sweep.sweep(store)  # an hour on: past the calls' 10 minutes, not a day
+    assert swept.records == 1
+    assert await store.read(usage) == []
+    assert await store.get(StateKey(t, "scored", "u0")) is None
+    assert [r.event.type for r in await store.read(run)] == [Noted.type]
+    assert (await store.rebuild(keep=False)).identical
+
+
+def test_the_console_keeps_model_calls_for_the_spend_pages_range() -> None:
+    (calls,) = [k for k in rules_for("console") if k.streams == "usage:*"]
+    assert calls.period == "usage_keep_s"
+    assert RetentionPolicy().usage_keep_s >= 90 * DAY_MS / 1000
+    with pytest.raises(ValueError, match="USAGE_KEEP_S"):
+        RetentionPolicy(topic_retention_s=60, usage_keep_s=60)
+
+
 async def test_the_sweep_keeps_what_later_records_still_fold_to(store: EventLog) -> None:
     t = _tenant()
     key = BranchKey.main(t, "task:a")

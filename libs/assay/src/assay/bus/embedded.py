@@ -4,14 +4,24 @@ Topics have N partitions, keys pick a partition with Kafka's murmur2, and each
 partition is an append-only sequence of offsets. Records live in SQLite (WAL,
 `synchronous=FULL`) so a process that dies loses nothing that was published;
 a tail of each partition is kept in memory for reads.
+
+Each record also notes its tenant (the envelope's, from its `tenant` header), so a
+deleted tenant's records can be deleted from the middle of a partition (`forget`).
+Offsets are then no longer contiguous, as in a compacted Kafka topic: a read from an
+offset in a hole starts at the next record, a read past the last record waits for
+the next one, and each partition's end offset is kept in `ends` whenever the records
+that said it are deleted, so an offset is never given twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
+from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 from assay.bus.headers import DLQ_REASON
@@ -25,10 +35,35 @@ CREATE TABLE IF NOT EXISTS records (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
     key TEXT NOT NULL, value BLOB NOT NULL, headers BLOB NOT NULL,
     at_ms INTEGER NOT NULL DEFAULT 0,
+    tenant TEXT,
     PRIMARY KEY (topic, partition, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ends (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, next INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)
 ) WITHOUT ROWID;
 """
 _TAIL = 20_000
+
+
+def tenant_of(value: bytes, headers: Iterable[tuple[str, bytes]]) -> str:
+    """The tenant a record belongs to: its `tenant` header (every envelope mirrors its
+    tenant there, and a dead letter keeps the headers of what it refused), else the
+    `tenant` field of its JSON body (an envelope, or a bare `TaskSubmitted`); "" when
+    neither names one."""
+    for k, v in headers:
+        if k == "tenant":
+            return v.decode("utf-8", "replace")
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError):
+        return ""
+    tenant = doc.get("tenant") if isinstance(doc, dict) else None
+    return tenant if isinstance(tenant, str) else ""
+
+
+def _offset(m: BusMessage) -> int:
+    return m.offset
 
 
 class EmbeddedBus:
@@ -45,6 +80,10 @@ class EmbeddedBus:
         self._next: dict[tuple[str, int], int] = {}
         self._tail: dict[tuple[str, int], list[BusMessage]] = defaultdict(list)
         self._wake: dict[tuple[str, int], asyncio.Event] = defaultdict(asyncio.Event)
+        self._forgotten: frozenset[str] = frozenset()
+        """Tenants `forget` has deleted the records of, up to `_forgotten_from`."""
+        self._forgotten_from: dict[tuple[str, int], int] = {}
+        """Per partition, the offset from which `forget` reads for `_forgotten`'s records."""
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -58,6 +97,7 @@ class EmbeddedBus:
         self._conn = connect(self._path)
         self._conn.executescript(_SCHEMA)
         add_column(self._conn, "records", "at_ms INTEGER NOT NULL DEFAULT 0")  # files of before
+        self._add_tenants()
         rows = self._conn.execute(
             "SELECT r.topic, r.partition, r.offset, r.key, r.value, r.headers FROM records r "
             "JOIN (SELECT topic, partition, MAX(offset) AS hi FROM records "
@@ -69,7 +109,28 @@ class EmbeddedBus:
                 BusMessage(topic, part, off, key, value, decode_headers(headers))
             )
             self._next[(topic, part)] = off + 1
+        for topic, part, nxt in self._conn.execute("SELECT topic, partition, next FROM ends"):
+            self._next[(topic, part)] = max(nxt, self._next.get((topic, part), 0))
         return self
+
+    def _add_tenants(self) -> None:
+        """Give a file of before the `tenant` column, and each of its records the tenant
+        it names, in one transaction (a crash leaves the file as it was)."""
+        db = self._db
+        if any(row[1] == "tenant" for row in db.execute("PRAGMA table_info(records)")):
+            return
+        db.execute("BEGIN")
+        try:
+            db.execute("ALTER TABLE records ADD COLUMN tenant TEXT")
+            rows = db.execute("SELECT topic, partition, offset, value, headers FROM records")
+            db.executemany(
+                "UPDATE records SET tenant=? WHERE topic=? AND partition=? AND offset=?",
+                [(tenant_of(v, decode_headers(h)), t, p, o) for t, p, o, v, h in rows.fetchall()],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     async def publish(self, entries: list[OutboxEntry]) -> None:
         if not entries:
@@ -86,9 +147,19 @@ class EmbeddedBus:
         db.execute("BEGIN")
         try:
             db.executemany(
-                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO records (topic, partition, offset, key, value, headers, at_ms, tenant)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (m.topic, m.partition, m.offset, m.key, m.value, encode_headers(m.headers), now)
+                    (
+                        m.topic,
+                        m.partition,
+                        m.offset,
+                        m.key,
+                        m.value,
+                        encode_headers(m.headers),
+                        now,
+                        tenant_of(m.value, m.headers),
+                    )
                     for m in staged
                 ],
             )
@@ -107,24 +178,43 @@ class EmbeddedBus:
     async def fetch(
         self, topic: str, partition: int, offset: int, limit: int, timeout_s: float
     ) -> list[BusMessage]:
+        """Up to `limit` records of the partition from `offset` on (from the next record
+        when `offset` is in a hole `forget` left); none yet: wait up to `timeout_s` for
+        one to be published."""
         tp = (topic, partition)
-        if self._next.get(tp, 0) <= offset:
-            wake = self._wake[tp]
-            wake.clear()
-            try:
-                await asyncio.wait_for(wake.wait(), timeout_s)
-            except TimeoutError:
-                return []
+        if self._next.get(tp, 0) > offset and (found := self._read(tp, offset, limit)):
+            return found
+        # At the end, or past the last record with only deleted offsets after it.
+        wake = self._wake[tp]
+        wake.clear()
+        try:
+            await asyncio.wait_for(wake.wait(), timeout_s)
+        except TimeoutError:
+            return []
+        return self._read(tp, offset, limit)
+
+    def _read(self, tp: tuple[str, int], offset: int, limit: int) -> list[BusMessage]:
         tail = self._tail[tp]
         if tail and tail[0].offset <= offset:
-            start = offset - tail[0].offset
+            start = bisect_left(tail, offset, key=_offset)
             return tail[start : start + limit]
+        topic, partition = tp
         rows = self._db.execute(
             "SELECT offset, key, value, headers FROM records WHERE topic=? AND partition=? "
             "AND offset>=? ORDER BY offset LIMIT ?",
             (topic, partition, offset, limit),
         ).fetchall()
         return [BusMessage(topic, partition, o, k, v, decode_headers(h)) for o, k, v, h in rows]
+
+    def next_present(self, topic: str, partition: int, offset: int) -> int:
+        """The offset of the partition's first record at or after `offset`; its end offset
+        if there is none (what a consumer stored at `offset` reads next)."""
+        tp = (topic, partition)
+        end = self._next.get(tp, 0)
+        if offset >= end:
+            return offset
+        found = self._read(tp, offset, 1)
+        return found[0].offset if found else end
 
     def topics(self) -> list[str]:
         """Every topic a record was ever published to (in this process or before)."""
@@ -162,8 +252,72 @@ class EmbeddedBus:
             ).fetchone()[0]
             tail = self._tail.get((topic, p))
             if tail and first is not None:
-                del tail[: max(0, first - tail[0].offset)]
+                del tail[: bisect_left(tail, first, key=_offset)]
         return deleted
+
+    async def forget(self, before_ms: Mapping[str, int], *, keep: Collection[str] = ()) -> int:
+        """Delete the records of each tenant of `before_ms` published before its time (ms
+        since the epoch) from every partition of every topic but `keep`, whatever their
+        offsets; a later one goes at a later call. The records deleted. Idempotent, and
+        one transaction: a crash deletes nothing and the next call deletes it all.
+
+        A call for tenants already forgotten reads each partition only from where the
+        last call left off (the records published since, and those still too young); a
+        new tenant reads the whole file. A partition whose last records go keeps its
+        end offset in `ends`."""
+        wanted = frozenset(before_ms)
+        if not wanted:
+            return 0
+        db = self._db
+        marks = ",".join("?" * len(wanted))
+        if wanted <= self._forgotten:
+            found = []
+            for (topic, p), end in self._next.items():
+                since = self._forgotten_from.get((topic, p), 0)
+                if since < end and topic not in keep:
+                    found += db.execute(
+                        "SELECT topic, partition, offset, at_ms, tenant FROM records WHERE topic=?"
+                        f" AND partition=? AND offset>=? AND tenant IN ({marks})",
+                        (topic, p, since, *wanted),
+                    ).fetchall()
+        else:
+            found = db.execute(
+                "SELECT topic, partition, offset, at_ms, tenant FROM records"
+                f" WHERE tenant IN ({marks})",
+                tuple(wanted),
+            ).fetchall()
+        gone: dict[tuple[str, int], set[int]] = defaultdict(set)
+        lowest_held: dict[tuple[str, int], int] = {}
+        for topic, p, off, at_ms, tenant in found:
+            if topic in keep:
+                continue
+            if at_ms >= before_ms[tenant]:
+                lowest_held[(topic, p)] = min(off, lowest_held.get((topic, p), off))
+                continue
+            gone[(topic, p)].add(off)
+        if gone:
+            db.execute("BEGIN")
+            try:
+                db.executemany(
+                    "DELETE FROM records WHERE topic=? AND partition=? AND offset=?",
+                    [(t, p, o) for (t, p), offs in gone.items() for o in offs],
+                )
+                db.executemany(
+                    "INSERT INTO ends VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
+                    "DO UPDATE SET next=MAX(next, excluded.next)",
+                    [(t, p, self._next[(t, p)]) for t, p in gone],
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            for tp, offs in gone.items():
+                tail = self._tail.get(tp)
+                if tail:
+                    tail[:] = [m for m in tail if m.offset not in offs]
+        self._forgotten = wanted
+        self._forgotten_from = {tp: lowest_held.get(tp, end) for tp, end in self._next.items()}
+        return sum(len(offs) for offs in gone.values())
 
     def reclaim_space(self) -> bool:
         """Checkpoint and truncate the bus file's write-ahead log (`truncate_wal`), so
@@ -205,6 +359,13 @@ class EmbeddedSource:
                     offset = m.offset + 1
 
         await asyncio.gather(*(partition(t, p) for t in topics for p in range(self.bus.partitions)))
+
+    async def next_present(
+        self, positions: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int]:
+        """Each position moved past the offsets a tenant's deletion left empty
+        (`EmbeddedBus.next_present`): what the stage reads next, for its lag."""
+        return {(t, p): self.bus.next_present(t, p, o) for (t, p), o in positions.items()}
 
 
 class DeadLetterWatch:

@@ -64,3 +64,17 @@ class Measured(Protocol):
         """The end offset of each partition of `topics` this consumer holds now, as the
         broker (or the embedded bus) has it: the offset the next record there will get."""
         ...
+
+
+@runtime_checkable
+class Sparse(Protocol):
+    """A source whose partitions may have holes: offsets whose records were deleted
+    (the embedded bus, after a tenant's deletion). A stage's stored position can sit
+    before a hole it will never read anything from."""
+
+    async def next_present(
+        self, positions: dict[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int]:
+        """Each position moved to the offset of the first record at or after it (the
+        partition's end offset when there is none): what a consumer there reads next."""
+        ...

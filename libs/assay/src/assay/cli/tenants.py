@@ -10,8 +10,10 @@ and records a tombstone (`assay.record.erasure`), which is what `status` reads, 
 by stage:
 
 - **Embedded** (no `ASSAY_KAFKA_BOOTSTRAP`): the pipeline runs in this process on the
-  data directory, as `assay branch` does, until every stage holds the tombstone
-  (`--no-wait`: the command is left on the bus for the next run). A data directory an
+  data directory, as `assay branch` does, until every stage holds the tombstone, and
+  then deletes the tenant's records from the embedded bus
+  (`Embedded.forget_deleted_tenants`; `--no-wait`: the command is left on the bus for
+  the next run, which does both). A data directory an
   `assay serve-embedded` holds is deleted through its console's API instead.
 - **Distributed**: ingest's state and each stage's tombstone are read from the stages'
   schemas in `ASSAY_DATABASE_URL` (read only); the command is produced to Kafka.
@@ -193,6 +195,7 @@ async def _embedded(
         logs: dict[str, EventLog] = dict(rt.logs)
         now = await progress_of(logs, tenant)
         if now.done:
+            await rt.forget_deleted_tenants()  # the bus's part, had a crash stopped it
             return now  # deleted before: nothing to publish
         if not await known(logs["ingest"], tenant):
             raise _unknown(tenant)
@@ -206,7 +209,9 @@ async def _embedded(
             return found if found.done else None
 
         try:
-            return await rt.command("ingest", command.entry, finished, timeout_s)
+            done = await rt.command("ingest", command.entry, finished, timeout_s)
+            await rt.forget_deleted_tenants()  # its records on the bus, now every stage is done
+            return done
         except Refused as exc:
             raise AssayError(f"tenant deletion refused: {exc.reason}") from exc
         except TimeoutError as exc:

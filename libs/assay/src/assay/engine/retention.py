@@ -111,6 +111,15 @@ class RetentionPolicy(BaseModel):
             "exceed the topic retention."
         ),
     )
+    usage_keep_s: float = Field(
+        91 * DAY_S,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds the console keeps each model call it folded for the spend page (whose "
+            "longest range is 90 days); must exceed the topic retention."
+        ),
+    )
     prune_interval_s: float = Field(
         300.0,
         gt=0,
@@ -123,7 +132,7 @@ class RetentionPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _beyond_the_topic_retention(self) -> RetentionPolicy:
-        for name in ("inbox_keep_s", "records_keep_s"):
+        for name in ("inbox_keep_s", "records_keep_s", "usage_keep_s"):
             if getattr(self, name) <= self.topic_retention_s:
                 raise ValueError(
                     f"ASSAY_RETENTION_{name.upper()}={getattr(self, name):g} must exceed "

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from assay.bus.headers import DLQ_REASON
 from assay.bus.relay import OutboxRelay
 from assay.bus.topics import TENANTS, dlq
-from assay.bus.transport import BusMessage, Measured, Source
+from assay.bus.transport import BusMessage, Measured, Source, Sparse
 from assay.crash import crash_point
 from assay.kernel.errors import Refused
 from assay.kernel.ids import TenantId
@@ -173,12 +173,15 @@ class StageRunner:
 
     async def lag(self) -> dict[tuple[str, int], int]:
         """Records not yet handled, per partition the source holds: its end offset minus
-        the position stored in this stage's own commits (empty if the source cannot say)."""
+        the position stored in this stage's own commits, moved past the offsets a deleted
+        tenant's records left empty (empty if the source cannot say)."""
         source: object = self.source  # a Source may also be Measured
         if not isinstance(source, Measured):
             return {}
         ends = await source.end_offsets(self.spec.topics)
         stored = await self.log.positions()
+        if isinstance(source, Sparse):  # a hole after the position is nothing to handle
+            stored = await source.next_present({tp: stored.get(tp, 0) for tp in ends})
         return {tp: max(0, end - stored.get(tp, 0)) for tp, end in ends.items()}
 
     async def _read_erased(self) -> set[TenantId]:

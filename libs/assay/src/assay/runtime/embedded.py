@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from assay.bus.embedded import DeadLetterWatch, EmbeddedBus, EmbeddedSource
 from assay.bus.relay import FileLock, OutboxRelay
-from assay.bus.topics import dlq, producer_entry
+from assay.bus.topics import TENANTS, dlq, producer_entry
 from assay.engine.models import Model
 from assay.grading.judges import Judge
 from assay.grading.ladder import LadderPolicy
@@ -28,8 +28,9 @@ from assay.kernel.ids import TenantId
 from assay.kernel.schema import Versioned
 from assay.kernel.waiting import sleep_or
 from assay.messages.envelope import open_envelope
+from assay.record.erasure import ERASED_KIND
 from assay.runtime.bootstrap import stage_deps
-from assay.runtime.consumer import StageRunner
+from assay.runtime.consumer import ERASED_REFRESH_S, StageRunner
 from assay.runtime.retention import StageRetention, truncate_bus
 from assay.runtime.sections import PIPELINE_STAGES
 from assay.runtime.settings import AssaySettings
@@ -50,6 +51,10 @@ T = TypeVar("T")
 STAGES = PIPELINE_STAGES
 """The pipeline's stages, in pipeline order (what `Embedded` runs unless told otherwise;
 the console is added where it is served)."""
+LATE_GRACE_S = 30.0
+"""How long a deleted tenant's message published after its deletion stays on the embedded
+bus: the stage reading it refuses it, and its sender can read the dead letter, with the
+reason (`Embedded.command`); a later pass deletes both."""
 
 
 class DataDirBusy(AssayError):
@@ -219,7 +224,9 @@ class Embedded:
         self._stop.clear()
         self._task = asyncio.ensure_future(
             asyncio.gather(
-                *(r.run(self._stop) for r in self.runners.values()), self._keep_bus(self._stop)
+                *(r.run(self._stop) for r in self.runners.values()),
+                self._keep_bus(self._stop),
+                self._forget_deleted(self._stop),
             )
         )
 
@@ -233,6 +240,42 @@ class Embedded:
         policy = self.deps.retention
         older_than_ms = int((time.time() - policy.topic_retention_s) * 1000)
         return await truncate_bus(self.bus, readers, self.bus.topics(), older_than_ms)
+
+    async def deleted_tenants(self) -> dict[str, int]:
+        """The tenants every stage of this process deleted (each holds their tombstone),
+        with when the last of them did (ms since the epoch)."""
+        found: dict[str, int] | None = None
+        for log_ in self.logs.values():
+            here = {str(t): int(doc["at_ms"]) for t, _, doc in await log_.scan_kind(ERASED_KIND)}
+            if found is None:
+                found = here
+            else:
+                found = {t: max(at, here[t]) for t, at in found.items() if t in here}
+        return found or {}
+
+    async def forget_deleted_tenants(self) -> int:
+        """Delete from the bus every record of a tenant every stage deleted; how many.
+
+        Every topic but `assay.tenants`: its `TenantDeleted` is the command a stage not
+        running in this process (the console, of a data directory it was served from)
+        has yet to carry out, and it and the stages' `TenantStageDeleted` answers hold the
+        tenant's id, the reason and counts, nothing of its data; retention truncates them
+        as any record. A record published after the deletion (a late task, its dead
+        letter) stays `LATE_GRACE_S`. Idempotent; a crash leaves the records for the
+        next pass (at the next start)."""
+        late_ms = int((time.time() - LATE_GRACE_S) * 1000)
+        before = {t: max(at, late_ms) for t, at in (await self.deleted_tenants()).items()}
+        return await self.bus.forget(before, keep=(TENANTS,))
+
+    async def _forget_deleted(self, stop: asyncio.Event) -> None:
+        """`forget_deleted_tenants` every `ERASED_REFRESH_S` until `stop` is set (a tenant's
+        records go within seconds of its deletion's last stage; after a restart, at once)."""
+        while not stop.is_set():
+            try:
+                await self.forget_deleted_tenants()
+            except Exception:  # housekeeping: the pipeline goes on, the next round tries again
+                log.warning("deleting a deleted tenant's bus records failed", exc_info=True)
+            await sleep_or(stop, ERASED_REFRESH_S)
 
     async def _keep_bus(self, stop: asyncio.Event) -> None:
         """Truncate the bus every `prune_interval_s` until `stop` is set."""

@@ -7,7 +7,8 @@ that name a stream pattern (`Kept.streams`): every `prune_interval_s` each stage
 - forgets inbox entries older than `inbox_keep_s` (which must exceed the bus's topic
   retention, so no copy of the message can still arrive: a copy published later by a
   relay that crashed between publishing and acknowledging lands within seconds);
-- compacts each branch whose oldest records are older than `records_keep_s`: those
+- compacts each branch whose oldest records are older than `records_keep_s` (or the
+  rule's own `Kept.period`, the console's model calls' `usage_keep_s`): those
   records leave the log, the documents they folded to that a row declares
   finished (`Kept.forget`) go with them, and every other document they folded to is
   restated in one `Compacted` record written at the branch's LSN 0 in the same commit
@@ -76,6 +77,8 @@ class Kept:
     """Document kinds that go with their records instead of being restated."""
     forget_all: bool = False
     """Every document the records folded to goes with them."""
+    period: str = "records_keep_s"
+    """The `RetentionPolicy` field saying how long the records sweep keeps them."""
 
 
 def _var(name: str) -> str:
@@ -107,6 +110,19 @@ RETENTION: tuple[Kept, ...] = (
         "bus",
         "Kafka topics (distributed mode)",
         f"the topics' `retention.ms`, created as {_var('topic_retention_s')}",
+        "nothing (Kafka deletes old segments)",
+    ),
+    Kept(
+        "bus",
+        "a deleted tenant's embedded bus records (but `assay.tenants`)",
+        "until every stage of the process holds the tenant's tombstone (one published after"
+        " that: 30 s, so its stage refuses it and its sender reads the dead letter)",
+        "a hole in the partition's offsets",
+    ),
+    Kept(
+        "bus",
+        "a deleted tenant's messages on Kafka (distributed mode)",
+        "the topics' `retention.ms`: Kafka cannot delete records by key",
         "nothing (Kafka deletes old segments)",
     ),
     Kept(
@@ -189,6 +205,15 @@ RETENTION: tuple[Kept, ...] = (
         streams="run:*",
         forget=frozenset({"console_run"}),
     ),
+    Kept(
+        "console",
+        "a tenant's model calls (`usage:<day>`, `console_call` documents, `console_usage` rows)",
+        _var("usage_keep_s"),
+        "nothing: the spend page reads 90 days at most",
+        streams="usage:*",
+        forget=frozenset({"console_call"}),
+        period="usage_keep_s",
+    ),
 )
 """The retention table: every store of every stage, in pipeline order."""
 
@@ -258,9 +283,9 @@ class StageRetention:
         """Prune the inbox, compact every rule's stale branches and reclaim the space, once."""
         now_ms = int(self.clock() * 1000)
         swept = Swept(inbox=await store.prune_inbox(now_ms - int(self.policy.inbox_keep_s * 1000)))
-        cutoff = now_ms - int(self.policy.records_keep_s * 1000)
         for rule in self.rules:
             assert rule.streams is not None
+            cutoff = now_ms - int(getattr(self.policy, rule.period) * 1000)
             for stale in await store.stale_branches(rule.streams, cutoff, self.policy.prune_limit):
                 try:
                     await compact_branch(store, self.fold, rule, stale, cutoff, swept)
