@@ -22,7 +22,7 @@ import enum
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from assay.bus.topics import RUN_STATUS
 from assay.engine.models import Prices
@@ -87,6 +87,10 @@ METER_KEY = "replay"
 """The key of a tenant's one replay meter document."""
 
 
+_METERED_LATER = ("tokens_today", "micro_usd_today", "tokens_total", "micro_usd_total")
+"""The counts a meter has only since replay reserved tokens and dollars."""
+
+
 class ReplayMeter(ReadModel):
     """A tenant's replay meter (`assay.grading.replay.meter_of`) as its last reservation
     left it, and where its stream ends. Keyed `replay`."""
@@ -95,21 +99,29 @@ class ReplayMeter(ReadModel):
     day: str
     """The UTC day the `*_today` counts are of."""
     calls_today: int
-    tokens_today: int = 0
-    micro_usd_today: int = 0
+    tokens_today: int | None = None
+    micro_usd_today: int | None = None
     runs_today: int
     cut_today: int
     calls_total: int
-    tokens_total: int = 0
-    micro_usd_total: int = 0
+    tokens_total: int | None = None
+    micro_usd_total: int | None = None
     runs_total: int
     cut_total: int
     next: Lsn
     """What the next reservation's compare-and-swap expects the stream to end at."""
 
+    @model_serializer(mode="wrap")
+    def _omit_unmetered(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A meter recorded before tokens and dollars were reserved has no such counts,
+        and its document stays as it was folded then (`rebuild --check` compares)."""
+        doc: dict[str, Any] = handler(self)
+        return {k: v for k, v in doc.items() if k not in _METERED_LATER or v is not None}
+
     def counts(self) -> dict[str, Any]:
-        """The meter's counts, as `meter_of` and `admit` take them."""
-        return self.model_dump(exclude={"next"})
+        """The meter's counts, as `meter_of` and `admit` take them (none metered: 0)."""
+        doc = self.model_dump(exclude={"next"})
+        return {**doc, **{k: doc.get(k) or 0 for k in _METERED_LATER}}
 
     def on(self, day: str) -> ReplayMeter:
         """This meter as of `day` (UTC): a new day starts today's counts at zero."""
