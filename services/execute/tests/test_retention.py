@@ -611,6 +611,14 @@ async def test_tiering_moves_a_reduced_runs_records_into_an_archive(
     # The second run, reduced just now, is not due: untouched.
     assert (await run_doc(store, second)).get("tiered") is None
     assert await store.read(key(second))
+    # The tiered run's lease row went with its records (a claim starts a new fence), the
+    # untiered run's stays (a claim is refused while it is held, else takes a later fence).
+    claimed = await store.claim(SMALL, run, "after-tiering", 1000)
+    assert claimed is not None
+    assert claimed.fence == 1
+    await store.release(claimed)
+    kept = await store.claim(SMALL, second.run.run_id, "after-tiering", 1000)
+    assert kept is None or kept.fence > 1
     assert (await store.rebuild(keep=False)).identical
     assert (await store.rebuild(keep=True)).identical
     assert await documents(store, SMALL) == {**after, ("run", run): doc}

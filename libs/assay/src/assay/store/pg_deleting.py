@@ -70,6 +70,13 @@ async def commit_deleting(
                 raise DuplicateMessage(f"message {batch.inbox[1]} was already handled")
         for deletion in batch.deletions:
             await _delete_branch(conn, s, deletion)
+        for tenant, stream in {(d.key.tenant, d.key.stream) for d in batch.deletions}:
+            await conn.execute(  # a stream left with no record has no fence left to guard
+                f"DELETE FROM {s}.leases WHERE tenant = $1 AND stream = $2 AND NOT EXISTS"
+                f" (SELECT 1 FROM {s}.log WHERE tenant = $1 AND stream = $2)",
+                tenant,
+                stream,
+            )
         for cut in batch.truncations:
             await _truncate_branch(conn, s, cut)
         for at in batch.forget:  # outright, not as a tombstone: the log is locked

@@ -87,7 +87,10 @@ class Checkpoint:
 @dataclass(frozen=True)
 class BranchDeletion:
     """Delete every record of one branch — which must hold exactly LSNs `0 .. end - 1`,
-    the records the caller read (and, for tiering, archived) — and its checkpoints."""
+    the records the caller read (and, for tiering, archived) — and its checkpoints. A
+    stream the commit leaves with no record loses its lease row too (one per run
+    otherwise stayed forever): the fence of a stream that holds nothing guards nothing,
+    and a writer still holding an old fence finds no lease and is refused (`StaleFence`)."""
 
     key: BranchKey
     end: Lsn

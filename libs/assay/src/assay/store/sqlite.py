@@ -312,6 +312,12 @@ class SqliteEventLog(SqliteSpendLedger):
         for deletion in batch.deletions:
             _delete_branch(db, deletion.key, deletion.end)
             next_lsn[(_t(deletion.key.tenant), deletion.key.stream, deletion.key.branch)] = 0
+        for tenant_, stream in {(_t(d.key.tenant), d.key.stream) for d in batch.deletions}:
+            db.execute(  # a stream left with no record has no fence left to guard
+                "DELETE FROM leases WHERE tenant=? AND stream=? AND NOT EXISTS "
+                "(SELECT 1 FROM log WHERE tenant=? AND stream=?)",
+                (tenant_, stream, tenant_, stream),
+            )
         for cut in batch.truncations:
             cut_row: _Row = (_t(cut.key.tenant), cut.key.stream, cut.key.branch)
             _truncate_branch(db, cut)
