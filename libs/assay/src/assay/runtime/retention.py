@@ -166,6 +166,14 @@ RETENTION: tuple[Kept, ...] = (
         forget=frozenset({"verdict"}),
     ),
     Kept(
+        "verify",
+        "a cancelled run's stop (`stop:<run>`, `stopped` documents)",
+        RECORDS,
+        "nothing: a run's episode does not come back that late",
+        streams="stop:*",
+        forget=frozenset({"stopped"}),
+    ),
+    Kept(
         "tournament",
         "a task's grading records (`task:<task>`)",
         RECORDS,
@@ -188,6 +196,13 @@ RETENTION: tuple[Kept, ...] = (
         RECORDS,
         "a `Compacted` checkpoint of the meter",
         streams="grading-meter*",
+    ),
+    Kept(
+        "tournament",
+        "calibration rounds (`calibration`)",
+        RECORDS,
+        "a `Compacted` checkpoint of the schedule and each judge's last agreement",
+        streams="calibration",
     ),
     Kept(
         "aggregate",
