@@ -18,8 +18,9 @@ import pytest_asyncio
 from assay.bus.topics import RUN_COMMANDS, TASKS, WORKFLOWS
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.grading import StubJudge
+from assay.kernel import RunState
 from assay.kernel.ids import TenantId
-from assay.messages import TaskSubmitted, WorkflowRegistered
+from assay.messages import RolloutSpec, TaskSubmitted, WorkflowRegistered
 from assay.runtime.embedded import STAGES, Embedded
 from assay.workflow import WorkflowDef, validate
 from assay_console.access import Access
@@ -35,6 +36,8 @@ B = {"authorization": "Bearer token-b"}
 ADMIN = {"authorization": "Bearer token-admin"}
 KEYS_A = ("approve-me", "signal-me", "cancel-me", "wrong-signal", f"{HOSTILE}-wait")
 KEYS_B = ("b-waits",)
+GROUP = "a-group"
+"""Tenant A's rollout group of two siblings, each waiting at its await step."""
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
@@ -129,9 +132,11 @@ async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Con
             for k in KEYS_A
         ] + [(TASKS, task(TENANT_B, k, "gate"), TENANT_B, k) for k in KEYS_B]
         await rt.publish_many(tasks)
+        group = task(TENANT_A, GROUP, "gate").model_copy(update={"rollout": RolloutSpec(n=2)})
+        await rt.publish(TASKS, group, TENANT_A, idem=GROUP)  # two siblings, both waiting
         store = data / "console.sqlite"
         reads = ConsoleReads(rt.logs["console"], SqliteRunsTable(store))
-        await until_waiting(reads, {TENANT_A: len(KEYS_A), TENANT_B: len(KEYS_B)}, 60)
+        await until_waiting(reads, {TENANT_A: len(KEYS_A) + 2, TENANT_B: len(KEYS_B)}, 60)
         access = Access.parse(TOKENS, "token-admin", "127.0.0.1")
         app = create_app(reads, access, EmbeddedOutbox(rt.bus))
         transport = httpx.ASGITransport(app=app)
@@ -309,6 +314,18 @@ async def test_a_rollout_group_is_cancelled_only_for_its_tenant(console: Console
         assert answer.status_code == 404
         assert answer.json() == {"detail": "no such rollout group"}
     assert await console.rt.bus.end_offsets(TASKS) == tasks
+
+
+async def test_cancelling_a_rollout_group_answers_once_every_sibling_stopped(
+    console: Console,
+) -> None:
+    answer = await post(console, f"/api/rollouts/{GROUP}/cancel", {"reason": "enough"}, A)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outcome"] == "applied"
+    page = await console.reads.runs(TENANT_A, RunFilters(key=GROUP), None, 50)
+    siblings = [r for r in page.runs if r.idempotency_key == GROUP]
+    assert len(siblings) == 2
+    assert {r.state for r in siblings} == {RunState.CANCELLED.value}
 
 
 @pytest.mark.parametrize("verb", ["approve", "reject"])

@@ -293,8 +293,15 @@ def action_routes(
             command = commands.cancel_rollout(tenant, group, given.reason)
         except CommandInvalid as exc:
             raise Problem(400, str(exc)) from exc
-        await (await publishing().send(command)).close()  # its effect shows on the siblings
-        return _answer(request, command, False, f"/api/runs?key={group}", None)
+
+        async def stopped() -> bool:
+            """Every sibling ended: cancelled, or past the point a cancel could reach."""
+            now = await reads.runs(tenant, RunFilters(key=group[:500]), None, MAX_LIMIT)
+            states = [r.state for r in now.runs if r.idempotency_key == group]
+            return all(s is not None and not RunState(s).cancellable for s in states)
+
+        done = await settle(publishing(), command, stopped, wait_s(request))
+        return _answer(request, command, done, f"/api/runs?key={group}", None)
 
     async def review(request: Request) -> Response:
         same_site(request, access)
