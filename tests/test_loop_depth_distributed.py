@@ -40,6 +40,7 @@ from assay.store import S3BlobStore
 from assay.workflow import WorkflowDef, from_document
 from tests import winner_effects
 from tests.pipeline import produce, read_topic, register, task_records, wait_for
+from tests.test_replay_matrix import CALLS, V1, V2  # the embedded test's two versions
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,7 +50,6 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-CALLS = 3  # each run's model-call budget: what a candidate reserves
 REFUSED = "0c7f8f0e-3c1d-4f7e-9b2a-5d6c7e8f9a21"
 """The tenant whose replay ceiling holds two candidates, not three."""
 ENV = {
@@ -58,35 +58,6 @@ ENV = {
 }
 
 
-def arith(prompt: str) -> WorkflowDef:
-    return from_document(
-        {
-            "id": "arith-matrix",
-            "budget": {"max_model_calls": CALLS},
-            "steps": [
-                {"id": "solve", "kind": "model", "prompt": prompt, "max_tokens": 32},
-                {
-                    "id": "answer",
-                    "kind": "tool",
-                    "tool": "extract_number",
-                    "args": {"text": "{{ steps.solve.output }}"},
-                },
-            ],
-            "verifiers": [
-                {
-                    "id": "correct",
-                    "kind": "exact",
-                    "step": "answer",
-                    "expected": "{{ task.answer }}",
-                }
-            ],
-            "rubric": [{"id": "concise", "layer": "contextual", "text": "Prefer shorter answers."}],
-        }
-    )
-
-
-V1 = arith("What is {{ task.question }}?")
-V2 = arith("Work it out step by step: {{ task.question }}. Reply with only the number.")
 MATRIX = [
     "--candidate",
     "v1:version=current",
