@@ -220,23 +220,30 @@ def _cost(before: _Meter, after: _Meter, runs: int) -> dict[str, float]:
     return out
 
 
-async def _measure(d: Deployment, s3: Service, s3_log: Path) -> dict[str, float]:
+async def routed_tenant(d: Deployment, workflow: str, timeout_s: float) -> str:
+    """A new tenant with the example `workflow` registered through the CLI, once ingest
+    holds its allocation (tasks before it are refused as unknown)."""
     tenant = str(uuid.uuid4())
     registered = await asyncio.to_thread(
         subprocess.run,
-        [ASSAY, "register", str(ROOT / "examples/workflows/arith-v2.yaml"), "--tenant", tenant],
+        [ASSAY, "register", str(ROOT / "examples/workflows" / workflow), "--tenant", tenant],
         env=d.env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout_s,
     )
     assert registered.returncode == 0, registered.stderr
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while not await d.query(
         "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'", uuid.UUID(tenant)
     ):
         assert time.monotonic() < deadline, "the workflow was never allocated"
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # ingest's state has no event to wait on
+    return tenant
+
+
+async def _measure(d: Deployment, s3: Service, s3_log: Path) -> dict[str, float]:
+    tenant = await routed_tenant(d, "arith-v2.yaml", 60)
     warm = _tasks(tenant, 50, "warm")
     await _produce(d.bootstrap, warm, None)
     await _results(d.bootstrap, {k.split(":", 1)[1] for k, _ in warm}, 120)

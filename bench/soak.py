@@ -35,20 +35,19 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from pipeline import routed_tenant
 
 from assay.bus.topics import RESULTS, TASKS, WORKFLOWS
 from assay.cli.rebuild import check_postgres, rebuild
 from assay.cli.tasks import read_tasks
-from assay.devstack.deployment import ASSAY, Deployment, deploy
+from assay.devstack.deployment import Deployment, deploy
 from assay.devstack.postgres import start_cluster
 from assay.devstack.s3 import resolve_s3
 from assay.kernel import WorkflowId, tenant_id
@@ -230,22 +229,7 @@ async def _autovacuum_often(admin_dsn: str) -> None:
 
 
 async def _soak_pg(d: Deployment, pg_log: Path) -> dict[str, float]:
-    tenant = str(uuid.uuid4())
-    registered = await asyncio.to_thread(
-        subprocess.run,
-        [ASSAY, "register", str(ROOT / "examples/workflows/arith-v1.yaml"), "--tenant", tenant],
-        env=d.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert registered.returncode == 0, registered.stderr
-    deadline = time.monotonic() + 120
-    while not await d.query(
-        "SELECT 1 FROM ingest.state WHERE tenant = $1 AND kind = 'allocation'", uuid.UUID(tenant)
-    ):
-        assert time.monotonic() < deadline, "the workflow was never allocated"
-        await asyncio.sleep(0.2)  # ingest's state has no event to wait on
+    tenant = await routed_tenant(d, "arith-v1.yaml", 120)
     # The fixed stream: the arithmetic examples, each sent again under a new key.
     examples = ROOT / "examples" / "tasks" / "arith.jsonl"
     tasks = read_tasks(examples, tenant_id(tenant), WorkflowId("arith"))
