@@ -161,28 +161,40 @@ async def on_run_graded(msg: RunGraded, uow: AggregateUnitOfWork) -> None:
     if not challenger or tally.baseline is None:
         return
     base = await uow.get(Tally, tally.baseline)
+    baseline_failures = await _failures(uow, tally.baseline)
+    evidence = _evidence(msg, tally, tally.baseline, base, [*baseline_failures, *failures])
+    uow.emit(AGGREGATES, evidence)
+
+
+def _evidence(
+    msg: RunGraded,
+    tally: Tally,
+    baseline: WorkflowVersion,
+    base: Tally | None,
+    failures: list[FailureEvidence],
+) -> VariantAggregate:
+    """The challenger's evidence against its `baseline` (tallied as `base`), after
+    `msg` was tallied; `failures` are the baseline's latest, then the challenger's."""
+    r = msg.run
     runs, passes = tally.selection()
     base_runs, base_passes = base.selection() if base else (0, 0)
-    uow.emit(
-        AGGREGATES,
-        VariantAggregate(
-            tenant=r.tenant,
-            workflow_id=r.workflow_id,
-            workflow_version=r.workflow_version,
-            baseline_version=tally.baseline,
-            record=tally.record or WinRecord(),
-            runs=runs,
-            passes=passes,
-            strength=tally.ranked.summary() if tally.ranked else None,
-            baseline_runs=base_runs,
-            baseline_passes=base_passes,
-            held_out=tally.held_out_beside(base),
-            failures=[*await _failures(uow, tally.baseline), *failures],
-            screened=tally.screened,
-            served=tally.served,
-            order_checked=tally.order_checked,
-            order_inconsistent=tally.order_inconsistent,
-        ),
+    return VariantAggregate(
+        tenant=r.tenant,
+        workflow_id=r.workflow_id,
+        workflow_version=r.workflow_version,
+        baseline_version=baseline,
+        record=tally.record or WinRecord(),
+        runs=runs,
+        passes=passes,
+        strength=tally.ranked.summary() if tally.ranked else None,
+        baseline_runs=base_runs,
+        baseline_passes=base_passes,
+        held_out=tally.held_out_beside(base),
+        failures=failures,
+        screened=tally.screened,
+        served=tally.served,
+        order_checked=tally.order_checked,
+        order_inconsistent=tally.order_inconsistent,
     )
 
 
