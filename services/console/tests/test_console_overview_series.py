@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,16 +22,19 @@ from assay.kernel import Lsn, RunState
 from assay.kernel.ids import MessageId, RunId, TaskId, TenantId, run_id_from
 from assay.kernel.scores import Ungraded, UngradedReason
 from assay.messages import RunRef, RunResult, Usage
-from assay.record import Event, LogRecord, Patch
+from assay.record import DocumentTable, Event, LogRecord, Patch
 from assay.store import CommitBatch
 from assay.store.postgres import PostgresEventLog
 from assay.store.sqlite import SqliteEventLog
 from assay_console.access import Access
 from assay_console.app import create_app
+from assay_console.overview_series import SeriesQuery, overview_series
 from assay_console.reads import ConsoleReads, PostgresRunsTable, SqliteRunsTable
+from assay_console.spend import USAGE_TABLE
 from assay_console.stage import (
     CONSOLE_EVENTS,
     CONSOLE_TABLES,
+    RUNS_TABLE,
     IndeterminateSeen,
     ResultSeen,
     RunSeen,
@@ -50,6 +53,7 @@ BASE = T0_MS // HOUR * HOUR
 """Start of bucket 2 of the asked window (six hours by hour, ending half an hour into
 bucket 5)."""
 END = BASE + 3 * HOUR + 30 * MIN
+ADAPTERS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 ASKED = {
     "window": "6h",
     "bucket": "1h",
@@ -127,12 +131,19 @@ def seeded() -> dict[TenantId, list[list[Event]]]:
     return {TENANT_A: a, TENANT_B: b}
 
 
+def _run_of(event: Event) -> str:
+    if isinstance(event, ResultSeen):
+        return event.result.run_id
+    assert isinstance(event, RunSeen | StatusSeen | IndeterminateSeen)
+    return event.run.run_id
+
+
 async def _commit_all(log: SqliteEventLog | PostgresEventLog) -> None:
     n = 0
     for tenant, runs in seeded().items():
         for events in runs:
             for event in events:
-                run_id = event.result.run_id if isinstance(event, ResultSeen) else event.run.run_id  # type: ignore[attr-defined]
+                run_id = _run_of(event)
                 n += 1
                 await log.commit(
                     CommitBatch(
@@ -142,7 +153,7 @@ async def _commit_all(log: SqliteEventLog | PostgresEventLog) -> None:
                 )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=ADAPTERS)
 async def client(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[httpx.AsyncClient]:
@@ -338,3 +349,64 @@ def test_a_result_recorded_before_its_time_was_noted_folds_as_it_did() -> None:
     (new,) = fold_console(LogRecord(key, Lsn(0), 2, 5, v2))
     assert isinstance(new, Patch)
     assert new.fields["result_ms"] == 1_234
+
+
+@pytest.mark.parametrize(
+    "adapter", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_console_store_of_before_result_times_opens_and_charts_new_results(
+    adapter: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A console store made before `console_runs` had `result_ms` opens with it; the
+    results that arrive from then on are charted."""
+    before = DocumentTable(
+        kind=RUNS_TABLE.kind,
+        table=RUNS_TABLE.table,
+        columns=tuple(c for c in RUNS_TABLE.columns if c.name != "result_ms"),
+        indexes=tuple(i for i in RUNS_TABLE.indexes if "result_ms" not in i),
+    )
+    store = tmp_path / "console.sqlite"
+    dsn = ""
+    if adapter == "postgres":
+        dsn = str(request.getfixturevalue("series_database"))
+    schema = f"console_{uuid.uuid4().hex[:8]}"
+
+    def opened(tables: tuple[DocumentTable, ...]) -> SqliteEventLog | PostgresEventLog:
+        if adapter == "sqlite":
+            return SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=tables)
+        return PostgresEventLog(dsn, schema, CONSOLE_EVENTS, fold_console, tables=tables)
+
+    async def commit(log: SqliteEventLog | PostgresEventLog, n: int, events: list[Event]) -> None:
+        for i, event in enumerate(events):
+            run_id = _run_of(event)
+            batch = CommitBatch(
+                records=[(run_stream(TENANT_A, run_id), event)],
+                inbox=(TENANT_A, MessageId(f"upgrade-{n}-{i}")),
+            )
+            await log.commit(batch)
+
+    log = await opened((before, USAGE_TABLE)).open()
+    await commit(log, 0, _run(TENANT_A, 0, BASE + MIN, None, True))
+    await log.close()
+    log = await opened(CONSOLE_TABLES).open()
+    table: SqliteRunsTable | PostgresRunsTable = (
+        SqliteRunsTable(store)
+        if adapter == "sqlite"
+        else await PostgresRunsTable.connect(dsn, schema)
+    )
+    try:
+        await commit(log, 1, _run(TENANT_A, 1, BASE + 2 * MIN, BASE + 3 * MIN, True))
+        q = SeriesQuery("6h", "1h", END)
+        found = await overview_series(table, TENANT_A, q)
+        assert [b.tasks_in for b in found.buckets] == [0, 0, 2, 0, 0, 0]
+        assert [b.results_out for b in found.buckets] == [0, 0, 1, 0, 0, 0]
+        assert found.buckets[2].latency_p50_ms == MIN
+    finally:
+        await table.close()
+        await log.close()
+
+
+@pytest.fixture(scope="module")
+def series_database(postgres: Service) -> Iterator[str]:
+    with scratch_database(postgres, "assay_series_upgrade") as dsn:
+        yield dsn
