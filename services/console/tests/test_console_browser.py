@@ -505,5 +505,6 @@ def test_the_overview_draws_the_tenant_over_time(page: Page, served: str, shots:
     expect(page.locator(".overview-series[data-poll]")).to_have_count(0)
     page.goto(f"{served}?tenant={DEMO_TENANT}")
     series = page.locator(f".overview-series[data-tenant='{DEMO_TENANT}']")
-    expect(series).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"))
+    # every 15 s (each refresh reads the whole window)
+    expect(series).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"), timeout=25_000)
     expect(series.locator("svg.overview-volume g.series circle")).to_have_count(48)

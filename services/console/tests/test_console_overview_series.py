@@ -315,7 +315,7 @@ async def test_the_page_draws_each_chart(client: httpx.AsyncClient) -> None:
     }
     assert "data-poll" not in page.split('class="overview-series"')[1].split(">")[0]
     live = (await client.get("/", headers=A)).text
-    assert 'data-poll="1" data-src="/overview/series?tenant=' in live
+    assert 'data-poll="1" data-every="15000" data-src="/overview/series?tenant=' in live
     fragment = await client.get("/overview/series", headers=A, params=ASKED)
     assert _dots(fragment.text, "overview-throughput")["results/s"][2] == str(round(4 / 3600, 6))
 

@@ -4,7 +4,7 @@
 "use strict";
 (function () {
   const every = 3000;
-  function poll(container, target, src) {
+  function poll(container, target, src, period) {
     const stamp = document.getElementById("updated");
     async function refresh() {
       if (document.visibilityState !== "visible") return;
@@ -16,7 +16,7 @@
         container.dataset.refreshed = String(Number(container.dataset.refreshed || 0) + 1);
       } catch (e) { /* the next tick tries again */ }
     }
-    setInterval(refresh, every);
+    setInterval(refresh, period || every);
     document.addEventListener("visibilitychange", refresh);
   }
   // Logged in with a cookie: offer to log out, with the session's CSRF token.
@@ -30,8 +30,9 @@
   if (table && table.dataset.poll === "1") poll(table, document.getElementById("rows"));
   const ladder = document.getElementById("ladder");
   if (ladder && ladder.dataset.poll === "1") poll(ladder, ladder);
-  // The overview's charts over time, each tenant's from its own fragment.
+  // The overview's charts over time, each tenant's from its own fragment, less often
+  // (each refresh reads the whole window).
   for (const series of document.querySelectorAll(".overview-series[data-poll='1']")) {
-    poll(series, series, series.dataset.src);
+    poll(series, series, series.dataset.src, Number(series.dataset.every) || every);
   }
 })();
