@@ -1,4 +1,5 @@
-"""The console's runs list at a million runs: one filtered keyset page, p95.
+"""The console's runs list at a million runs: one filtered keyset page, p95; and the
+overview over time at the same million runs, p95.
 
 The console's read model — each run's document in `state` and its row in
 `console_runs` — is filled in bulk with `CONSOLE_RUNS` runs of one tenant (the worst
@@ -7,6 +8,10 @@ case: every run in one tenant's index ranges), on SQLite and on Postgres. Then
 drawn at random from what an operator asks (a workflow, a version, a state, failed
 runs, an idempotency-key prefix, a time window, combinations; first pages and pages
 further on by cursor); the figure is the 95th percentile of their latencies.
+
+Then `overview_series`, what `GET /api/overview/series` calls, answers `SERIES`
+windows (each window by its default bucket, ending at a random point of the runs'
+span; a 7- or 30-day window holds every run); the figure is the 95th percentile.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import os
 import random
 import sqlite3
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,11 +35,19 @@ from assay.kernel import RunState, TenantId
 from assay.kernel.ids import new_run_id
 from assay.store import SqliteEventLog
 from assay.store.postgres import PostgresEventLog
+from assay_console.overview_series import (
+    DEFAULT_BUCKET,
+    DEFAULT_WINDOW,
+    WINDOWS,
+    SeriesQuery,
+    overview_series,
+)
 from assay_console.reads import ConsoleReads, PostgresRunsTable, RunFilters, SqliteRunsTable
 from assay_console.stage import CONSOLE_EVENTS, CONSOLE_TABLES, RUNS_TABLE, RunRow, fold_console
 
 CONSOLE_RUNS = int(os.environ.get("ASSAY_BENCH_CONSOLE_RUNS", "1000000"))
 PAGES = 400
+SERIES = 60
 LIMIT = 50
 T0_MS = 1_780_000_000_000
 STEP_MS = 250
@@ -60,6 +74,9 @@ def rows(n: int) -> Iterator[RunRow]:
         workflow = WORKFLOWS[i % len(WORKFLOWS)]
         state = rng.choices(states, weights)[0]
         passed = None if state in ("running", "suspended", "cancelled") else rng.random() < 0.7
+        status = "graded" if state == "graded" else ("ungraded" if state == "ungraded" else None)
+        # a result 2 s to about 2 min after creation (log-normal), for every ended run
+        latency = round(1000 * min(rng.lognormvariate(2.5, 0.8), 600) + 2000)
         yield RunRow(
             run_id=new_run_id(ms, i.to_bytes(10, "big")),
             task_id=f"task-{i}",
@@ -71,7 +88,8 @@ def rows(n: int) -> Iterator[RunRow]:
             created_ms=ms,
             state=state,
             passed=passed if state != "verified_fail" else False,
-            status="graded" if state == "graded" else ("ungraded" if state == "ungraded" else None),
+            status=status,
+            result_ms=ms + latency if status else None,
             score_kind="relative" if state == "graded" else None,
             ungraded_reason="no_reference" if state == "ungraded" else None,
         )
@@ -80,7 +98,7 @@ def rows(n: int) -> Iterator[RunRow]:
 def table_row(row: RunRow) -> tuple[object, ...]:
     """The `console_runs` row of a run, in `RUNS_TABLE`'s column order."""
     doc = row.model_dump()
-    return tuple(doc[c.name] for c in RUNS_TABLE.columns)
+    return tuple(doc.get(c.name) for c in RUNS_TABLE.columns)
 
 
 def queries(n: int, rng: random.Random) -> list[tuple[RunFilters, int]]:
@@ -124,7 +142,31 @@ async def page_p95(reads: ConsoleReads, n: int) -> float:
     return statistics.quantiles(latencies, n=100)[94]
 
 
-async def sqlite_p95(workdir: Path, n: int) -> float:
+async def series_p95(reads: ConsoleReads, n: int) -> tuple[float, float]:
+    """The p95 latency (ms) of one tenant's overview over time, over `SERIES` windows,
+    and the median of the default window's (the overview page's, refreshed while open)."""
+    rng = random.Random(13)
+    span_ms = n * STEP_MS
+    latencies: dict[str, list[float]] = {w: [] for w in WINDOWS}
+    for i in range(SERIES):
+        window = list(WINDOWS)[i % len(WINDOWS)]
+        end = T0_MS + round(rng.random() * span_ms) + WINDOWS[window]
+        q = SeriesQuery(window, DEFAULT_BUCKET[window], end)
+        t0 = time.perf_counter()
+        await overview_series(reads.table, TENANT, q)
+        latencies[window].append((time.perf_counter() - t0) * 1000)
+    medians = {w: round(statistics.median(ms), 1) for w, ms in latencies.items()}
+    print(f"overview series, median ms by window: {medians}", file=sys.stderr)
+    every = [ms for by_window in latencies.values() for ms in by_window]
+    return statistics.quantiles(every, n=100)[94], medians[DEFAULT_WINDOW]
+
+
+async def timed(reads: ConsoleReads, n: int) -> tuple[float, float, float]:
+    """The runs list's p95, the overview series' p95 and its default window's median (ms)."""
+    return await page_p95(reads, n), *await series_p95(reads, n)
+
+
+async def sqlite_p95(workdir: Path, n: int) -> tuple[float, float, float]:
     """Fill the console's SQLite store in bulk, then time pages through its reads."""
     store = workdir / "console.sqlite"
     log = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=CONSOLE_TABLES).open()
@@ -145,13 +187,13 @@ async def sqlite_p95(workdir: Path, n: int) -> float:
     log = await SqliteEventLog(store, CONSOLE_EVENTS, fold_console, tables=CONSOLE_TABLES).open()
     reads = ConsoleReads(log, SqliteRunsTable(store))
     try:
-        return await page_p95(reads, n)
+        return await timed(reads, n)
     finally:
         await reads.close()
         await log.close()
 
 
-async def postgres_p95(admin_dsn: str, n: int) -> float:
+async def postgres_p95(admin_dsn: str, n: int) -> tuple[float, float, float]:
     """Fill the console's Postgres schema in bulk (COPY), then time pages through its
     reads. The bulk load writes the documents and their table rows apart (the row
     trigger, which the console's commits use, is bypassed for the load only)."""
@@ -184,7 +226,7 @@ async def postgres_p95(admin_dsn: str, n: int) -> float:
         ).open()
         reads = ConsoleReads(log, await PostgresRunsTable.connect(dsn, "console"))
         try:
-            return await page_p95(reads, n)
+            return await timed(reads, n)
         finally:
             await reads.close()
             await log.close()
@@ -214,14 +256,17 @@ async def copy(conn: object, batch: list[RunRow], columns: list[str]) -> None:
 
 
 def console_figures(workdir: Path) -> dict[str, float]:
-    """`console.runs_page_p95_ms.{sqlite,postgres}` at `CONSOLE_RUNS` runs (Postgres
+    """`console.runs_page_p95_ms.{sqlite,postgres}`,
+    `console.overview_series_p95_ms.{sqlite,postgres}` and
+    `console.overview_series_24h_ms.{sqlite,postgres}` at `CONSOLE_RUNS` runs (Postgres
     when a server can be had here)."""
     (workdir / "sqlite").mkdir(parents=True, exist_ok=True)
+    page, series, day = asyncio.run(sqlite_p95(workdir / "sqlite", CONSOLE_RUNS))
     figures = {
         "console.runs": float(CONSOLE_RUNS),
-        "console.runs_page_p95_ms.sqlite": round(
-            asyncio.run(sqlite_p95(workdir / "sqlite", CONSOLE_RUNS)), 2
-        ),
+        "console.runs_page_p95_ms.sqlite": round(page, 2),
+        "console.overview_series_p95_ms.sqlite": round(series, 2),
+        "console.overview_series_24h_ms.sqlite": round(day, 2),
     }
     try:
         server = resolve_postgres(workdir / "postgres")
@@ -229,8 +274,10 @@ def console_figures(workdir: Path) -> dict[str, float]:
         print(f"no Postgres console figure: {exc}")
         return figures
     try:
-        p95 = asyncio.run(postgres_p95(server.address, CONSOLE_RUNS))
-        figures["console.runs_page_p95_ms.postgres"] = round(p95, 2)
+        page, series, day = asyncio.run(postgres_p95(server.address, CONSOLE_RUNS))
+        figures["console.runs_page_p95_ms.postgres"] = round(page, 2)
+        figures["console.overview_series_p95_ms.postgres"] = round(series, 2)
+        figures["console.overview_series_24h_ms.postgres"] = round(day, 2)
     finally:
         server.stop()
     return figures

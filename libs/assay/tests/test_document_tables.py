@@ -153,3 +153,38 @@ def test_a_table_refuses_what_it_cannot_name() -> None:
         DocumentTable(kind="k", table="t", columns=(TableColumn("tenant", "text"),))
     with pytest.raises(ValueError, match="bad document table"):
         DocumentTable(kind="k' OR 1=1", table="t", columns=(TableColumn("a", "text"),))
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+async def test_a_store_of_an_earlier_version_gains_a_new_column(
+    adapter: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A table an earlier version made, without a column added since, still opens; the
+    column is filled from the documents already there and follows every later write."""
+    older = DocumentTable(
+        kind=TABLE.kind, table=TABLE.table, columns=TABLE.columns[:2], indexes=TABLE.indexes
+    )
+    registry = EventRegistry([Changed])
+    path = tmp_path / "old.sqlite"
+    dsn = str(request.getfixturevalue("tables_database")) if adapter == "postgres" else ""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+
+    def opened(t: DocumentTable) -> SqliteEventLog | PostgresEventLog:
+        if adapter == "sqlite":
+            return SqliteEventLog(path, registry, fold, tables=(t,))
+        return PostgresEventLog(dsn, schema, registry, fold, tables=(t,))
+
+    async def read() -> list[tuple[Any, ...]]:
+        return await (_sqlite_rows(path) if adapter == "sqlite" else _pg_rows(dsn, schema))
+
+    log = await opened(older).open()
+    await _commit(log, 1, Changed(name="a", put=True, fields={"colour": "red", "ok": True}))
+    await log.close()
+    log = await opened(TABLE).open()
+    try:
+        assert await read() == [("a", "red", None, True)]
+        await _commit(log, 2, Changed(name="b", put=True, fields={"size": 2, "ok": False}))
+        await _commit(log, 3, Changed(name="a", fields={"ok": False}))
+        assert await read() == [("a", "red", None, False), ("b", None, 2, False)]
+    finally:
+        await log.close()

@@ -36,6 +36,7 @@ from assay_console.charts import (
     time_chart,
 )
 from assay_console.outbox import Outbox
+from assay_console.overview_series import series_routes, tenants_series
 from assay_console.reads import MAX_KEY, BadQuery, ConsoleReads, RunFilters
 from assay_console.runlog import RunLog, RunLogUnavailable
 from assay_console.sessions import SESSION_COOKIE
@@ -334,7 +335,8 @@ def create_app(
             views = [await reads.overview(t) for t in tenants]
         else:
             views = [await reads.overview(_tenant(request, access))]
-        return render("overview.html", views=views, open=access.open)
+        series = await tenants_series(reads.table, [v.tenant for v in views], request.query_params)
+        return render("overview.html", views=views, open=access.open, series=series)
 
     async def page_runs(request: Request) -> Response:
         filters, cursor, limit = parse_filters(request)
@@ -463,6 +465,7 @@ def create_app(
     from assay_console.login import login_routes
 
     routes[:0] = [*action_routes(reads, access, outbox, guarded), *login_routes(access, env)]
+    routes[:0] = series_routes(reads.table, lambda r: _tenant(r, access), guarded, render)
     app = Starlette(routes=routes)
     app.add_middleware(_SecurityHeaders)
     return app

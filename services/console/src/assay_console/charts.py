@@ -6,6 +6,7 @@ strengths against control, and a workflow's version DAG. Pure functions, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from assay.engine.episode_view import RunView
@@ -249,11 +250,16 @@ class TimeChart:
 
 
 def time_chart(
-    xs: list[str], series: dict[str, list[float]], limits: dict[str, float], y_max: float = 0.0
+    xs: list[str],
+    series: Mapping[str, Sequence[float | None]],
+    limits: dict[str, float],
+    y_max: float = 0.0,
 ) -> TimeChart:
-    """Each series against the bucket labels `xs` (one value per bucket), and each limit
-    as a line; the y axis starts at zero and reaches the largest value, limit or `y_max`."""
-    top_value = max([y_max, *limits.values(), *(v for vs in series.values() for v in vs)])
+    """Each series against the bucket labels `xs` (one value per bucket; None: no value
+    there, no point, the line joins its neighbours), and each limit as a line; the y
+    axis starts at zero and reaches the largest value, limit or `y_max`."""
+    values_ = [v for vs in series.values() for v in vs if v is not None]
+    top_value = max([y_max, *limits.values(), *values_])
     y_hi = top_value * 1.1 or 1.0
     inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     step = inner_w / max(len(xs) - 1, 1)
@@ -267,8 +273,8 @@ def time_chart(
     lines = [
         Line(
             name,
-            " ".join(f"{sx(i)},{sy(v)}" for i, v in enumerate(values)),
-            [(sx(i), sy(v), _fmt(round(v, 6))) for i, v in enumerate(values)],
+            " ".join(f"{sx(i)},{sy(v)}" for i, v in enumerate(values) if v is not None),
+            [(sx(i), sy(v), _fmt(round(v, 6))) for i, v in enumerate(values) if v is not None],
         )
         for name, values in series.items()
     ]

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from assay.engine.episode_view import RunView
+from assay_console.overview_series import BUCKETS, MAX_BUCKETS, WINDOWS, OverviewSeries
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
 from assay_console.spend_views import SpendReport
 from assay_console.tree_views import RolloutGroupView, RunTree
@@ -61,6 +62,7 @@ def document() -> dict[str, Any]:
                 RunsPage,
                 RunDetail,
                 Overview,
+                OverviewSeries,
                 WorkflowsList,
                 WorkflowDetail,
                 ProposalsList,
@@ -194,6 +196,34 @@ def document() -> dict[str, Any]:
                     "summary": "A tenant at a glance.",
                     "parameters": [tenant],
                     "responses": ok("Overview", "The overview."),
+                }
+            },
+            "/api/overview/series": {
+                "get": {
+                    "summary": (
+                        "A tenant over time, bucket by bucket: tasks in, results out, pass "
+                        "rate, throughput and end-to-end latency (p50, p95)."
+                    ),
+                    "parameters": [
+                        tenant,
+                        _param(
+                            "window",
+                            "The span shown, ending at `end` (default 24h).",
+                            {"type": "string", "enum": list(WINDOWS)},
+                        ),
+                        _param(
+                            "bucket",
+                            "Bucket size, UTC-aligned (default by window: 1h→1m, 6h→5m, "
+                            f"24h→1h, 7d→1h, 30d→1d); at most {MAX_BUCKETS} buckets.",
+                            {"type": "string", "enum": list(BUCKETS)},
+                        ),
+                        _param(
+                            "end",
+                            "End of the span, ISO 8601 (default now; no zone: UTC).",
+                            {"type": "string", "format": "date-time"},
+                        ),
+                    ],
+                    "responses": ok("OverviewSeries", "The tenant's buckets, oldest first."),
                 }
             },
             "/api/workflows": {

@@ -277,6 +277,11 @@ class ConsoleReads:
         """Close the table's connection (the log is its owner's)."""
         await self._table.close()
 
+    @property
+    def table(self) -> RunsTable:
+        """The `console_runs` table, for queries of their own (`overview_series.py`)."""
+        return self._table
+
     async def tombstone(self, tenant: TenantId) -> Tombstone | None:
         """The console's tombstone of a deleted tenant (its own part of the deletion)."""
         doc = await self._log.get(tombstone_at(tenant))

@@ -15,9 +15,10 @@ It also folds each workflow's ladder from the loop's topics (`ladder.py`).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from assay.grading.sprt import SprtPolicy
 from assay.kernel import RunState
@@ -106,11 +107,22 @@ class GradeSeen(Event):
 
 
 class ResultSeen(Event):
-    """The run's result, as consumers received it."""
+    """The run's result, as consumers received it. Version 2 adds when the console
+    received it (`at_ms`), the overview's results-out and latency time; a version 1
+    result has none and stays out of those series."""
 
     type: ClassVar[str] = "console.ResultSeen"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     result: RunResult = Field(description="The result.")
+    at_ms: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "v2: when the console received the result (ms since the epoch). The envelope's "
+            "time is the task's submission (every message a fact causes inherits it), so "
+            "this is the result's own time. None only for a result recorded before v2."
+        ),
+    )
 
 
 class RolloutSeen(Event):
@@ -145,6 +157,16 @@ def _allocation_seen_v1(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "challengers": full["challengers"], "shares": full["shares"]}
 
 
+@CONSOLE_EVENTS.upcaster("console.ResultSeen", 1)
+def _result_seen_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 did not say when the result arrived: it stays unknown."""
+    return {**payload, "at_ms": None}
+
+
+_ADDED_LATER = ("result_ms",)
+"""`RunRow` fields a row folded before they existed does not have."""
+
+
 class RunRow(ReadModel):
     """What the runs list shows of one run, and filters on. Built by patches, so every
     field has a default."""
@@ -164,6 +186,16 @@ class RunRow(ReadModel):
     score_kind: str | None = None
     ungraded_reason: str | None = None
     indeterminate: bool = False
+    result_ms: int | None = None
+    """When the console received the run's result (ms since the epoch); absent for a
+    result recorded before `ResultSeen` v2 said."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unknown(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A row folded before a field existed has none, and its document stays as it was
+        folded then (`rebuild --check` compares)."""
+        doc: dict[str, Any] = handler(self)
+        return {k: v for k, v in doc.items() if k not in _ADDED_LATER or v is not None}
 
 
 class RolloutRow(ReadModel):
@@ -188,15 +220,18 @@ RUNS_TABLE = DocumentTable(
         TableColumn("ungraded_reason", "text"),
         TableColumn("indeterminate", "boolean"),
         TableColumn("created_ms", "integer"),
+        TableColumn("result_ms", "integer"),
     ),
     indexes=(
         ("workflow_id", "workflow_version"),
         ("state",),
         ("passed",),
         ("idempotency_key",),
+        ("result_ms", "created_ms"),
     ),
 )
-"""Every run of a tenant, by run id (creation order) and by each filter."""
+"""Every run of a tenant, by run id (creation order) and by each filter; by result time
+with its creation time (the overview's results out and latency, `overview_series.py`)."""
 
 
 CONSOLE_TABLES = (RUNS_TABLE, USAGE_TABLE)
@@ -256,6 +291,8 @@ def fold_console(record: LogRecord) -> list[StateDelta]:
     if isinstance(event, ResultSeen):
         r = event.result
         fields = {"run_id": r.run_id, "passed": r.passed, "status": r.status}
+        if event.at_ms is not None:
+            fields["result_ms"] = event.at_ms
         return [Patch(RunRow.at(tenant, r.run_id), fields | _score_fields(r.score))]
     if not isinstance(event, RunSeen | StatusSeen | IndeterminateSeen | VerdictSeen | GradeSeen):
         return []
@@ -314,7 +351,8 @@ async def on_run_result(msg: RunResult, uow: ConsoleUnitOfWork) -> None:
     branch's replaced (`superseded_by`) is not the run's any more: the live branch's is."""
     if msg.superseded_by is not None:
         return
-    uow.record(run_stream(uow.tenant, msg.run_id), ResultSeen(result=msg))
+    at_ms = int(datetime.now(UTC).timestamp() * 1000)  # the envelope's is the task's time
+    uow.record(run_stream(uow.tenant, msg.run_id), ResultSeen(result=msg, at_ms=at_ms))
 
 
 async def on_rollout_result(msg: RolloutResult, uow: ConsoleUnitOfWork) -> None:

@@ -437,6 +437,36 @@ _PG_TYPES = {"text": 'text COLLATE "C"', "integer": "bigint", "boolean": "boolea
 _PG_CAST = {"text": "", "integer": "::bigint", "boolean": "::boolean"}
 
 
+async def _add_table_columns(conn: Connection, schema: str, t: DocumentTable) -> None:
+    """Bring a table a schema of an earlier version made up to `t`: add the columns it
+    lacks, filled from the documents (the trigger function, replaced after, writes them
+    from then on)."""
+    have = {
+        r["column_name"]
+        for r in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = $1 AND table_name = $2",
+            schema,
+            t.table,
+        )
+    }
+    missing = [c for c in t.columns if c.name not in have]
+    if not missing:
+        return
+    s = quoted(schema)
+    adds = ", ".join(f"ADD COLUMN {c.name} {_PG_TYPES[c.sql_type]}" for c in missing)
+    await conn.execute(f"ALTER TABLE {s}.{t.table} {adds}")
+    sets = ", ".join(
+        f"{c.name} = (convert_from(st.value, 'UTF8')::jsonb ->> '{c.name}'){_PG_CAST[c.sql_type]}"
+        for c in missing
+    )
+    await conn.execute(
+        f"UPDATE {s}.{t.table} AS t SET {sets} FROM {s}.state AS st"
+        f" WHERE st.tenant = t.tenant AND st.kind = '{t.kind}' AND st.key = t.key"
+        " AND st.value IS NOT NULL"
+    )
+
+
 async def create_document_tables(
     conn: Connection, schema: str, tables: Sequence[DocumentTable]
 ) -> None:
@@ -459,6 +489,7 @@ async def create_document_tables(
                 f"CREATE TABLE IF NOT EXISTS {s}.{t.table} (tenant uuid NOT NULL,"
                 f' key text COLLATE "C" NOT NULL, {cols}, PRIMARY KEY (tenant, key))'
             )
+            await _add_table_columns(conn, schema, t)
             for index in t.indexes:
                 await conn.execute(
                     f"CREATE INDEX IF NOT EXISTS {t.table}_by_{'_'.join(index)}"

@@ -173,6 +173,7 @@ class SqliteEventLog(SqliteSpendLedger):
         self._conn.executescript(SPEND_SCHEMA)
         add_column(self._conn, "inbox", "at_ms INTEGER NOT NULL DEFAULT 0")  # files of before
         for table in self._tables:
+            add_table_columns(self._conn, table)
             self._conn.executescript(document_table_ddl(table))
         self._cursor = self._conn.cursor()
         return self
@@ -742,6 +743,28 @@ def decode_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
 
 
 _SQLITE_TYPES = {"text": "TEXT", "integer": "INTEGER", "boolean": "INTEGER"}
+
+
+def add_table_columns(conn: sqlite3.Connection, t: DocumentTable) -> None:
+    """Bring a `DocumentTable` a file of an earlier version made up to `t`: add the
+    columns it lacks, filled from the documents, and drop its triggers so
+    `document_table_ddl` makes them again with every column. A new table: nothing."""
+    have = {row[1] for row in conn.execute(f"PRAGMA table_info({t.table})")}
+    missing = [c for c in t.columns if c.name not in have]
+    if not have or not missing:
+        return
+    with conn:
+        for c in missing:
+            conn.execute(f"ALTER TABLE {t.table} ADD COLUMN {c.name} {_SQLITE_TYPES[c.sql_type]}")
+        for name in ("ins", "upd", "del"):
+            conn.execute(f"DROP TRIGGER IF EXISTS {t.table}_{name}")
+        sets = ", ".join(
+            f"{c.name} = (SELECT json_extract(CAST(s.value AS TEXT), '$.{c.name}') FROM state s"
+            f" WHERE s.tenant = {t.table}.tenant AND s.kind = '{t.kind}'"
+            f" AND s.key = {t.table}.key)"
+            for c in missing
+        )
+        conn.execute(f"UPDATE {t.table} SET {sets}")
 
 
 def document_table_ddl(t: DocumentTable) -> str:

@@ -1,22 +1,22 @@
-// Live refresh, only while the page is visible: the runs list's first page, and a
-// workflow's ladder while a challenger is live. The server renders (and escapes) the
-// fragment; the script only swaps it in.
+// Live refresh, only while the page is visible: the runs list's first page, a
+// workflow's ladder while a challenger is live, and the overview's charts over time.
+// The server renders (and escapes) the fragment; the script only swaps it in.
 "use strict";
 (function () {
   const every = 3000;
-  function poll(container, target) {
+  function poll(container, target, src, period) {
     const stamp = document.getElementById("updated");
     async function refresh() {
       if (document.visibilityState !== "visible") return;
       try {
-        const res = await fetch(window.location.href, { headers: { "x-console-poll": "1" } });
+        const res = await fetch(src || window.location.href, { headers: { "x-console-poll": "1" } });
         if (!res.ok) return;
         target.innerHTML = await res.text(); // server-rendered, autoescaped
         if (stamp) stamp.textContent = new Date().toISOString().replace("T", " ").slice(0, 19) + " UTC";
         container.dataset.refreshed = String(Number(container.dataset.refreshed || 0) + 1);
       } catch (e) { /* the next tick tries again */ }
     }
-    setInterval(refresh, every);
+    setInterval(refresh, period || every);
     document.addEventListener("visibilitychange", refresh);
   }
   // Logged in with a cookie: offer to log out, with the session's CSRF token.
@@ -30,4 +30,9 @@
   if (table && table.dataset.poll === "1") poll(table, document.getElementById("rows"));
   const ladder = document.getElementById("ladder");
   if (ladder && ladder.dataset.poll === "1") poll(ladder, ladder);
+  // The overview's charts over time, each tenant's from its own fragment, less often
+  // (each refresh reads the whole window).
+  for (const series of document.querySelectorAll(".overview-series[data-poll='1']")) {
+    poll(series, series, series.dataset.src, Number(series.dataset.every) || every);
+  }
 })();
