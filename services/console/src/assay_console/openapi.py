@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 from assay.engine.episode_view import RunView
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
 from assay_console.spend_views import SpendReport
+from assay_console.stages import StagesView
 from assay_console.tree_views import RolloutGroupView, RunTree
 from assay_console.workflow_views import (
     ProposalsList,
@@ -69,6 +70,7 @@ def document() -> dict[str, Any]:
                 RunView,
                 RunTree,
                 RolloutGroupView,
+                StagesView,
             )
         ],
         ref_template=REF,
@@ -194,6 +196,21 @@ def document() -> dict[str, Any]:
                     "summary": "A tenant at a glance.",
                     "parameters": [tenant],
                     "responses": ok("Overview", "The overview."),
+                }
+            },
+            "/api/stages": {
+                "get": {
+                    "summary": (
+                        "Each stage's health (ready, not ready and why, unreachable; embedded: "
+                        "running) and lag per topic and partition, with messages handled and "
+                        "handling time p50/p95: read from each stage's `/readyz` and "
+                        "`/metrics` (distributed, the status ports `ASSAY_CONSOLE_STAGE_URLS` "
+                        "names) or from the process's own metrics (embedded). Figures of the "
+                        "shared topics, with no tenant's data: any admitted caller may read "
+                        "them; it takes no parameter."
+                    ),
+                    "parameters": [],
+                    "responses": ok("StagesView", "The stages, in the order configured."),
                 }
             },
             "/api/workflows": {

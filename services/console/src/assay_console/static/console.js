@@ -1,15 +1,15 @@
-// Live refresh, only while the page is visible: the runs list's first page, and a
-// workflow's ladder while a challenger is live. The server renders (and escapes) the
-// fragment; the script only swaps it in.
+// Live refresh, only while the page is visible: the runs list's first page, a
+// workflow's ladder while a challenger is live, and the overview's stages. The server
+// renders (and escapes) the fragment; the script only swaps it in.
 "use strict";
 (function () {
   const every = 3000;
-  function poll(container, target) {
+  function poll(container, target, url) {
     const stamp = document.getElementById("updated");
     async function refresh() {
       if (document.visibilityState !== "visible") return;
       try {
-        const res = await fetch(window.location.href, { headers: { "x-console-poll": "1" } });
+        const res = await fetch(url || window.location.href, { headers: { "x-console-poll": "1" } });
         if (!res.ok) return;
         target.innerHTML = await res.text(); // server-rendered, autoescaped
         if (stamp) stamp.textContent = new Date().toISOString().replace("T", " ").slice(0, 19) + " UTC";
@@ -30,4 +30,7 @@
   if (table && table.dataset.poll === "1") poll(table, document.getElementById("rows"));
   const ladder = document.getElementById("ladder");
   if (ladder && ladder.dataset.poll === "1") poll(ladder, ladder);
+  // Each stage's health and lag (the overview's Stages section): its own fragment.
+  const stages = document.getElementById("stages");
+  if (stages && stages.dataset.poll) poll(stages, stages, stages.dataset.poll);
 })();
