@@ -153,8 +153,9 @@ async def test_the_overview_draws_the_stages_and_polls_them(client: httpx.AsyncC
 
 async def test_stages_are_read_over_http_ready_not_ready_gone_or_paused(rt: Embedded) -> None:
     """Real status servers: a ready one (with the process's metrics), one that is not
-    ready (its reasons shown), a port nobody listens on, and one that accepts and never
-    answers (a paused process): neither of the last two stops the others' figures."""
+    ready (its reasons shown), a ready one whose /metrics fails, a port nobody listens
+    on, and one that accepts and never answers (a paused process): none of the last
+    three stops the others' figures."""
     registry, refresh = rt.metrics()
     ready = StatusServer(registry, lambda: {"ok": True}, 0, refresh)
     reasons = ["consumer has not joined its group"]
@@ -165,6 +166,11 @@ async def test_stages_are_read_over_http_ready_not_ready_gone_or_paused(rt: Embe
         refresh,
         readiness=lambda: {"ready": False, "reasons": reasons},
     )
+
+    async def broken() -> None:
+        raise RuntimeError("the store did not answer")
+
+    blind = StatusServer(registry, lambda: {"ok": True}, 0, broken)  # /metrics fails
     paused = socket.socket()
     paused.bind(("127.0.0.1", 0))
     paused.listen(8)  # accepts into the backlog, answers nothing: a SIGSTOPped stage
@@ -172,6 +178,7 @@ async def test_stages_are_read_over_http_ready_not_ready_gone_or_paused(rt: Embe
         urls = {
             "console": f"http://127.0.0.1:{await ready.start('127.0.0.1')}",
             "unready": f"http://127.0.0.1:{await unready.start('127.0.0.1')}",
+            "blind": f"http://127.0.0.1:{await blind.start('127.0.0.1')}",
             "gone": f"http://127.0.0.1:{free_port()}",
             "paused": f"http://127.0.0.1:{paused.getsockname()[1]}",
         }
@@ -182,6 +189,7 @@ async def test_stages_are_read_over_http_ready_not_ready_gone_or_paused(rt: Embe
     finally:
         await ready.close()
         await unready.close()
+        await blind.close()
         paused.close()
     by = {s.name: s for s in view.stages}
     assert [s.name for s in view.stages] == list(urls)
@@ -194,6 +202,9 @@ async def test_stages_are_read_over_http_ready_not_ready_gone_or_paused(rt: Embe
     assert by["unready"].health is Health.NOT_READY
     assert by["unready"].reasons == reasons
     assert by["unready"].lag_total is not None
+    assert by["blind"].health is Health.READY
+    assert by["blind"].lag_total is None
+    assert by["blind"].reasons[0].startswith(f"{urls['blind']}/metrics: ")
     for name in ("gone", "paused"):
         assert by[name].health is Health.UNREACHABLE, by[name]
         assert by[name].lag_total is None

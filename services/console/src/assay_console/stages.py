@@ -205,13 +205,18 @@ class HttpStages:
         return StagesView(mode="distributed", stages=list(views))
 
     async def _one(self, client: httpx.AsyncClient, name: str, url: str) -> StageView:
-        try:
-            ready, metrics = await asyncio.gather(
-                client.get(f"{url}/readyz"), client.get(f"{url}/metrics")
-            )
-        except httpx.HTTPError as exc:
-            return stage_view(name, Health.UNREACHABLE, [f"{url}: {type(exc).__name__} {exc}"])
+        ready, metrics = await asyncio.gather(
+            client.get(f"{url}/readyz"), client.get(f"{url}/metrics"), return_exceptions=True
+        )
+        if isinstance(ready, BaseException):
+            if not isinstance(ready, httpx.HTTPError):
+                raise ready
+            return stage_view(name, Health.UNREACHABLE, [f"{url}: {_error(ready)}"])
         health, reasons = _readiness(ready)
+        if isinstance(metrics, BaseException):
+            if not isinstance(metrics, httpx.HTTPError):
+                raise metrics
+            return stage_view(name, health, [*reasons, f"{url}/metrics: {_error(metrics)}"])
         if metrics.status_code != 200:
             return stage_view(name, health, [*reasons, f"/metrics answered {metrics.status_code}"])
         try:
@@ -222,6 +227,11 @@ class HttpStages:
         for fig in found.values():  # one stage per process: its label is its stage's
             merged.add(fig)
         return stage_view(name, health, reasons, merged)
+
+
+def _error(exc: httpx.HTTPError) -> str:
+    """An HTTP error, for people: its kind, and what it said (a timeout says nothing)."""
+    return f"{type(exc).__name__} {exc}".strip()
 
 
 def _readiness(answer: httpx.Response) -> tuple[Health, list[str]]:
