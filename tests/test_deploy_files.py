@@ -25,6 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from assay.runtime.sections import stage_urls
 from tests.k8s_render import Unsupported, render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -179,6 +180,10 @@ def test_the_console_is_published_and_guarded(compose_model: dict[str, Any]) -> 
     # Bound beyond loopback, it must have a token, or it refuses to start.
     assert env["ASSAY_CONSOLE_HOST"] == "0.0.0.0"
     assert env["ASSAY_CONSOLE_ADMIN_TOKEN"]
+    # It reads every stage's health and lag from the stage's status port.
+    urls = stage_urls(env["ASSAY_CONSOLE_STAGE_URLS"])
+    assert urls == {stage: f"http://{stage}:{env['ASSAY_HTTP_PORT']}" for stage in STAGES}
+    assert all(compose_model["services"][s]["environment"]["ASSAY_HTTP_PORT"] for s in urls)
 
 
 def test_infrastructure_and_init(compose_model: dict[str, Any]) -> None:
@@ -343,6 +348,20 @@ def test_metrics_service_selects_every_stage_and_nothing_else(base: list[Manifes
         assert ports.get(port["targetPort"], port["targetPort"]) == 8080
     for name, job in of_kind(base, "Job").items():
         assert not selected(job), f"{name} serves no metrics"
+
+
+def test_the_console_reads_each_stage_through_its_service(base: list[Manifest]) -> None:
+    services = of_kind(base, "Service")
+    (console,) = containers(of_kind(base, "Deployment")["assay-console"])
+    env = {e["name"]: e.get("value") for e in console["env"]}
+    urls = stage_urls(env["ASSAY_CONSOLE_STAGE_URLS"])
+    assert list(urls) == list(STAGES)
+    for stage, url in urls.items():
+        host, port = url.removeprefix("http://").split(":")
+        service = services[host]
+        assert service["spec"]["selector"]["app.kubernetes.io/component"] == stage
+        (served,) = service["spec"]["ports"]
+        assert (served["port"], served["targetPort"]) == (int(port), "http")
 
 
 def test_init_job(base: list[Manifest]) -> None:

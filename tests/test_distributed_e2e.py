@@ -33,6 +33,7 @@ from assay.runtime import Embedded
 from assay.runtime.embedded import STAGES
 from assay.store import OutboxEntry, S3BlobStore
 from assay.workflow import load_workflow
+from assay_console.stages import Health, HttpStages, StageView
 from tests.pipeline import (
     ROOT,
     TASKS,
@@ -706,6 +707,8 @@ async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_mo
     tasks = TASKS[140:180]
     before = await _scrape(d, "ingest")
     handled_before = _sum(before, "assay_messages_handled_total")
+    # The console's reader of the stages' status ports (its Stages section, /api/stages).
+    console = HttpStages({s: f"http://127.0.0.1:{d.ports[s]}" for s in STAGES}, timeout_s=1.0)
     d.procs["execute"].send_signal(signal.SIGSTOP)  # a backlog builds in front of execute
     try:
         await produce(d.bootstrap, task_records(tenant, tasks))
@@ -715,16 +718,31 @@ async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_mo
             return _sum(after, "assay_messages_handled_total") >= handled_before + len(tasks)
 
         await wait_for("ingest to spawn every run", ingested, 60)
+        paused = {s.name: s for s in (await console.read()).stages}
     finally:
         d.procs["execute"].send_signal(signal.SIGCONT)
+    assert paused["execute"].health is Health.UNREACHABLE, paused["execute"]
+    assert paused["execute"].lag_total is None
+    assert paused["ingest"].health is Health.READY, paused["ingest"]
+    assert paused["ingest"].handled is not None
+    assert paused["ingest"].handled >= handled_before + len(tasks)
     seen: list[float] = []
+    shown: list[StageView] = []
 
     async def drained() -> bool:
         seen.append(_sum(await _scrape(d, "execute"), "assay_stage_lag", topic="assay.runs"))
-        return seen[-1] == 0
+        (execute,) = [s for s in (await console.read()).stages if s.name == "execute"]
+        shown.append(execute)
+        return seen[-1] == 0 and execute.health is Health.READY and execute.lag_total == 0
 
     await wait_for("execute's lag to drain", drained, 120)
     assert max(seen) > 0, f"the backlog showed as lag: {seen[:5]}"
+    # The console saw the same backlog, per partition of assay.runs, and it drained.
+    assert max(v.lag_total or 0 for v in shown) > 0, shown[:3]
+    backlog = max(shown, key=lambda v: v.lag_total or 0)
+    assert {p.topic for p in backlog.lag if p.lag} == {"assay.runs"}
+    assert shown[-1].handled is not None
+    assert shown[-1].p95_s is not None
     await await_results(d, {(tenant, t["idempotency_key"]) for t in tasks})
     labels = {"tenant": tenant, "workflow": "arith"}
     for stage in ("ingest", "execute", "verify", "tournament", "aggregate", "decide"):
@@ -936,6 +954,18 @@ async def test_the_consoles_actions_answer_with_their_outcome_over_kafka(
                 return got.status_code == 200 and len(got.json()["runs"]) == 1
 
             await wait_for("the run to wait in the console", waiting, 120)
+            # `assay up`'s console reads every stage it was started after.
+            shown: list[Any] = []
+
+            async def every_stage_ready() -> bool:
+                shown.append((await c.get("/api/stages")).json())
+                return {s["health"] for s in shown[-1]["stages"]} == {"ready"}
+
+            await wait_for("every stage ready in the console", every_stage_ready, 60)
+            assert shown[-1]["mode"] == "distributed"
+            assert [s["name"] for s in shown[-1]["stages"]] == list(STAGES)
+            assert all(s["lag_total"] is not None for s in shown[-1]["stages"])
+            assert 'data-stage="execute"' in (await c.get("/")).text
             (run,) = (await c.get("/api/runs", params=params)).json()["runs"]
             act = f"/api/runs/{run['run_id']}"
             wait = {**params, "wait": "30"}

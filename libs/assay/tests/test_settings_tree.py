@@ -177,6 +177,11 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_CONSOLE_TOKENS": ("t=x", "console.tokens", "t=x"),
     "ASSAY_CONSOLE_ADMIN_TOKEN": ("adm", "console.admin_token", "adm"),
     "ASSAY_CONSOLE_EXECUTE_URL": ("http://x:8080", "console.execute_url", "http://x:8080"),
+    "ASSAY_CONSOLE_STAGE_URLS": (
+        "ingest=http://i:8080/, execute=http://e:8080",
+        "console.stages",
+        {"ingest": "http://i:8080", "execute": "http://e:8080"},
+    ),
     "ASSAY_CONSOLE_SESSION_SECRET": ("k", "console.session_secret", "k"),
     "ASSAY_CONSOLE_SESSION_TTL_S": ("600", "console.session_ttl_s", 600),
 }
@@ -303,6 +308,9 @@ def test_a_stage_password_falls_back_to_the_shared_one() -> None:
         ("ASSAY_GRADING_CEILINGS", "acme=1"),
         ("ASSAY_GRADING_USD_CEILINGS", f"{TENANT}=lots"),
         ("ASSAY_HELD_OUT_FRACTION", "1"),
+        ("ASSAY_CONSOLE_STAGE_URLS", "execute"),
+        ("ASSAY_CONSOLE_STAGE_URLS", "execute=ftp://e:21"),
+        ("ASSAY_CONSOLE_STAGE_URLS", "execute=http://a:1,execute=http://b:1"),
     ],
 )
 def test_an_invalid_value_stops_start_up_naming_the_variable(variable: str, value: str) -> None:

@@ -156,6 +156,25 @@ def test_the_demo_renders_on_the_overview(page: Page, served: str, shots: Path) 
     assert page.locator("tr.run").count() >= 8
 
 
+def test_the_overview_draws_the_stages_and_refreshes_them(
+    page: Page, served: str, shots: Path
+) -> None:
+    """`assay console` runs the console stage in its process: the Stages table shows it
+    running, its lag drawn as a bar, and polls `/stages` while the page is visible."""
+    page.goto(f"{served}?tenant={DEMO_TENANT}")
+    table = page.locator("#stages table.stages")
+    expect(table).to_have_attribute("data-mode", "embedded")
+    row = page.locator('#stages tr.stage[data-stage="console"]')
+    expect(row).to_have_attribute("data-health", "running")
+    expect(row).to_have_attribute("data-lag", re.compile(r"^[0-9]+$"))
+    assert row.locator("td").nth(1).inner_text().startswith("running")
+    assert box(row.locator("svg.lag-bar rect").first)["width"] > 100  # the bar's track
+    # Waits for the poll to land (a locator assertion: the page's CSP forbids eval).
+    expect(page.locator("#stages")).to_have_attribute("data-refreshed", re.compile(r"^[1-9]"))
+    expect(page.locator('#stages tr.stage[data-stage="console"]')).to_have_count(1)
+    page.locator("#stages").screenshot(path=shots / "stages.png")
+
+
 def test_a_filter_lives_in_the_url_and_survives_back(page: Page, served: str) -> None:
     page.goto(f"{served}runs?tenant={DEMO_TENANT}")
     page.select_option("select[name=passed]", "false")

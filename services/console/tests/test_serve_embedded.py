@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from assay.runtime.embedded import STAGES
 from services.console.tests.console_seed import HOSTILE, TENANT_A, TENANT_B
 from services.console.tests.embedded_process import ASSAY, serve_embedded, until
 
@@ -36,12 +37,12 @@ def served(data_dir: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
         yield found
 
 
-def metric(text: str, name: str) -> float:
+def metric(text: str, name: str, **labels: str) -> float:
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == name
+        if s.name == name and labels.items() <= s.labels.items()
     )
 
 
@@ -78,6 +79,16 @@ def test_one_port_feeds_runs_and_reports_the_pipeline(
         assert client.get("/api/runs", headers=B).json()["runs"] == []
         after = client.get("/metrics").text
         assert client.get("/readyz").status_code == 200
+        # The overview's stages: every stage of the process, read from the same metrics.
+        stages = client.get("/api/stages", headers=B).json()
+        assert stages["mode"] == "embedded"
+        by = {s["name"]: s for s in stages["stages"]}
+        assert set(by) == {*STAGES, "console"}
+        assert {s["health"] for s in by.values()} == {"running"}
+        for stage in STAGES:
+            handled = metric(after, "assay_messages_handled_total", stage=stage)
+            assert by[stage]["handled"] >= handled > 0, stage
+            assert by[stage]["p95_s"] is not None, stage
     for name in ("assay_run_transitions_total", "assay_messages_handled_total"):
         assert metric(after, name) > metric(before, name), name
     assert metric(after, "assay_task_to_result_seconds_count") >= TASKS

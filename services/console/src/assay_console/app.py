@@ -41,6 +41,7 @@ from assay_console.reads import MAX_KEY, BadQuery, ConsoleReads, RunFilters
 from assay_console.runlog import RunLog, RunLogUnavailable
 from assay_console.sessions import SESSION_COOKIE
 from assay_console.spend_views import SpendReport, series
+from assay_console.stages import NoStages, StageStatus
 from assay_console.tree_views import RolloutGroupView, RunTree, run_tree
 from assay_console.workflows import proposal_view
 
@@ -164,11 +165,12 @@ def create_app(
     outbox: Outbox | None = None,
     settings: AssaySettings | None = None,
     run_log: RunLog | None = None,
+    stages: StageStatus | None = None,
 ) -> Starlette:
     """The console app over `reads`, guarded by `access`; its actions publish to `outbox`
     (None: a read-only console); the spend page reads the ceilings from `settings` (None:
     it shows none, and says so); a run's full log is asked of `run_log` (None: not
-    shown)."""
+    shown); the stages' health and lag are read by `stages` (None: it knows of none)."""
     env = Environment(
         loader=PackageLoader("assay_console", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
@@ -325,6 +327,8 @@ def create_app(
 
         return JSONResponse(document())
 
+    stage_status = stages if stages is not None else NoStages()
+
     def render(name: str, **context: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(**context))
 
@@ -336,7 +340,8 @@ def create_app(
         else:
             views = [await reads.overview(_tenant(request, access))]
         series = await tenants_series(reads.table, [v.tenant for v in views], request.query_params)
-        return render("overview.html", views=views, open=access.open, series=series)
+        shown = await stages_context(stage_status)
+        return render("overview.html", views=views, open=access.open, series=series, **shown)
 
     async def page_runs(request: Request) -> Response:
         filters, cursor, limit = parse_filters(request)
@@ -463,8 +468,13 @@ def create_app(
     ]
     from assay_console.actions import action_routes  # it builds on this module
     from assay_console.login import login_routes
+    from assay_console.stage_routes import stage_routes, stages_context
 
-    routes[:0] = [*action_routes(reads, access, outbox, guarded), *login_routes(access, env)]
+    routes[:0] = [
+        *action_routes(reads, access, outbox, guarded),
+        *login_routes(access, env),
+        *stage_routes(stage_status, access, env, guarded),
+    ]
     routes[:0] = series_routes(reads.table, lambda r: _tenant(r, access), guarded, render)
     app = Starlette(routes=routes)
     app.add_middleware(_SecurityHeaders)

@@ -40,6 +40,7 @@ from assay_console.outbox import EmbeddedOutbox
 from assay_console.reads import ConsoleReads, SqliteRunsTable
 from assay_console.runlog import DataDirRunLog
 from assay_console.serving import RunningConsole, _serve
+from assay_console.stages import ProcessStages
 
 MAX_TASKS = 1000
 """The most tasks one intake request may carry."""
@@ -69,7 +70,9 @@ async def start_embedded(
     reads = ConsoleReads(rt.logs["console"], SqliteRunsTable(store))
     outbox = EmbeddedOutbox(rt.bus)
     routes = functools.partial(process_routes, rt)
-    return await _serve(reads, settings, host, port, outbox, routes, DataDirRunLog(store.parent))
+    run_log = DataDirRunLog(store.parent)
+    stages = ProcessStages.of(rt)
+    return await _serve(reads, settings, host, port, outbox, routes, run_log, stages)
 
 
 async def _json(request: Request, access: Access) -> Any:

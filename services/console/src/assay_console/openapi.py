@@ -17,6 +17,7 @@ from assay.engine.episode_view import RunView
 from assay_console.overview_series import BUCKETS, MAX_BUCKETS, WINDOWS, OverviewSeries
 from assay_console.reads import Overview, RunDetail, RunFilters, RunsPage
 from assay_console.spend_views import SpendReport
+from assay_console.stages import StagesView
 from assay_console.tree_views import RolloutGroupView, RunTree
 from assay_console.workflow_views import (
     ProposalsList,
@@ -71,6 +72,7 @@ def document() -> dict[str, Any]:
                 RunView,
                 RunTree,
                 RolloutGroupView,
+                StagesView,
             )
         ],
         ref_template=REF,
@@ -224,6 +226,21 @@ def document() -> dict[str, Any]:
                         ),
                     ],
                     "responses": ok("OverviewSeries", "The tenant's buckets, oldest first."),
+                }
+            },
+            "/api/stages": {
+                "get": {
+                    "summary": (
+                        "Each stage's health (ready, not ready and why, unreachable; embedded: "
+                        "running) and lag per topic and partition, with messages handled and "
+                        "handling time p50/p95: read from each stage's `/readyz` and "
+                        "`/metrics` (distributed, the status ports `ASSAY_CONSOLE_STAGE_URLS` "
+                        "names) or from the process's own metrics (embedded). Figures of the "
+                        "shared topics, with no tenant's data: any admitted caller may read "
+                        "them; it takes no parameter."
+                    ),
+                    "parameters": [],
+                    "responses": ok("StagesView", "The stages, in the order configured."),
                 }
             },
             "/api/workflows": {

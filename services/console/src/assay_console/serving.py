@@ -15,6 +15,7 @@ import uvicorn
 from starlette.routing import BaseRoute
 
 from assay.bus.embedded import EmbeddedBus
+from assay.runtime.embedded import Embedded
 from assay.runtime.settings import AssaySettings
 from assay.store.ports import EventLog
 from assay_console.access import Access
@@ -22,6 +23,7 @@ from assay_console.app import create_app
 from assay_console.outbox import EmbeddedOutbox, KafkaOutbox, Outbox
 from assay_console.reads import ConsoleReads, PostgresRunsTable, SqliteRunsTable
 from assay_console.runlog import DataDirRunLog, HttpRunLog, RunLog
+from assay_console.stages import HttpStages, ProcessStages, StageStatus
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,11 @@ async def start_console(
     host: str | None,
     port: int | None,
     bus: EmbeddedBus | None = None,
+    process: Embedded | None = None,
 ) -> RunningConsole:
     """Serve the console over the console stage's SQLite store (`log_`, the file `store`);
-    its actions publish onto `bus`, the embedded bus of this process (None: read-only).
+    its actions publish onto `bus`, the embedded bus of this process (None: read-only);
+    the overview shows the health and lag of the stages `process` runs (None: none).
 
     `host` and `port` default to `ASSAY_CONSOLE_HOST` / `ASSAY_CONSOLE_PORT`; port 0
     takes any free port (the returned `url` says which).
@@ -69,13 +73,15 @@ async def start_console(
     outbox = EmbeddedOutbox(bus) if bus is not None else None
     reads = ConsoleReads(log_, SqliteRunsTable(store))
     run_log = DataDirRunLog(store.parent)
-    return await _serve(reads, settings, host, port, outbox, run_log=run_log)
+    stages = ProcessStages.of(process) if process is not None else None
+    return await _serve(reads, settings, host, port, outbox, run_log=run_log, stages=stages)
 
 
 async def start_distributed(log_: EventLog, settings: AssaySettings) -> RunningConsole:
     """Serve the console beside `assay serve console`, over its Postgres schema, on
     `ASSAY_CONSOLE_HOST:ASSAY_CONSOLE_PORT`; its actions go to `ASSAY_KAFKA_BOOTSTRAP`,
-    and a run's full log is asked of execute at `ASSAY_CONSOLE_EXECUTE_URL`.
+    a run's full log is asked of execute at `ASSAY_CONSOLE_EXECUTE_URL`, and the stages'
+    health and lag of the status ports `ASSAY_CONSOLE_STAGE_URLS` names.
 
     Raises:
         AccessInvalid: no token is configured and the host is not a loopback address.
@@ -89,7 +95,10 @@ async def start_distributed(log_: EventLog, settings: AssaySettings) -> RunningC
         outbox = await KafkaOutbox(settings.kafka.bootstrap).open()
     url = settings.console.execute_url
     run_log = HttpRunLog(url) if url else None
-    running = await _serve(ConsoleReads(log_, table), settings, None, None, outbox, run_log=run_log)
+    urls = settings.console.stages()
+    stages = HttpStages(urls) if urls else None
+    reads = ConsoleReads(log_, table)
+    running = await _serve(reads, settings, None, None, outbox, run_log=run_log, stages=stages)
     log.warning("console on %s", running.url)
     return running
 
@@ -102,6 +111,7 @@ async def _serve(
     outbox: Outbox | None,
     extra: Callable[[Access], Sequence[BaseRoute]] | None = None,
     run_log: RunLog | None = None,
+    stages: StageStatus | None = None,
 ) -> RunningConsole:
     host = host or settings.console.host
     port = settings.console.port if port is None else port
@@ -120,7 +130,7 @@ async def _serve(
         if outbox is not None:
             await outbox.close()
         raise
-    app = create_app(reads, access, outbox, settings, run_log)
+    app = create_app(reads, access, outbox, settings, run_log, stages)
     if extra is not None:  # ahead of the console's own routes (its /healthz too)
         app.router.routes[:0] = [*extra(access)]
     sock.listen(128)  # connections wait in the backlog until the server accepts them

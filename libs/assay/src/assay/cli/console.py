@@ -21,6 +21,7 @@ from assay.store.ports import EventLog
 
 if TYPE_CHECKING:
     from assay.bus.embedded import EmbeddedBus
+    from assay.runtime.embedded import Embedded
 
 CONSOLE_STAGE = "console"
 CONSOLE_STORE = "console.sqlite"
@@ -42,7 +43,15 @@ class Running(Protocol):
 
 
 Starter = Callable[
-    [EventLog, Path, AssaySettings, str | None, int | None, "EmbeddedBus | None"],
+    [
+        EventLog,
+        Path,
+        AssaySettings,
+        str | None,
+        int | None,
+        "EmbeddedBus | None",
+        "Embedded | None",
+    ],
     Awaitable[Running],
 ]
 
@@ -66,9 +75,11 @@ async def start_console(
     host: str | None,
     port: int | None,
     bus: EmbeddedBus | None = None,
+    process: Embedded | None = None,
 ) -> Running:
     """Serve the console over the console stage's store in `data_dir`; its actions
-    publish onto `bus` (the process's embedded bus; None: a read-only console).
+    publish onto `bus` (the process's embedded bus; None: a read-only console); its
+    overview shows the health and lag of the stages `process` runs (None: none).
 
     Raises:
         ConsoleMissing: `assay-console` is not installed.
@@ -76,7 +87,7 @@ async def start_console(
         OSError: the address cannot be bound.
     """
     starter: Starter = _entry("start")
-    return await starter(log, data_dir / CONSOLE_STORE, settings, host, port, bus)
+    return await starter(log, data_dir / CONSOLE_STORE, settings, host, port, bus, process)
 
 
 def announce(running: Running) -> None:
@@ -94,7 +105,7 @@ async def console_command(data_dir: Path, host: str | None, port: int | None) ->
     async with Embedded(data_dir, stages=(CONSOLE_STAGE,), settings=settings) as rt:
         rt.start()
         running = await start_console(
-            rt.logs[CONSOLE_STAGE], data_dir, settings, host, port, rt.bus
+            rt.logs[CONSOLE_STAGE], data_dir, settings, host, port, rt.bus, rt
         )
         announce(running)
         stop = asyncio.Event()

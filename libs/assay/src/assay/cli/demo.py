@@ -290,13 +290,13 @@ async def _serve_console(
     A busy default port falls back to any free one; a port asked for must be free."""
     try:
         running = await start_console(
-            rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, port, rt.bus
+            rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, port, rt.bus, rt
         )
     except OSError:
         if port is not None:
             raise
         running = await start_console(
-            rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, 0, rt.bus
+            rt.logs[CONSOLE_STAGE], rt.data_dir, settings, None, 0, rt.bus, rt
         )
     stack.push_async_callback(running.aclose)
     announce(running)

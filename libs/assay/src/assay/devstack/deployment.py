@@ -132,23 +132,30 @@ class Deployment:
 
     def _console_env(self) -> dict[str, str]:
         """The console on a free loopback port (open: no token, loopback only), asking
-        execute's status port for a run's full log."""
+        execute's status port for a run's full log, and reading the health and lag of
+        every process started before it (each replica by its name) on its status port."""
         port = free_port()
         self.console_url = f"http://127.0.0.1:{port}/"
         env = {"ASSAY_CONSOLE_HOST": "127.0.0.1", "ASSAY_CONSOLE_PORT": str(port)}
         if "execute" in self.ports:
             env["ASSAY_CONSOLE_EXECUTE_URL"] = f"http://127.0.0.1:{self.ports['execute']}"
+        stages = [(n, p) for n, p in self.ports.items() if n != "console"]
+        if stages:
+            urls = (f"{name}=http://127.0.0.1:{p}" for name, p in stages)
+            env["ASSAY_CONSOLE_STAGE_URLS"] = ",".join(urls)
         return env
 
     def wait_healthy(self, timeout_s: float = 120) -> None:
-        """Block until every started process answers /healthz with ok."""
+        """Block until every started process answers /healthz with ok (the console's
+        process on its pages' port too: it binds that one after its status port)."""
 
         def healthy(name: str) -> tuple[bool, str]:
-            url = f"http://127.0.0.1:{self.ports[name]}/healthz"
+            urls = [f"http://127.0.0.1:{self.ports[name]}/healthz"]
+            if name == "console" and self.console_url is not None:
+                urls.append(f"{self.console_url}healthz")
             try:
-                with urllib.request.urlopen(url, timeout=1) as r:
-                    if json.loads(r.read()).get("ok"):
-                        return True, ""
+                if all(_ok(url) for url in urls):
+                    return True, ""
             except OSError:
                 pass
             return False, self.log(name)[-2000:]
@@ -229,6 +236,12 @@ class Deployment:
             return list(await conn.fetch(sql, *args))
         finally:
             await conn.close()
+
+
+def _ok(url: str) -> bool:
+    """Whether `url` answers a JSON document with `"ok": true`."""
+    with urllib.request.urlopen(url, timeout=1) as r:
+        return bool(json.loads(r.read()).get("ok"))
 
 
 async def deploy(

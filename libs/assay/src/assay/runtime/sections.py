@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from assay.kernel.errors import AssayError
 from assay.sandbox.local import Limits, LocalSandbox
@@ -132,6 +132,15 @@ class ConsoleSettings(_Section):
             "answers a run's full log for the run page; unset: the page shows no attempts."
         ),
     )
+    stage_urls: str | None = Field(
+        None,
+        description=(
+            "Distributed: where the console reads each stage's `/readyz` and `/metrics` for "
+            "the overview's stage health and lag, comma-separated `name=url` pairs of status "
+            "ports (`ingest=http://ingest:8080,execute=http://execute:8080`); unset: the "
+            "overview shows no stages."
+        ),
+    )
     session_secret: str | None = Field(
         None,
         description=(
@@ -142,6 +151,36 @@ class ConsoleSettings(_Section):
     session_ttl_s: int = Field(
         12 * 3600, ge=60, description="How long a login session lasts, in seconds."
     )
+
+    @field_validator("stage_urls")
+    @classmethod
+    def _stage_urls(cls, value: str | None) -> str | None:
+        if value is not None:
+            stage_urls(value)
+        return value
+
+    def stages(self) -> dict[str, str]:
+        """`stage_urls` by name, in the order given (empty when unset)."""
+        return stage_urls(self.stage_urls) if self.stage_urls else {}
+
+
+def stage_urls(value: str) -> dict[str, str]:
+    """The `name=url` pairs of `ASSAY_CONSOLE_STAGE_URLS`, by name.
+
+    Raises:
+        ValueError: a pair without a name, or whose URL is not http(s), or a name twice.
+    """
+    found: dict[str, str] = {}
+    for pair in (p.strip() for p in value.split(",")):
+        if not pair:
+            continue
+        name, _, url = (s.strip() for s in pair.partition("="))
+        if not name or not url.startswith(("http://", "https://")):
+            raise ValueError(f"{pair!r} is not name=http://host:port")
+        if name in found:
+            raise ValueError(f"stage {name!r} is named twice")
+        found[name] = url.rstrip("/")
+    return found
 
 
 _DEFAULT_LIMITS = Limits()

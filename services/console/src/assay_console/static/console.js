@@ -1,6 +1,6 @@
 // Live refresh, only while the page is visible: the runs list's first page, a
-// workflow's ladder while a challenger is live, and the overview's charts over time.
-// The server renders (and escapes) the fragment; the script only swaps it in.
+// workflow's ladder while a challenger is live, and the overview's charts over time and
+// its stages. The server renders (and escapes) the fragment; the script only swaps it in.
 "use strict";
 (function () {
   const every = 3000;
@@ -35,4 +35,7 @@
   for (const series of document.querySelectorAll(".overview-series[data-poll='1']")) {
     poll(series, series, series.dataset.src, Number(series.dataset.every) || every);
   }
+  // Each stage's health and lag (the overview's Stages section): its own fragment.
+  const stages = document.getElementById("stages");
+  if (stages && stages.dataset.poll) poll(stages, stages, stages.dataset.poll);
 })();
