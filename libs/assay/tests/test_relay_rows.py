@@ -1,7 +1,8 @@
 """What the relay reads from an outbox and hands the producer, record by record.
 
 The relay's per-record work is kept short (a batch's header arrays parsed in one
-go); these tests hold each shortcut to the long way it replaces.
+go, a one-pass check of whether headers go to the wire as they are); these tests
+hold each shortcut to the long way it replaces.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from assay.bus.headers import as_text
+from assay.bus.kafka import _wire_headers
 from assay.record import EventRegistry, LogRecord, StateDelta
 from assay.store import CommitBatch, OutboxEntry, SqliteEventLog
 from assay.store.sqlite import decode_headers, decode_headers_of, encode_headers
@@ -35,6 +38,16 @@ def test_a_stored_value_holding_two_arrays_fails_rather_than_shifting_its_neighb
     one = encode_headers((("a", b"1"),))
     with pytest.raises(json.JSONDecodeError):  # what decoding it alone raises
         decode_headers_of([one + b"," + one, one])
+
+
+@settings(max_examples=300)
+@given(header_lists)
+def test_wire_headers_are_what_the_text_dict_publish_would_write(
+    headers: tuple[tuple[str, bytes], ...],
+) -> None:
+    entry = OutboxEntry("t", "k", b"v", headers)
+    dict_publish = [("content-type", b""), *((n, t.encode()) for n, t in as_text(headers).items())]
+    assert _wire_headers(entry) == dict_publish
 
 
 def _no_fold(record: LogRecord) -> list[StateDelta]:
