@@ -8,6 +8,7 @@ hold each shortcut to the long way it replaces.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -65,5 +66,33 @@ async def test_marking_rows_shipped_leaves_the_stage_s_commits_fully_synchronous
         assert await log.drain_outbox(10) == []
         (synchronous,) = log._db.execute("PRAGMA synchronous").fetchone()
         assert synchronous == 2  # FULL
+    finally:
+        await log.close()
+
+
+async def test_rows_marked_shipped_are_fsynced_once_the_relay_finds_the_outbox_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr("assay.store.sqlite.os.fsync", recording_fsync)
+    path = tmp_path / "s.sqlite"
+    log = await SqliteEventLog(path, EventRegistry([]), _no_fold).open()
+    try:
+        await log.commit(CommitBatch(outbox=[OutboxEntry("t", f"k{i}", b"v") for i in range(3)]))
+        first, *rest = await log.drain_outbox(10)
+        await log.ack_outbox([first.seq])
+        assert await log.drain_outbox(10) == rest  # rows left: nothing is synced yet
+        assert synced == []
+        await log.ack_outbox([r.seq for r in rest])
+        assert await log.drain_outbox(10) == []
+        assert synced == [f"{path}-wal"]
+        assert await log.drain_outbox(10) == []  # once, not on every empty read
+        assert synced == [f"{path}-wal"]
     finally:
         await log.close()
