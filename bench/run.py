@@ -449,7 +449,7 @@ def main() -> None:
         "eventlog.sqlite.ratio": ">= 0.8",
         "demo.peak_rss_mb": "<= 300",
         "eventlog.postgres.ratio": ">= 0.7",
-        "relay.ratio": ">= 0.5",
+        "relay.ratio": ">= 0.8",
         "engine.commits_per_step.pure": "<= 1 (consecutive Pure steps share a commit)",
         "engine.commits_per_step.unsafe": "== 4 (2 + the intent's 2)",
         "engine.peer_ratio.sqlite": ">= 2.0",

@@ -636,6 +636,19 @@ async def test_outbox_drains_in_commit_order_byte_exact_and_acks_remove(
     assert [p.entry for p in await event_log.drain_outbox(100)] == [later]
 
 
+async def test_an_ack_of_rows_with_gaps_between_them_removes_those_rows_only(
+    event_log: EventLog,
+) -> None:
+    entries = [OutboxEntry("gaps", f"k{i}", b"%d" % i, (("n", b"%d" % i),)) for i in range(6)]
+    await event_log.commit(CommitBatch(outbox=entries))
+    pending = [p for p in await event_log.drain_outbox(1000) if p.entry.topic == "gaps"]
+    assert [p.entry for p in pending] == entries
+
+    await event_log.ack_outbox([pending[0].seq, pending[2].seq, pending[3].seq, pending[5].seq])
+    left = [p for p in await event_log.drain_outbox(1000) if p.entry.topic == "gaps"]
+    assert left == [pending[1], pending[4]]
+
+
 async def test_checkpoints_newest_at_or_below_and_delete(event_log: EventLog) -> None:
     tenant = new_tenant()
     a, a_fork, b = main(tenant, "a"), BranchKey(tenant, "a", BranchId(1)), main(tenant, "b")

@@ -138,11 +138,12 @@ def _wire_headers(entry: OutboxEntry) -> list[tuple[str, bytes]]:
     as Assay's own are) go as they are: the dict would give back the same bytes.
     """
     headers = entry.headers
-    if all(value.isascii() for _, value in headers) and len({n for n, _ in headers}) == len(
-        headers
-    ):
-        return [_CONTENT_TYPE, *headers]
-    return [_CONTENT_TYPE, *((name, text.encode()) for name, text in _headers(entry).items())]
+    names: set[str] = set()
+    for name, value in headers:  # one pass, no generator: this runs for every record shipped
+        if name in names or not value.isascii():
+            return [_CONTENT_TYPE, *((n, text.encode()) for n, text in _headers(entry).items())]
+        names.add(name)
+    return [_CONTENT_TYPE, *headers]
 
 
 @dataclass

@@ -43,7 +43,7 @@ from assay.store.ports import (
     RebuildReport,
     StaleBranch,
 )
-from assay.store.sqlite import COMPACTED, decode_headers
+from assay.store.sqlite import COMPACTED, decode_headers_of
 
 TOMBSTONES_PER_DELETE = 5_000
 """Tombstones one statement of `reclaim_space` deletes at most."""
@@ -372,9 +372,10 @@ class PostgresEventLog(PgSpendLedger):
             f"SELECT seq, topic, key, value, headers FROM {self._s}.outbox ORDER BY seq LIMIT $1",
             limit,
         )
+        headers = decode_headers_of([row[4] for row in rows])
         return [
-            PendingOutbox(seq, OutboxEntry(topic, key, value, decode_headers(headers)))
-            for seq, topic, key, value, headers in rows
+            PendingOutbox(seq, OutboxEntry(topic, key, value, h))
+            for (seq, topic, key, value, _), h in zip(rows, headers, strict=True)
         ]
 
     async def ack_outbox(self, seqs: list[int]) -> None:
