@@ -31,6 +31,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_PARTITIONS": ("3", "partitions", 3),
     "ASSAY_LOG_LEVEL": ("DEBUG", "log_level", "DEBUG"),
     "ASSAY_LEASE_TTL_S": ("2.5", "lease_ttl_s", 2.5),
+    "ASSAY_EPISODE_INLINE_MAX_BYTES": ("1024", "episode_inline_max_bytes", 1024),
     "ASSAY_SHADOW_RATE": ("0.25", "shadow_rate", 0.25),
     "ASSAY_UNREADY_AFTER_S": ("5", "unready_after_s", 5.0),
     "ASSAY_EXIT_AFTER_S": ("0", "exit_after_s", 0.0),
@@ -302,6 +303,7 @@ def test_a_stage_password_falls_back_to_the_shared_one() -> None:
     [
         ("ASSAY_LEASE_TTL_S", "0"),
         ("ASSAY_SHADOW_RATE", "2"),
+        ("ASSAY_EPISODE_INLINE_MAX_BYTES", "1048576"),  # a broker's whole largest message
         ("ASSAY_KAFKA_MEMBER_TIMEOUT_MS", "1"),
         ("ASSAY_HTTP_PORT", "port"),
         ("ASSAY_TENANT", "acme"),
@@ -338,7 +340,12 @@ def test_require_names_the_missing_variables() -> None:
 
 async def test_the_bootstrap_wires_the_sections_themselves(tmp_path: Path) -> None:
     settings = AssaySettings.from_env(
-        {"ASSAY_GRADING_CALLS_PER_DAY": "3", "ASSAY_SHADOW_RATE": "0.5", "ASSAY_LEASE_TTL_S": "2"}
+        {
+            "ASSAY_GRADING_CALLS_PER_DAY": "3",
+            "ASSAY_SHADOW_RATE": "0.5",
+            "ASSAY_LEASE_TTL_S": "2",
+            "ASSAY_EPISODE_INLINE_MAX_BYTES": "100",
+        }
     )
     async with stage_deps(settings, FsBlobStore(tmp_path / "blobs"), data_dir=tmp_path) as wired:
         deps = wired.deps
@@ -349,6 +356,7 @@ async def test_the_bootstrap_wires_the_sections_themselves(tmp_path: Path) -> No
         assert deps.ladder is settings.ladder
         assert deps.proposals is settings.proposer
         assert (deps.shadow_rate, deps.lease_ttl_s) == (0.5, 2.0)
+        assert deps.episode_inline_max_bytes == 100
         assert isinstance(deps.model, StubModel)
         assert isinstance(deps.judge, TracedJudge)  # every judge call is a span
         assert isinstance(deps.judge.judge, StubJudge)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -278,3 +279,35 @@ async def test_a_cancelled_branch_leaves_its_other_branches_verified(
     (verified,) = [m for m in await stage.emitted() if isinstance(m, RunVerified)]
     assert verified.run.branch == RunBranch(branch=1, parent=0)
     assert await stage.state(TENANT, "verdict", f"{msg.run.run_id}@1") is not None
+
+
+def inline(ep: Episode) -> dict[str, Any]:
+    """The episode as it travels inline in a `RunExecuted` (v5)."""
+    return dict(json.loads(ep.encode()))
+
+
+async def test_an_inline_episode_is_verified_without_reading_its_blob(
+    stage: StageHarness,
+) -> None:
+    ep = episode("5")
+    msg = await executed(stage, ep)
+    await stage.blobs.delete(TENANT, msg.episode)  # were the blob read, the verdict would fail
+    carried = msg.model_copy(update={"episode_inline": inline(ep)})
+    await stage.deliver(EPISODES, carried, TENANT)
+    v = await verdict(stage)
+    assert v.passed
+    assert v.episode == msg.episode
+    assert v.episode_inline == carried.episode_inline  # passed on for the tournament
+
+
+async def test_an_inline_episode_that_is_not_its_blob_is_dead_lettered(
+    stage: StageHarness,
+) -> None:
+    ep = episode("5")
+    msg = await executed(stage, ep)
+    forged = inline(episode("6"))  # a wrong answer under the right answer's ref
+    await stage.deliver(EPISODES, msg.model_copy(update={"episode_inline": forged}), TENANT)
+    assert await stage.emitted(topic="assay.verified") == []
+    ((_, reason),) = await stage.dead_letters()
+    assert f"inline copy of blob {msg.episode} does not match its digest" in reason
+    assert await stage.state(TENANT, "verdict", ep.run.run_id) is None

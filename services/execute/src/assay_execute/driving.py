@@ -40,6 +40,7 @@ from assay.record import BranchKey, LogRecord
 from assay.runtime import UnitOfWork
 from assay.runtime.leases import under_lease
 from assay.store import Lease
+from assay.store.inline_blobs import DEFAULT_INLINE_MAX_BYTES, inline_copy
 from assay.workflow import LATEST, WorkflowDef, WorkflowInvalid, from_document, validate
 from assay_execute.retention import Retention
 
@@ -58,6 +59,8 @@ class Executing:
     retention: Retention
     prices: Prices
     """The agent model's prices: a run's cost is its tokens at them."""
+    episode_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
+    """An episode of at most this many bytes also travels inline in `RunExecuted`."""
     active: dict[tuple[TenantId, RunId], CancelScope] = field(default_factory=dict)
     """Runs this process is driving now, so that a cancel reaches them at once."""
 
@@ -201,17 +204,27 @@ async def conclude(
     elif scope.cancelled:
         uow.record(spec.key, _stopped(episode, scope.reason))
     else:
-        blob = await _finished(uow, spec, episode)
+        frozen = episode.encode()
+        blob = await _finished(uow, spec, episode, frozen)
         if graded(spec):
-            _to_verification(uow, ref, episode, blob, cost)
+            inline = inline_copy(frozen, uow.deps.episode_inline_max_bytes)
+            _to_verification(uow, ref, episode, blob, inline, cost)
 
 
 def _to_verification(
-    uow: ExecuteUnitOfWork, ref: RunRef, episode: Episode, blob: str, cost_usd: float
+    uow: ExecuteUnitOfWork,
+    ref: RunRef,
+    episode: Episode,
+    blob: str,
+    inline: dict[str, Any] | None,
+    cost_usd: float,
 ) -> None:
+    """Hand the run to verify: the episode's blob, and the episode itself when it is small
+    (a claim check: verify and the tournament then need not read the blob)."""
     executed = RunExecuted(
         run=ref,
         episode=blob,
+        episode_inline=inline,
         succeeded=episode.succeeded,
         failed_step=episode.failed_step,
         usage=episode.usage,
@@ -221,9 +234,10 @@ def _to_verification(
     uow.emit(RUN_STATUS, RunStatusChanged(run=ref, state=RunState.VERIFYING))
 
 
-async def _finished(uow: ExecuteUnitOfWork, spec: RunSpec, episode: Episode) -> str:
-    """Freeze the episode (the snapshot barrier of §10.2) and record the branch's end."""
-    ref = await uow.blobs.put(uow.tenant, episode.encode())
+async def _finished(uow: ExecuteUnitOfWork, spec: RunSpec, episode: Episode, frozen: bytes) -> str:
+    """Freeze the episode, `frozen` its encoding (the snapshot barrier of §10.2), and
+    record the branch's end."""
+    ref = await uow.blobs.put(uow.tenant, frozen)
     uow.deps.retention.froze(uow.tenant, ref, episode)
     uow.record(
         spec.key,

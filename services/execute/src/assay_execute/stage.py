@@ -287,6 +287,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
         known_verifiers=deps.verifier_kinds,
         retention=Retention(deps.retention),
         prices=prices_of(deps.model),
+        episode_inline_max_bytes=deps.episode_inline_max_bytes,
     )
     return StageSpec(
         name="execute",

@@ -49,6 +49,7 @@ from assay.messages import (
 )
 from assay.record import BranchKey
 from assay.runtime import UnitOfWork
+from assay.store.inline_blobs import claimed_blob
 from assay.workflow import GradingSpec, RubricItem
 from assay_tournament.events import (
     METER_STREAM,
@@ -87,11 +88,17 @@ class Judging:
 TournamentUnitOfWork = UnitOfWork[Judging]
 
 
-async def load_episode(uow: TournamentUnitOfWork, ref: str) -> Episode | None:
-    """The episode blob of the tenant — or, once execute reduced it, its summary's
-    episode (every transition, long texts elided) — or None when it is gone or
-    unreadable."""
-    raw = await uow.blobs.get(uow.tenant, ref)
+async def load_episode(
+    uow: TournamentUnitOfWork, ref: str, inline: dict[str, Any] | None = None
+) -> Episode | None:
+    """The episode blob of the tenant — its `inline` copy when its message carried one,
+    or, once execute reduced it, its summary's episode (every transition, long texts
+    elided) — or None when it is gone or unreadable.
+
+    Raises:
+        InlineCopyMismatch: `inline` is not the blob `ref` names.
+    """
+    raw = await claimed_blob(uow.blobs, uow.tenant, ref, inline)
     if raw is None:
         if (stand_in := await uow.get(Summary, ref)) is None:
             return None

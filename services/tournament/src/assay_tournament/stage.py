@@ -34,6 +34,7 @@ from assay.record.compaction import with_compaction
 from assay.runtime import Gauge, StageDeps, StageSpec, routes
 from assay.runtime.timers import timer
 from assay.store import EventLog
+from assay.store.inline_blobs import claimed_blob
 from assay.workflow import GradingSpec, WorkflowDef
 from assay_tournament.calibration import (
     calibration_timer,
@@ -85,18 +86,26 @@ async def on_run_verified(msg: RunVerified, uow: TournamentUnitOfWork) -> None:
     """Grade a verified run by its workflow's strategy: screen it for `Core` violations,
     rank its attempts, then compare it with its reference or add it to its group.
 
+    The episode is its inline copy when the message carried one; what is kept of the run
+    for later (parked, a group member, a sibling) keeps the blob's ref, not the copy, and
+    the copy goes to the blob cache for those later reads.
+
     Raises:
         Refused: the episode's workflow does not validate, or its grading does not fit.
+        InlineCopyMismatch: the inline copy is not the blob the message names.
     """
     r = msg.run
     if await uow.get(Scored, r.graded_as) or await uow.get(Stopped, r.graded_as):
         return  # graded already, or its grading was cancelled: no judge call
+    inline, msg = msg.episode_inline, msg.model_copy(update={"episode_inline": None})
     await keep_for_calibration(uow, msg)
     if r.rollout is not None:  # a sibling waits for its group's selection (§13)
+        if inline is not None:  # checked now, and cached for the group's close
+            await claimed_blob(uow.blobs, uow.tenant, msg.episode, inline)
         await on_sibling(msg, uow)
         return
     s = await Scoring.open(uow)
-    episode = await load_episode(uow, msg.episode)
+    episode = await load_episode(uow, msg.episode, inline)
     if episode is None:
         await s.finish(Candidate(msg), Ungraded(reason=UngradedReason.EPISODE_UNAVAILABLE))
         if r.role is Role.CURRENT:  # they waited for this run; do not strand them

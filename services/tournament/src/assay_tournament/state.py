@@ -197,7 +197,8 @@ class Parked(ReadModel, RunVerified):
 
     @model_serializer(mode="wrap")
     def _as_kept(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_absent(handler(self), frozenset({"judge_spent", "attempt_grades"}))
+        kept = frozenset({"judge_spent", "attempt_grades", "episode_inline"})
+        return _without_absent(handler(self), kept)
 
     def verified(self) -> RunVerified:
         """The run's `RunVerified`."""

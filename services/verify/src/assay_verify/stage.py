@@ -26,6 +26,7 @@ from assay.record import BranchKey, Event, EventRegistry, LogRecord, ReadModel, 
 from assay.record.compaction import Compacted, with_compaction
 from assay.record.erasure import TenantErased
 from assay.runtime import StageDeps, StageSpec, UnitOfWork, routes
+from assay.store.inline_blobs import claimed_blob
 from assay.verification import Verifier, verifier_registry, verify_episode
 from assay.workflow import WorkflowDef
 
@@ -112,7 +113,12 @@ def _closed(reason: str) -> list[VerifierResult]:
 
 async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
     """Verify the frozen episode (fail closed), record the verdict, hand it to grading;
-    unless the branch's grading was cancelled first: then no verifier runs at all."""
+    unless the branch's grading was cancelled first: then no verifier runs at all.
+
+    Raises:
+        InlineCopyMismatch: the message's inline episode is not the blob it names (the
+            message is refused to the dead-letter topic, with that reason).
+    """
     if await uow.get(Stopped, msg.run.graded_as) is not None:
         return  # its `GradingCancelled` went to tournament with the stop
     results = await _verify(msg, uow)
@@ -128,6 +134,7 @@ async def on_run_executed(msg: RunExecuted, uow: VerifyUnitOfWork) -> None:
         RunVerified(
             run=msg.run,
             episode=msg.episode,
+            episode_inline=msg.episode_inline,
             passed=passed,
             results=results,
             usage=msg.usage,
@@ -159,8 +166,13 @@ async def on_cancel_grading(msg: CancelGrading, uow: VerifyUnitOfWork) -> None:
 
 
 async def _verify(msg: RunExecuted, uow: VerifyUnitOfWork) -> list[VerifierResult]:
-    """Each verifier's result on the episode; a missing, foreign or undecodable one fails."""
-    raw = await uow.blobs.get(uow.tenant, msg.episode)
+    """Each verifier's result on the episode (its inline copy when it came with one, else
+    its blob); a missing, foreign or undecodable one fails.
+
+    Raises:
+        InlineCopyMismatch: the inline copy is not the blob `msg.episode` names.
+    """
+    raw = await claimed_blob(uow.blobs, uow.tenant, msg.episode, msg.episode_inline)
     if raw is None:
         return _closed(f"episode blob {msg.episode} is missing")
     try:

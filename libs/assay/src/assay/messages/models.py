@@ -249,19 +249,30 @@ class AttemptIndeterminate(Versioned):
     reason: str = Field(description="Why the outcome is unknown.")
 
 
+EPISODE_INLINE = (
+    "v5: the episode itself, when its blob is small (at most `ASSAY_EPISODE_INLINE_MAX_BYTES`):"
+    " the JSON document whose canonical bytes are the blob `episode` names, so a reader "
+    "checks it against that blake3 digest and need not read the blob. None: read the blob "
+    "(the blob is written either way and stays the durable copy)."
+)
+
+
 class RunExecuted(Versioned):
     """Execute finished a run; the frozen episode is a blob.
 
     Version 3 carries `RolloutRef.max_cost_usd` and adds `cost_usd`; a version 2
     run reads as costing 0.0, as a `UsageRecorded` v1 call does. Version 4 carries
     `RunRef.branch`: a rewind's new branch and a branch command's child are verified and
-    graded like any run, and say which branch they are.
+    graded like any run, and say which branch they are. Version 5 adds `episode_inline`: a
+    small episode travels in the message as well as in its blob; a version 4 run carries
+    none, and its readers read the blob.
     """
 
     type: ClassVar[str] = "RunExecuted"
-    version: ClassVar[int] = 4
+    version: ClassVar[int] = 5
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
+    episode_inline: dict[str, Any] | None = Field(None, description=EPISODE_INLINE)
     succeeded: bool = Field(description="Every step ended with a succeeded attempt.")
     failed_step: StepId | None = Field(None, description="The step whose attempts ran out.")
     usage: Usage = Field(description="Model usage of the run.")
@@ -274,6 +285,10 @@ class RunExecuted(Versioned):
             "configured per-token prices (the sum of its calls' `UsageRecorded.cost_usd`)."
         ),
     )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_inline(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_inline(handler(self))
 
 
 class VerifierResult(Versioned):
@@ -292,13 +307,15 @@ class RunVerified(Versioned):
     """Verify's outcome for a run, keyed by task for the grading join.
 
     Version 3 carries `RolloutRef.max_cost_usd` and adds `cost_usd` (0.0 in a version 2).
-    Version 4 carries `RunRef.branch`.
+    Version 4 carries `RunRef.branch`. Version 5 adds `episode_inline`, passed on from
+    `RunExecuted` (none in a version 4).
     """
 
     type: ClassVar[str] = "RunVerified"
-    version: ClassVar[int] = 4
+    version: ClassVar[int] = 5
     run: RunRef = Field(description="The run.")
     episode: str = Field(description="BlobRef of the frozen episode.")
+    episode_inline: dict[str, Any] | None = Field(None, description=EPISODE_INLINE)
     passed: bool = Field(description="Outcome class: every verifier passed.")
     results: list[VerifierResult] = Field(description="Each verifier's result.")
     usage: Usage = Field(description="Model usage of the run.")
@@ -309,6 +326,10 @@ class RunVerified(Versioned):
         description="v3: what the run's model calls cost in US dollars (from RunExecuted).",
     )
     executed: bool = Field(description="Execution succeeded (all steps ended well).")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_inline(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_inline(handler(self))
 
 
 class GroupDue(Versioned):
@@ -694,6 +715,20 @@ def run_ref_v2_unchanged(payload: dict[str, Any]) -> dict[str, Any]:
 
 def task_submitted_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
     """TaskSubmitted v2 -> v3: a v2 rollout budget had no cost cap, which v3 reads as it is."""
+    return dict(payload)
+
+
+def _without_inline(data: dict[str, Any]) -> dict[str, Any]:
+    # Left out unless carried: what keeps a run's `RunVerified` (the tournament's parked
+    # runs, group members and siblings) stores it as it always did, never the copy.
+    if data.get("episode_inline") is None:
+        data.pop("episode_inline", None)
+    return data
+
+
+def episode_not_inline(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunExecuted / RunVerified v4 -> v5: a v4 run's episode is only in its blob, which
+    v5 reads as it is (no inline copy: the reader reads the blob)."""
     return dict(payload)
 
 

@@ -37,6 +37,7 @@ from assay.messages.models import (
     TaskSubmitted,
     UsageRecorded,
     WorkflowRegistered,
+    episode_not_inline,
     run_cost_unknown,
     run_graded_v1_to_v2,
     run_graded_v3_to_v4,
@@ -171,3 +172,5 @@ for _carrier, _before in (
     ("RunGraded", 6),
 ):
     MESSAGES.upcaster(_carrier, _before)(run_ref_v3_unchanged)
+MESSAGES.upcaster("RunExecuted", 4)(episode_not_inline)
+MESSAGES.upcaster("RunVerified", 4)(episode_not_inline)

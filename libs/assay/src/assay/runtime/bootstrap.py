@@ -208,6 +208,7 @@ def stage_deps(
         shadow_rate=settings.shadow_rate if shadow_rate is None else shadow_rate,
         ladder=settings.ladder if ladder is None else ladder,
         lease_ttl_s=settings.lease_ttl_s,
+        episode_inline_max_bytes=settings.episode_inline_max_bytes,
         sandbox=sandbox_for(settings, blobs, data_dir, plugins),
         verifiers=load_verifiers(),
         strategies=plugins.strategies,

@@ -53,6 +53,7 @@ from assay.runtime.sections import (
     SandboxSettings,
     SettingsInvalid,
 )
+from assay.store.inline_blobs import DEFAULT_INLINE_MAX_BYTES, MAX_INLINE_MAX_BYTES
 
 __all__ = [
     "RENAMED",
@@ -164,6 +165,17 @@ class AssaySettings(BaseSettings):
         description=(
             "Lease of a run without a heartbeat, in seconds: after a crash, the restarted "
             "process waits this long at most before it resumes its predecessor's runs."
+        ),
+    )
+    episode_inline_max_bytes: int = Field(
+        DEFAULT_INLINE_MAX_BYTES,
+        ge=0,
+        le=MAX_INLINE_MAX_BYTES,
+        description=(
+            "An episode of at most this many bytes travels inline in `RunExecuted` and "
+            "`RunVerified` besides being written to its blob, so verify and the tournament "
+            "need not read the blob (0: never inline). Keep it well under the broker's "
+            "largest message (1 MiB by default)."
         ),
     )
     shadow_rate: float = Field(

@@ -46,6 +46,7 @@ from assay.runtime.leases import DEFAULT_LEASE_TTL_S, new_worker_id
 from assay.runtime.tenant_deletion import tenant_deletion
 from assay.runtime.tracing import current_traceparent
 from assay.sandbox.port import SandboxProvider, SuspendPolicy
+from assay.store.inline_blobs import DEFAULT_INLINE_MAX_BYTES
 from assay.store.ports import BlobStore, Checkpoint, CommitBatch, EventLog, Lease, OutboxEntry
 from assay.verification.verifiers import Verifier
 from assay.workflow.ir import BUILTIN_VERIFIER_KINDS
@@ -151,6 +152,8 @@ class StageDeps:
     """This process's identity as a lease holder."""
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     """How long a run's lease lasts without a heartbeat."""
+    episode_inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
+    """Execute carries an episode of at most this many bytes inline in `RunExecuted`."""
     checkpoint_every: int = 64
     """Execute checkpoints a run's drive every this many records (0: never)."""
     sandbox: SandboxProvider | None = None

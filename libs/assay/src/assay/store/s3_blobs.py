@@ -60,7 +60,8 @@ class S3BlobStore:
 
     Blobs read are kept in `cache` (`assay.store.blob_cache`): a stage that reads
     an episode again (the tournament, for the reference of every challenger of a
-    task) reads it from memory, not from the bucket. Blobs written are not: a read
+    task) reads it from memory, not from the bucket; so are blobs that came inline with
+    a message, checked against their ref (`remember`). Blobs written are not: a read
     right after a write (a run's archive, read back before its records are
     deleted) must come from the bucket.
     """
@@ -224,6 +225,12 @@ class S3BlobStore:
             content = await body.read()
         self.cache.put(tenant, ref, content)
         return content
+
+    def remember(self, tenant: TenantId, ref: str, content: bytes) -> None:
+        """Keep `content` in the cache as the blob `ref` of `tenant`, so the next read of
+        it here makes no request. The caller has checked that `ref` is its digest (an
+        inline copy that came with a message: `assay.store.inline_blobs`)."""
+        self.cache.put(tenant, ref, content)
 
     async def delete(self, tenant: TenantId, ref: str) -> None:
         """Remove this tenant's blob `ref`; a no-op when there is none.
