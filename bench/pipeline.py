@@ -277,6 +277,11 @@ async def _measure(d: Deployment, s3: Service, s3_log: Path) -> dict[str, float]
             / (idle_end.at - idle.at),
             1,
         ),
+        # the six stages alone: their consumers' loops and fetches, relays, timers
+        "pipeline.idle_stage_cpu_ms_per_s": round(
+            _cost(idle, idle_end, 1)["pipeline.stage_cpu_ms_per_run"] / (idle_end.at - idle.at),
+            1,
+        ),
         # What one more run costs: the burst's CPU less what the same processes use
         # waiting for work over as long (the consumers' polls, heartbeats, timers),
         # which a loaded machine's lower throughput spreads over fewer runs.

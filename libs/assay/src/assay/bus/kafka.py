@@ -7,12 +7,12 @@ for why not always), acknowledged by every in-sync replica (`acks="all"`), no id
 re-publish a no-op), keys hashed by the client's default murmur2 partitioner —
 the same partition numbers as `assay.bus.partitioner` and the embedded bus.
 
-`KafkaSource` is a FastStream batch subscriber in the stage's consumer group.
-Its handler hands records to `PartitionWorkers`, which is also its rebalance
-listener: every assigned partition is sought to the position the stage stored
-in its own commit (§5: "position in the same transaction"). Kafka's committed
-group offsets are written after handling, as a hint for lag tooling only;
-nothing here reads them.
+`KafkaSource` is a FastStream batch subscriber in the stage's consumer group
+whose records `PartitionWorkers` takes from its consumer into per-partition
+queues; the same object is its rebalance listener: every assigned partition is
+sought to the position the stage stored in its own commit (§5: "position in the
+same transaction"). Kafka's committed group offsets are written after handling,
+as a hint for lag tooling only; nothing here reads them.
 """
 
 from __future__ import annotations
@@ -29,13 +29,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
-from faststream.kafka.message import FAKE_CONSUMER
-from faststream.kafka.message import KafkaMessage as Fetched
 from faststream.middlewares import AckPolicy
 
 from assay.bus.headers import as_text
-from assay.bus.partitions import RETRY_MAX_S, PartitionWorkers
+from assay.bus.partitions import HIGH_WATER, RETRY_MAX_S, PartitionWorkers
 from assay.bus.transport import Handle, Positions
 from assay.kernel.errors import AssayError
 from assay.kernel.waiting import sleep_or
@@ -286,52 +283,41 @@ def stage_subscriber(
     member_timeout_ms: int,
     heartbeat_interval_ms: int,
     fetch_max_wait_ms: int,
-    poll_ms: int,
-) -> None:
+) -> Any:
     """Declare a stage's subscriber on `broker`: its topics, in its consumer group.
+
+    The subscriber has no handler: FastStream builds, subscribes, starts and stops
+    its aiokafka consumer, and `PartitionWorkers.fetch` takes the records from it.
+    FastStream's handler loop would call `BatchSubscriber.get_msg`, which sleeps
+    `batch_timeout_ms` after every `getmany` that found nothing
+    (faststream/kafka/subscriber/usecase.py): a record arriving then waits the
+    sleep out, so its wait had to be a few milliseconds, and an idle stage woke
+    hundreds of times a second. The workers' loop waits in `getmany` alone, which
+    returns as soon as a fetch brings records. Without a handler FastStream's
+    parser is not used either: it decodes every header value as UTF-8
+    (faststream/kafka/parser.py, `AioKafkaBatchParser.parse_batch`), and one record
+    whose header held other bytes would fail its whole batch.
 
     Nothing is committed by FastStream (`AckPolicy.MANUAL`, no auto-commit) and
     nothing is read from the group's offsets: `workers` seeks on every assignment.
+
+    Returns:
+        The subscriber (its `consumer` is aiokafka's, once the broker started).
     """
-
-    async def records(batch: tuple[Any, ...]) -> Fetched:
-        # FastStream's own parser decodes every header value as UTF-8
-        # (faststream/kafka/parser.py, `AioKafkaBatchParser.parse_batch`): one record
-        # whose header holds other bytes, or no value, fails the whole fetched batch,
-        # which FastStream then drops, and the partitions' next records would be
-        # handled past it. The workers take the records as fetched.
-        first = batch[0]
-        return Fetched(
-            raw_message=batch,
-            body=b"",
-            message_id=f"{first.topic}/{first.partition}/{first.offset}",
-            consumer=FAKE_CONSUMER,  # nothing is acknowledged through FastStream
-        )
-
-    async def raw(msg: Any) -> None:  # the bytes are decoded by the stage, not here
-        return None
-
     sub = broker.subscriber(
         *topics,
         group_id=group_id,
         batch=True,
-        batch_timeout_ms=poll_ms,
         listener=workers,
         ack_policy=AckPolicy.MANUAL,
         auto_offset_reset="earliest",
         session_timeout_ms=member_timeout_ms,
         heartbeat_interval_ms=heartbeat_interval_ms,
         fetch_max_wait_ms=fetch_max_wait_ms,
-        parser=records,
-        decoder=raw,
         include_in_schema=False,  # the stage applications in `assay.bus.asyncapi` document it
     )
-
     workers.subscriber = sub
-
-    @sub
-    async def dispatch(message: KafkaMessage) -> None:
-        workers.dispatch(message.raw_message)
+    return sub
 
 
 @dataclass
@@ -340,20 +326,22 @@ class KafkaSource:
 
     Each assigned partition is handled strictly in offset order, one record at
     a time; partitions run concurrently. A partition whose handler raises (a
-    handler should not: bad input is dead-lettered by the runner) is rewound to
-    the failed record and retried after a backoff, so nothing is skipped.
+    handler should not: bad input is dead-lettered by the runner) retries the
+    failed record after a backoff, so nothing is skipped.
 
     Attributes:
         member_timeout_ms: how long the group waits for a silent member before
             giving its partitions to the others.
         heartbeat_interval_ms: how often a member tells the group it is alive.
-        poll_ms: how long the subscriber waits for fetched records before it looks
-            again; short, because FastStream's batch subscriber also sleeps this long
-            after every empty wait (faststream/kafka/subscriber/usecase.py,
-            `BatchSubscriber.get_msg`), and a record arriving then waits it out: idle,
-            each hop of the task-to-result path pays up to `poll_ms`. Only the local
-            loop wakes this often; requests to the broker are paced by
-            `fetch_max_wait_ms` (aiokafka's fetcher long-polls on its own).
+        wait_ms: how long the fetch loop waits in aiokafka's `getmany` before it
+            looks again; `getmany` returns as soon as a fetch brings records, so a
+            long wait costs no latency and an idle stage wakes rarely. Requests to
+            the broker are paced by `fetch_max_wait_ms` (aiokafka's fetcher
+            long-polls on its own).
+        paused_wait_ms: the wait while a partition is paused (being positioned, or
+            its queue at `high_water`): short, see `PartitionWorkers.fetch`.
+        high_water: records queued for one partition past which its fetching pauses
+            until its worker has handled half of them.
         fetch_max_wait_ms: the longest the broker holds a fetch waiting for data; short,
             because every stage is a hop on the task-to-result path.
         retry_backoff_s: the first wait before a failed record is retried (doubling).
@@ -365,7 +353,9 @@ class KafkaSource:
     member_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     client_id: str | None = None
-    poll_ms: int = 5
+    wait_ms: int = 500
+    paused_wait_ms: int = 5
+    high_water: int = HIGH_WATER
     fetch_max_wait_ms: int = 20
     retry_backoff_s: float = 0.5
     _workers: PartitionWorkers | None = field(default=None, init=False, repr=False)
@@ -377,16 +367,24 @@ class KafkaSource:
 
         While the cluster cannot be reached, joining is retried until `stop` is set.
         """
-        workers = PartitionWorkers(handle, positions, stop, self.retry_backoff_s)
+        workers = PartitionWorkers(
+            handle, positions, stop, self.retry_backoff_s, high_water=self.high_water
+        )
         broker = await self._start(topics, workers, stop)
         if broker is None:
             return
         self._workers = workers
         retrying = asyncio.create_task(workers.retry_positions(), name="consume-positions")
+        fetching = asyncio.create_task(
+            workers.fetch(self.wait_ms, self.paused_wait_ms), name="consume-fetch"
+        )
         try:
             await stop.wait()
         finally:
             try:
+                fetching.cancel()  # a wait in `getmany`: nothing is lost, nothing was taken
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetching
                 await workers.shutdown()
             finally:
                 retrying.cancel()
@@ -438,7 +436,6 @@ class KafkaSource:
                 member_timeout_ms=self.member_timeout_ms,
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
                 fetch_max_wait_ms=self.fetch_max_wait_ms,
-                poll_ms=self.poll_ms,
             )
             try:
                 await broker.start()

@@ -1,17 +1,21 @@
-"""Per-partition workers under a FastStream Kafka subscriber (DESIGN §5).
+"""Per-partition queues and workers under a FastStream Kafka subscriber (DESIGN §5).
 
 FastStream hands a subscriber's records to one handler call at a time: one
 partition's slow record would hold every other partition of the stage, and a
-failure could only be retried by holding them all. So the subscriber's handler
-only *dispatches*: each assigned partition gets a worker that handles its
-records strictly in offset order, one at a time, while other partitions run
-concurrently (FastStream's own `max_workers` mode instead opens one consumer
-per worker and takes a single topic: ag2ai/faststream#2017). The same object is
-the subscriber's rebalance listener, so every assignment seeks to the positions
-the stage stored in its own commits; Kafka's group offsets are a hint only.
+failure could only be retried by holding them all. So each assigned partition
+gets a queue and a worker that handles its records strictly in offset order,
+one at a time, while other partitions run concurrently (FastStream's own
+`max_workers` mode instead opens one consumer per worker and takes a single
+topic: ag2ai/faststream#2017). The fetch loop only *enqueues*: it never waits
+for handling, and a partition is never paused while its records are handled,
+so the loop can wait long for the next fetch and still take records the moment
+one brings them. The same object is the subscriber's rebalance listener, so
+every assignment seeks to the positions the stage stored in its own commits;
+Kafka's group offsets are a hint only.
 
 This is the narrowest piece FastStream cannot carry; it drives the aiokafka
-consumer FastStream built (`pause`, `resume`, `seek`, `highwater`, `commit`).
+consumer FastStream built (`getmany`, `pause`, `resume`, `seek`, `highwater`,
+`commit`).
 """
 
 from __future__ import annotations
@@ -20,15 +24,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import ConsumerStoppedError, IllegalStateError, KafkaError
 
 from assay.bus.transport import BusMessage, Handle, Positions
+from assay.kernel.waiting import sleep_or
 from assay.store.faults import Outage
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 RETRY_MAX_S = 5.0
 HINT_EVERY_S = 1.0
 """How often handled positions are committed to the group, as a hint for lag tools."""
+HIGH_WATER = 1_000
+"""Records queued for one partition past which its fetching pauses (backpressure)."""
 
 
 def bus_message(record: Any) -> BusMessage:
@@ -53,19 +59,23 @@ def bus_message(record: Any) -> BusMessage:
 
 @dataclass(eq=False)
 class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
-    """One `consume` call's group membership: assignment, positions, partition workers.
+    """One `consume` call's group membership: assignment, positions, queues and workers.
 
-    A partition is paused while a worker handles a fetched batch of it, while
-    it backs off after a failure, and until it is positioned. `generation`
-    changes on every rebalance; a worker started under another generation stops.
-    A fetched record is handled only at or past the partition's next position,
-    so a batch fetched before a rebalance or a seek never moves a position back.
+    Fetched records go to their partition's queue; the partition's worker
+    handles them in offset order. A partition is paused only until it is
+    positioned, and while its queue holds `high_water` records or more (its
+    worker is that far behind). `generation` changes on every rebalance; a
+    worker started under another generation stops, and a revoked partition's
+    queue is dropped. A record is handled only at or past the partition's next
+    position, so records fetched before a rebalance or a seek never move a
+    position back.
     """
 
     handle: Handle
     positions: Positions
     stop: asyncio.Event
     retry_backoff_s: float
+    high_water: int = HIGH_WATER
     subscriber: Any = None
     """The FastStream subscriber whose aiokafka consumer this drives (it builds the
     consumer before joining the group, so the listener always finds it there)."""
@@ -73,9 +83,13 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
     ready: set[TopicPartition] = field(default_factory=set)  # positioned in this generation
     unpositioned: set[TopicPartition] = field(default_factory=set)  # waiting for the store
     next: dict[TopicPartition, int | None] = field(default_factory=dict)  # None: beginning
-    busy: dict[TopicPartition, asyncio.Task[None]] = field(default_factory=dict)
+    queues: dict[TopicPartition, deque[Any]] = field(default_factory=dict)
+    """Each ready partition's fetched records not yet handled, in offset order."""
+    wakeups: dict[TopicPartition, asyncio.Event] = field(default_factory=dict)
+    workers: dict[TopicPartition, asyncio.Task[None]] = field(default_factory=dict)
+    held: set[TopicPartition] = field(default_factory=set)
+    """Partitions paused because their queue reached `high_water`."""
     failures: dict[TopicPartition, int] = field(default_factory=dict)
-    backing_off: dict[TopicPartition, asyncio.TimerHandle] = field(default_factory=dict)
     hints: dict[TopicPartition, int] = field(default_factory=dict)  # handled, not committed
     committing: asyncio.Task[None] | None = None
     hinted_at: float = float("-inf")
@@ -115,19 +129,29 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
     # -- the rebalance listener (called by the group coordinator) ------------------------
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Stop handling the revoked partitions; return once their in-flight record is done."""
+        """Drop the revoked partitions' queues; return once their in-flight record is done.
+
+        No record of a revoked partition is handled by this member after this returns
+        (the group gives the partition to another member only then).
+        """
         self.generation += 1
         self.ready.difference_update(revoked)
         self.unpositioned.difference_update(revoked)
-        pending = [task for tp, task in self.busy.items() if tp in revoked]
+        pending = []
+        for tp in revoked:
+            queue = self.queues.pop(tp, None)
+            if queue is not None:
+                queue.clear()
+            self._wake(tp)
+            if (task := self.workers.get(tp)) is not None:
+                pending.append(task)
         if pending:
             await asyncio.wait(pending)
         for tp in revoked:
             self.failures.pop(tp, None)
             self.hints.pop(tp, None)
-            timer = self.backing_off.pop(tp, None)
-            if timer is not None:
-                timer.cancel()
+            self.held.discard(tp)
+            self.wakeups.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         """Seek each assigned partition to the stage's stored position (or the beginning)."""
@@ -167,7 +191,8 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
             self.unpositioned.difference_update(todo)
             self.ready.update(todo)
             for tp in todo:
-                self._release(tp)
+                self.queues[tp] = deque()
+                self._resume(tp)
 
     async def retry_positions(self) -> None:
         """Position what an assignment left unpositioned (the store was down), until stopped."""
@@ -192,75 +217,124 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
         except IllegalStateError:  # unassigned meanwhile: the next assignment seeks again
             log.debug("seek skipped: %s no longer assigned", tps)
 
-    # -- dispatch (called by the FastStream subscriber with each fetched batch) -----------
+    # -- the fetch loop ---------------------------------------------------------------------
 
-    def dispatch(self, records: Iterable[Any]) -> None:
-        """Give each partition's records to its worker; never waits for handling."""
-        by_tp: dict[TopicPartition, list[Any]] = defaultdict(list)
-        for record in records:  # FastStream chains the partitions' lists: order is kept
-            by_tp[TopicPartition(record.topic, record.partition)].append(record)
-        for tp, batch in by_tp.items():
-            if self.closing or tp not in self.ready or tp in self.busy or tp in self.backing_off:
-                continue  # not (yet) ours: the assignment's seek decides where it starts
-            self.consumer.pause(tp)
-            self.busy[tp] = asyncio.create_task(
-                self._work(tp, batch, self.generation), name=f"consume-{tp.topic}-{tp.partition}"
+    async def fetch(self, wait_ms: int, paused_wait_ms: int) -> None:
+        """Take fetched records into the partitions' queues until stopped.
+
+        `getmany` returns as soon as a fetch brings records, so the loop waits up to
+        `wait_ms` for them at no cost in latency. While a partition is paused the wait
+        is `paused_wait_ms`: aiokafka's fetcher wakes a waiting `getmany` only when a
+        fetch brings new data, not on `resume`. aiokafka 0.14 drops what it fetched
+        for a paused partition and fetches it again once resumed (which wakes the
+        wait), but records it kept buffered across a `resume` would wait out the
+        whole wait; that state is rare, so it is bounded by a short one.
+        """
+        backoff = self.retry_backoff_s
+        while not self.stop.is_set() and not self.closing:
+            paused = bool(self.held or self.unpositioned)
+            try:
+                fetched = await self.consumer.getmany(
+                    timeout_ms=paused_wait_ms if paused else wait_ms
+                )
+            except ConsumerStoppedError:
+                return
+            except KafkaError as exc:  # e.g. the group coordinator is away: try again
+                log.warning("fetching failed (%r); retrying", exc)
+                await sleep_or(self.stop, backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                continue
+            backoff = self.retry_backoff_s
+            for tp, records in fetched.items():
+                self.take(tp, records)
+            self._commit_hints()
+
+    def take(self, tp: TopicPartition, records: list[Any]) -> None:
+        """Queue `tp`'s fetched records for its worker; never waits for handling."""
+        queue = self.queues.get(tp)
+        if self.closing or queue is None or tp not in self.ready:
+            return  # not (yet) ours: the assignment's seek decides where it starts
+        queue.extend(records)
+        if len(queue) >= self.high_water and tp not in self.held:
+            self.held.add(tp)
+            with contextlib.suppress(KafkaError, IllegalStateError):  # unassigned meanwhile
+                self.consumer.pause(tp)
+        if tp not in self.workers:
+            self.wakeups[tp] = asyncio.Event()
+            self.workers[tp] = asyncio.create_task(
+                self._work(tp, queue, self.generation),
+                name=f"consume-{tp.topic}-{tp.partition}",
             )
-        self._commit_hints()
+        self._wake(tp)
 
-    async def _work(self, tp: TopicPartition, records: list[Any], generation: int) -> None:
+    # -- a partition's worker ---------------------------------------------------------------
+
+    def _owns(self, tp: TopicPartition, generation: int) -> bool:
+        return not self.closing and not self.stop.is_set() and generation == self.generation
+
+    def _wake(self, tp: TopicPartition) -> None:
+        if (wakeup := self.wakeups.get(tp)) is not None:
+            wakeup.set()
+
+    async def _work(self, tp: TopicPartition, queue: deque[Any], generation: int) -> None:
+        wakeup = self.wakeups[tp]
         try:
-            for record in records:
-                if self.closing or self.stop.is_set() or generation != self.generation:
-                    return
+            while self._owns(tp, generation):
+                if not queue:
+                    wakeup.clear()
+                    await wakeup.wait()
+                    continue
+                record = queue[0]
                 expected = self.next.get(tp)
-                if expected is not None and record.offset < expected:
-                    continue  # fetched before a seek or a rebalance: handled already
-                try:
-                    await self.handle(bus_message(record))
-                except Outage as exc:  # a service is away: no traceback for each retry
-                    log.warning("%s; retrying from there", exc)
-                    await self._rewind(tp, record.offset, generation)
-                    return
-                except Exception:
-                    log.exception(
-                        "handler raised on %s/%d@%d; retrying from there",
-                        tp.topic,
-                        tp.partition,
-                        record.offset,
-                    )
-                    await self._rewind(tp, record.offset, generation)
-                    return
-                self.next[tp] = self.hints[tp] = record.offset + 1
-                self.progressed[tp] = time.monotonic()
-                self.failures.pop(tp, None)
+                if expected is None or record.offset >= expected:
+                    if not await self._handled(tp, record, generation, wakeup):
+                        continue  # retried after a backoff, from this record
+                    self.next[tp] = self.hints[tp] = record.offset + 1
+                    self.progressed[tp] = time.monotonic()
+                    self.failures.pop(tp, None)
+                # else fetched before a seek or a rebalance: handled already
+                if queue and queue[0] is record:  # a revocation may have dropped the queue
+                    queue.popleft()
+                if tp in self.held and len(queue) <= self.high_water // 2:
+                    self.held.discard(tp)
+                    self._resume(tp)
         finally:
-            del self.busy[tp]
-            if generation == self.generation:
-                self._release(tp)
+            if self.workers.get(tp) is asyncio.current_task():
+                del self.workers[tp]
 
-    async def _rewind(self, tp: TopicPartition, offset: int, generation: int) -> None:
-        """Read `tp` again from `offset`, after a backoff."""
-        if generation == self.generation:
-            self.next[tp] = offset
-            await self._seek([tp])
-            self._back_off(tp)
-
-    def _back_off(self, tp: TopicPartition) -> None:
+    async def _handled(
+        self, tp: TopicPartition, record: Any, generation: int, wakeup: asyncio.Event
+    ) -> bool:
+        """Handle `record`; on failure wait out a backoff (cut short by a revocation or a
+        stop) and answer False: the record stays at the head of its queue."""
+        try:
+            await self.handle(bus_message(record))
+            return True
+        except Outage as exc:  # a service is away: no traceback for each retry
+            log.warning("%s; retrying from there", exc)
+        except Exception:
+            log.exception(
+                "handler raised on %s/%d@%d; retrying from there",
+                tp.topic,
+                tp.partition,
+                record.offset,
+            )
         n = self.failures[tp] = self.failures.get(tp, 0) + 1
         delay = min(self.retry_backoff_s * 2 ** (n - 1), RETRY_MAX_S)
+        deadline = time.monotonic() + delay
+        while self._owns(tp, generation) and (left := deadline - time.monotonic()) > 0:
+            wakeup.clear()  # set by records arriving (they wait) and by a revocation
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), left)
+        return False
 
-        def done() -> None:
-            self.backing_off.pop(tp, None)
-            self._release(tp)
-
-        self.backing_off[tp] = asyncio.get_running_loop().call_later(delay, done)
-
-    def _release(self, tp: TopicPartition) -> None:
-        """Let the fetcher read `tp` again, unless something still holds it."""
-        if tp in self.ready and tp not in self.busy and tp not in self.backing_off:
+    def _resume(self, tp: TopicPartition) -> None:
+        """Let the fetcher read `tp` again, unless its queue still holds it."""
+        if tp in self.ready and tp not in self.held:
             with contextlib.suppress(KafkaError, IllegalStateError):  # unassigned meanwhile
                 self.consumer.resume(tp)
+
+    # -- group offsets (a hint) and shutdown -------------------------------------------------
 
     def _commit_hints(self) -> None:
         """Commit handled positions to the group, in the background, best effort, at
@@ -282,11 +356,12 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
     async def shutdown(self) -> None:
         """Wait for in-flight records, then leave the group's offsets as handled (hint)."""
         self.closing = True
-        if self.busy:
-            await asyncio.wait(list(self.busy.values()))
-        for timer in self.backing_off.values():
-            timer.cancel()
-        self.backing_off.clear()
+        for tp in list(self.wakeups):
+            self._wake(tp)
+        if self.workers:
+            await asyncio.wait(list(self.workers.values()))
+        for queue in self.queues.values():
+            queue.clear()
         if self.committing is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(self.committing, 2.0)
