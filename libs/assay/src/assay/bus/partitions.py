@@ -239,8 +239,10 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
                 )
             except ConsumerStoppedError:
                 return
-            except KafkaError as exc:  # e.g. the group coordinator is away: try again
-                log.warning("fetching failed (%r); retrying", exc)
+            except Exception as exc:  # e.g. the group coordinator is away: never stop reading
+                log.warning(
+                    "fetching failed (%r); retrying", exc, exc_info=not isinstance(exc, KafkaError)
+                )
                 await sleep_or(self.stop, backoff)
                 backoff = min(backoff * 2, RETRY_MAX_S)
                 continue
