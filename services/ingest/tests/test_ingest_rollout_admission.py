@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from assay.kernel import TenantId
@@ -111,6 +111,7 @@ def test_a_group_admitted_before_cost_caps_still_spawns() -> None:
     group_cents=st.integers(1, 5000),
     spend=st.lists(st.floats(0.0, 1.0), max_size=64),
 )
+@example(run_cents=1, group_cents=21, spend=[])  # twenty $0.01 sum to 0.20000000000000004
 def test_spawning_to_the_limit_never_exceeds_the_group_cost_cap(
     run_cents: int, group_cents: int, spend: list[float]
 ) -> None:

@@ -211,7 +211,9 @@ def may_spawn(group: RolloutGroup) -> bool:
     cost, per_run_cost = group.group_max_cost_usd, group.per_run_cost_usd
     if cost is None or per_run_cost is None:
         return True
-    spent = _dollars(group.spent_cost_usd)
+    # A float sum of costs drifts (twenty $0.01 siblings sum to 0.20000000000000004), which
+    # would refuse the last sibling a cap of exact cents admits: spend counts to a nano-dollar.
+    spent = _dollars(round(group.spent_cost_usd, 9))
     return spent + (running + 1) * _dollars(per_run_cost) <= _dollars(cost)
 
 
