@@ -740,7 +740,10 @@ async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_mo
     # The console saw the same backlog, per partition of assay.runs, and it drained.
     assert max(v.lag_total or 0 for v in shown) > 0, shown[:3]
     backlog = max(shown, key=lambda v: v.lag_total or 0)
-    assert {p.topic for p in backlog.lag if p.lag} == {"assay.runs"}
+    # Most of it on assay.runs; execute reads other topics too (assay.results, once the
+    # first runs it let through are graded), which may lag for a moment beside it.
+    runs_lag = sum(p.lag for p in backlog.lag if p.topic == "assay.runs")
+    assert runs_lag > (backlog.lag_total or 0) / 2, backlog.lag
     assert shown[-1].handled is not None
     assert shown[-1].p95_s is not None
     await await_results(d, {(tenant, t["idempotency_key"]) for t in tasks})
