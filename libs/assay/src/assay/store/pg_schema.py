@@ -353,14 +353,6 @@ _TOMBSTONES = """
 CREATE INDEX state_tombstones ON {s}.state (tenant) WHERE value IS NULL;
 """
 
-# An outbox row's value stays in the row, compressed, rather than in the TOAST table: a
-# message carrying a small episode inline (`RunExecuted`, `RunVerified`) is a few KB,
-# just over the 2 KB at which Postgres moves a value out of line, which cost an insert
-# and a delete of a TOAST chunk per message. A row too big for its page still moves.
-_OUTBOX_IN_ROW = """
-ALTER TABLE {s}.outbox ALTER COLUMN value SET STORAGE MAIN;
-"""
-
 MIGRATIONS: tuple[str, ...] = (
     _TABLES,
     _COMMIT,
@@ -369,7 +361,6 @@ MIGRATIONS: tuple[str, ...] = (
     _INBOX_TIME,
     _TOMBSTONES,
     SPEND_MIGRATION,
-    _OUTBOX_IN_ROW,
 )
 """The event log's migrations, in order: version n is `MIGRATIONS[n - 1]`."""
 
