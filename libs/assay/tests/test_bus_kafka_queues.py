@@ -111,7 +111,7 @@ async def test_a_partition_paused_at_its_high_water_mark_is_read_again_promptly(
         assert workers is not None
         if m.offset == 0:
             await asyncio.sleep(0.5)  # let the fetch fill the queue past its mark
-            held_seen.append(tp in workers.held and tp in workers.consumer.paused())
+            held_seen.append(tp in workers.full and tp in workers.consumer.paused())
             await publish(kafka, more)  # these come only after the partition resumes
         await asyncio.sleep(0.02)
         handled[m.offset] = time.monotonic()

@@ -87,7 +87,7 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
     """Each ready partition's fetched records not yet handled, in offset order."""
     wakeups: dict[TopicPartition, asyncio.Event] = field(default_factory=dict)
     workers: dict[TopicPartition, asyncio.Task[None]] = field(default_factory=dict)
-    held: set[TopicPartition] = field(default_factory=set)
+    full: set[TopicPartition] = field(default_factory=set)
     """Partitions paused because their queue reached `high_water`."""
     failures: dict[TopicPartition, int] = field(default_factory=dict)
     hints: dict[TopicPartition, int] = field(default_factory=dict)  # handled, not committed
@@ -150,7 +150,7 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
         for tp in revoked:
             self.failures.pop(tp, None)
             self.hints.pop(tp, None)
-            self.held.discard(tp)
+            self.full.discard(tp)
             self.wakeups.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -203,8 +203,7 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
                 backoff = min(backoff * 2, RETRY_MAX_S) if self.unpositioned else 0.1
             else:
                 backoff = 0.1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), backoff)
+            await sleep_or(self.stop, backoff)
 
     async def _seek(self, tps: list[TopicPartition]) -> None:
         beginning = [tp for tp in tps if self.next.get(tp) is None]
@@ -232,7 +231,7 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
         """
         backoff = self.retry_backoff_s
         while not self.stop.is_set() and not self.closing:
-            paused = bool(self.held or self.unpositioned)
+            paused = bool(self.full or self.unpositioned)
             try:
                 fetched = await self.consumer.getmany(
                     timeout_ms=paused_wait_ms if paused else wait_ms
@@ -257,8 +256,8 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
         if self.closing or queue is None or tp not in self.ready:
             return  # not (yet) ours: the assignment's seek decides where it starts
         queue.extend(records)
-        if len(queue) >= self.high_water and tp not in self.held:
-            self.held.add(tp)
+        if len(queue) >= self.high_water and tp not in self.full:
+            self.full.add(tp)
             with contextlib.suppress(KafkaError, IllegalStateError):  # unassigned meanwhile
                 self.consumer.pause(tp)
         if tp not in self.workers:
@@ -297,8 +296,8 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
                 # else fetched before a seek or a rebalance: handled already
                 if queue and queue[0] is record:  # a revocation may have dropped the queue
                     queue.popleft()
-                if tp in self.held and len(queue) <= self.high_water // 2:
-                    self.held.discard(tp)
+                if tp in self.full and len(queue) <= self.high_water // 2:
+                    self.full.discard(tp)
                     self._resume(tp)
         finally:
             if self.workers.get(tp) is asyncio.current_task():
@@ -326,13 +325,12 @@ class PartitionWorkers(ConsumerRebalanceListener):  # type: ignore[misc]  # aiok
         deadline = time.monotonic() + delay
         while self._owns(tp, generation) and (left := deadline - time.monotonic()) > 0:
             wakeup.clear()  # set by records arriving (they wait) and by a revocation
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), left)
+            await sleep_or(wakeup, left)
         return False
 
     def _resume(self, tp: TopicPartition) -> None:
         """Let the fetcher read `tp` again, unless its queue still holds it."""
-        if tp in self.ready and tp not in self.held:
+        if tp in self.ready and tp not in self.full:
             with contextlib.suppress(KafkaError, IllegalStateError):  # unassigned meanwhile
                 self.consumer.resume(tp)
 
