@@ -778,7 +778,12 @@ def encode_headers(headers: tuple[tuple[str, bytes], ...]) -> bytes:
 
 def decode_headers(raw: bytes) -> tuple[tuple[str, bytes], ...]:
     """Inverse of `encode_headers`."""
-    return tuple((k, v.encode("latin-1")) for k, v in json.loads(raw))
+    return _headers(json.loads(raw))
+
+
+def _headers(pairs: list[list[str]]) -> tuple[tuple[str, bytes], ...]:
+    """Headers from the parsed JSON array `encode_headers` wrote."""
+    return tuple([(k, v.encode("latin-1")) for k, v in pairs])
 
 
 def decode_headers_of(raws: list[bytes]) -> list[tuple[tuple[str, bytes], ...]]:
@@ -794,7 +799,7 @@ def decode_headers_of(raws: list[bytes]) -> list[tuple[tuple[str, bytes], ...]]:
     lists = json.loads(b"[" + b",".join(raws) + b"]")
     if len(lists) != len(raws):
         return [decode_headers(raw) for raw in raws]
-    return [tuple([(k, v.encode("latin-1")) for k, v in pairs]) for pairs in lists]
+    return [_headers(pairs) for pairs in lists]
 
 
 _SQLITE_TYPES = {"text": "TEXT", "integer": "INTEGER", "boolean": "INTEGER"}
