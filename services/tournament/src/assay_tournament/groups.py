@@ -23,7 +23,7 @@ from typing import Any
 from assay.bus.topics import VERIFIED
 from assay.grading.strategies import (
     GroupToRank,
-    RanksGroups,
+    RankingStrategy,
     StrategyRefused,
     params_of,
     strategy_named,
@@ -169,7 +169,7 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
     workflow = WorkflowDef.model_validate(episodes[present[0].run.graded_as].definition)
     sinks = {name: meter.sink(runs[name], JudgePurpose.TOURNAMENT) for name in episodes}
     strategy = strategy_named(workflow.grading.strategy, s.uow.deps.strategies)
-    if isinstance(strategy, RanksGroups):
+    if isinstance(strategy, RankingStrategy):
         return await _ranked_by(s, strategy, workflow, present, sinks, seed=seed)
     planned = rounds_for(len(present))
     async with s.purse.rounds(planned, 2 * (len(present) // 2)) as affordable:
@@ -213,7 +213,7 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
 
 async def _ranked_by(
     s: Scoring,
-    strategy: RanksGroups,
+    strategy: RankingStrategy,
     workflow: WorkflowDef,
     present: list[Candidate],
     sinks: dict[str, Any],
@@ -230,10 +230,9 @@ async def _ranked_by(
             the strategy produces nor `Ungraded`.
     """
     grading = workflow.grading
-    named = strategy_named(grading.strategy, s.uow.deps.strategies)
     group = GroupToRank(
         spec=grading,
-        params=params_of(named, grading),
+        params=params_of(strategy, grading),
         entrants=[
             Entrant(name=m.run.graded_as, episode=m.episode, control=m.run.role is Role.CURRENT)
             for m in present
@@ -251,10 +250,10 @@ async def _ranked_by(
             await s.finish(m, Ungraded(reason=UngradedReason.BUDGET_EXHAUSTED))
         return _Bracket()
     for name, score in scores.items():
-        if not isinstance(score, named.produces | Ungraded):
+        if not isinstance(score, strategy.produces | Ungraded):
             raise StrategyRefused(
                 f"grading strategy {grading.strategy!r} ranked {name} as a "
-                f"{type(score).__name__}; it produces {named.produces.__name__} or Ungraded"
+                f"{type(score).__name__}; it produces {strategy.produces.__name__} or Ungraded"
             )
     for m in present:
         found = scores.get(m.run.graded_as)

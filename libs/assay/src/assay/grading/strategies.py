@@ -175,6 +175,11 @@ class GradingStrategy(Protocol):
         ...
 
 
+@runtime_checkable
+class RankingStrategy(GradingStrategy, RanksGroups, Protocol):
+    """A grading strategy that ranks its closed groups itself (`RanksGroups`)."""
+
+
 class PairwiseSequential:
     """The default (§11.3): a judge compares each challenger episode with the reference."""
 
