@@ -147,6 +147,49 @@ async def result_of(rt: Embedded, key: str) -> RolloutResult | None:
     return found[0] if found else None
 
 
+def ranked_against_control(result: RolloutResult, samples: dict[str, int]) -> dict[str, Any]:
+    """Check a matrix of v1 (the control), v2 and the model `big` ranked against v1, each
+    candidate with `samples[name]` siblings; its lines by candidate name."""
+    assert result.control == "v1"
+    lines = {c.name: c for c in result.candidates or []}
+    assert list(lines) == ["v1", "v2", "big"]
+    assert [c.kind for c in lines.values()] == ["version", "version", "model"]
+    assert lines["v1"].workflow_version == V1.version
+    assert lines["v2"].workflow_version == V2.version
+    assert lines["big"].workflow_version not in (V1.version, V2.version)  # a derived variant
+    assert [c.control for c in lines.values()] == [True, False, False]
+    for name, c in lines.items():  # every sibling of the candidate counts
+        assert c.samples == samples[name]
+        assert len(c.runs) == len(set(c.runs)) == c.verified == samples[name]
+        assert c.pass_rate == c.passes / c.verified
+    ranked = {name: c for name, c in lines.items() if c.strength is not None}
+    assert "v1" in ranked, "the control took part in no comparison"
+    control = ranked["v1"].strength
+    assert control is not None
+    assert control.anchored
+    assert control.strength == 0.0
+    assert control.interval == (0.0, 0.0)
+    strengths = {}
+    for name, c in ranked.items():
+        assert c.strength is not None
+        low, high = c.strength.interval
+        assert low <= c.strength.strength <= high
+        assert c.rank is not None
+        strengths[name] = c.strength.strength
+    by_strength = sorted(ranked.values(), key=lambda c: -strengths[c.name])
+    assert by_strength[0].rank == 1
+    ranks = [c.rank or 0 for c in by_strength]
+    assert ranks == sorted(ranks)
+    winner = next(c for c in lines.values() if result.winner in c.runs)
+    assert winner.passes == max(c.passes for c in lines.values())
+    assert result.passes == sum(c.passes for c in lines.values())
+    assert result.estimate is not None
+    siblings = sum(samples.values())
+    assert result.estimate.model_calls == result.estimate.replay_calls == siblings * CALLS
+    assert result.model_calls <= result.estimate.model_calls
+    return lines
+
+
 async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_control(
     tmp_path: Path,
 ) -> None:
@@ -160,41 +203,7 @@ async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_con
         meter = await rt.logs["ingest"].get(StateKey(TENANT, "meter", "replay"))
         tallied = await rt.logs["aggregate"].scan(TENANT, "version")
 
-    assert result.control == "v1"
-    lines = {c.name: c for c in result.candidates or []}
-    assert list(lines) == ["v1", "v2", "big"]
-    assert [c.kind for c in lines.values()] == ["version", "version", "model"]
-    assert lines["v1"].workflow_version == V1.version
-    assert lines["v2"].workflow_version == V2.version
-    assert lines["big"].workflow_version not in (V1.version, V2.version)  # a derived variant
-    assert [c.control for c in lines.values()] == [True, False, False]
-    for name, c in lines.items():  # every sibling of the candidate counts
-        assert c.samples == SAMPLES[name]
-        assert len(set(c.runs)) == c.verified == SAMPLES[name]
-        assert c.pass_rate == c.passes / c.verified
-    ranked = {name: c for name, c in lines.items() if c.strength is not None}
-    assert "v1" in ranked, "the control took part in no comparison"
-    control = ranked["v1"].strength
-    assert control is not None
-    assert control.anchored
-    assert control.strength == 0.0
-    assert control.interval == (0.0, 0.0)
-    for c in ranked.values():
-        assert c.strength is not None
-        low, high = c.strength.interval
-        assert low <= c.strength.strength <= high
-        assert c.rank is not None
-    by_strength = sorted(ranked.values(), key=lambda c: -c.strength.strength)
-    assert by_strength[0].rank == 1
-    ranks = [c.rank or 0 for c in by_strength]
-    assert ranks == sorted(ranks)
-    winner = next(c for c in lines.values() if result.winner in c.runs)
-    assert winner.passes == max(c.passes for c in lines.values())
-    assert result.passes == sum(c.passes for c in lines.values())
-    assert result.estimate is not None
-    assert result.estimate.model_calls == result.estimate.replay_calls == 5 * CALLS
-    assert result.model_calls <= result.estimate.model_calls
-
+    lines = ranked_against_control(result, SAMPLES)
     runs = {run for c in lines.values() for run in c.runs}
     calls = [u for u in usage if u.run_id in runs and u.judge_purpose is None]
     assert calls
