@@ -190,6 +190,7 @@ async def test_a_matrix_is_ranked_against_the_pinned_control_and_metered_as_repl
     assert "task 'matrix-1': no verdict from ingest within 2 s" in again.stderr
 
     lines = ranked_against_control(result, {"v1": 1, "v2": 1, "big": 1})
+    assert [len(c.runs) for c in lines.values()] == [1, 1, 1]
     runs = {run for c in lines.values() for run in c.runs}
 
     def own_calls(usage: list[UsageRecorded]) -> list[UsageRecorded]:
