@@ -775,6 +775,7 @@ async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_mo
     # The tenant's only version has nothing to be compared with: Ungraded, and why.
     ungraded = _sum(tournament, "assay_runs_ungraded_total", reason="no_reference", **labels)
     assert ungraded == len(tasks)
+    assert _sum(tournament, "assay_runs_ungraded_total", **labels) == len(tasks), "no other reason"
     e2e = _sum(tournament, "assay_task_to_result_seconds_count", tenant=tenant)
     assert e2e == len(tasks)
 

@@ -199,6 +199,7 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     assert total(after, "assay_run_transitions_total", stage="tournament", state="ungraded") == 6
     # One version, nothing to compare with: every run is ungraded, and says why.
     assert total(after, "assay_runs_ungraded_total", reason="no_reference", **labels) == TASK_COUNT
+    assert total(after, "assay_runs_ungraded_total", **labels) == TASK_COUNT, "no other reason"
     assert total(after, "assay_runs_graded_total") == 0
     handled = total(after, "assay_handler_seconds_count", stage="ingest", type="TaskSubmitted")
     assert handled == TASK_COUNT
