@@ -49,6 +49,7 @@ from tests.pipeline import (
     task_records,
     wait_for,
 )
+from tests.signal_names import EVERY_STAGE, STAGE_SIGNALS
 from tests.tenant_stores import bucket_objects, pg_leftovers, pg_rows_of
 
 pytestmark = [
@@ -682,14 +683,27 @@ async def test_the_same_task_gives_the_same_episode_embedded_and_distributed(
 # -- the §15 signals on every stage's /metrics ---------------------------------------------
 
 
-async def _scrape(d: Deployment, stage: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+async def _metrics(d: Deployment, stage: str) -> str:
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.get(f"http://127.0.0.1:{d.ports[stage]}/metrics")
     response.raise_for_status()
+    return response.text
+
+
+async def _scrape(d: Deployment, stage: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return {
         (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(response.text)
+        for family in text_string_to_metric_families(await _metrics(d, stage))
         for s in family.samples
+    }
+
+
+async def _families(d: Deployment, stage: str) -> set[str]:
+    """The metric families a stage's /metrics declares, samples or not (a counter by
+    its `_total` name)."""
+    return {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in text_string_to_metric_families(await _metrics(d, stage))
     }
 
 
@@ -752,12 +766,16 @@ async def test_every_stage_exports_lag_that_builds_and_drains_and_its_signals_mo
         samples = await _scrape(d, stage)
         assert _sum(samples, "assay_handler_seconds_count", stage=stage) > 0, stage
         assert not any(dict(ls).get("run_id") for _, ls in samples), "no run ids in labels"
+        # Each of the §15 signals this stage carries is on its own /metrics.
+        missing = {*EVERY_STAGE, *STAGE_SIGNALS[stage]} - await _families(d, stage)
+        assert not missing, f"{stage} does not export {sorted(missing)}"
     execute = await _scrape(d, "execute")
     assert _sum(execute, "assay_run_transitions_total", state="running", **labels) == len(tasks)
     tournament = await _scrape(d, "tournament")
     # The tenant's only version has nothing to be compared with: Ungraded, and why.
     ungraded = _sum(tournament, "assay_runs_ungraded_total", reason="no_reference", **labels)
     assert ungraded == len(tasks)
+    assert _sum(tournament, "assay_runs_ungraded_total", **labels) == len(tasks), "no other reason"
     e2e = _sum(tournament, "assay_task_to_result_seconds_count", tenant=tenant)
     assert e2e == len(tasks)
 

@@ -1,6 +1,7 @@
 """The §15 signals in embedded mode: one `/metrics` for the process, read as Prometheus
-reads it, while a backlog builds and drains, and after a scheduled calibration round
-measured the judge against the verifier."""
+reads it, while a backlog builds and drains, while a challenger's shadow runs are
+judged against current's, and after a scheduled calibration round measured the judge
+against the verifier."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from assay.messages import MESSAGES, RunResult, TaskSubmitted, WorkflowRegistere
 from assay.record import StateKey
 from assay.runtime import Embedded
 from assay.runtime.settings import AssaySettings
-from assay.workflow import from_document
+from assay.workflow import WorkflowDef, from_document
+from tests.signal_names import SECTION_15
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -65,7 +67,37 @@ CALIBRATED = from_document(
 )
 """A workflow whose verdict the task decides (no model): one task run with the right
 answer and with a wrong one makes the tenant's calibration pair."""
-CALIBRATION = {"ASSAY_CALIBRATION_INTERVAL_S": "3600"}
+CALIBRATION = {"ASSAY_CALIBRATION_INTERVAL_S": "3600", "ASSAY_GRADING_ORDER_CHECK": "1"}
+"""Calibration on a schedule, and every pairwise comparison asked again in the other
+order (so the judged round's order checks are all counted)."""
+
+
+def judged_version(prompt: str) -> WorkflowDef:
+    return from_document(
+        {
+            "id": "judged",
+            "steps": [
+                {"id": "solve", "kind": "model", "prompt": prompt},
+                {
+                    "id": "answer",
+                    "kind": "tool",
+                    "tool": "extract_number",
+                    "args": {"text": "{{ steps.solve.output }}"},
+                },
+            ],
+            # Always passes: a challenger run meets its reference in one outcome class, so
+            # the judge (not the verifier) decides, and is asked in both orders.
+            "verifiers": [{"id": "ran", "kind": "regex", "step": "answer", "pattern": ".*"}],
+        }
+    )
+
+
+JUDGED = (
+    judged_version("What is {{ task.question }}?"),
+    judged_version("Compute {{ task.question }}."),
+)
+JUDGED_TASKS = 3
+
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -77,6 +109,7 @@ async def scrape(port: int) -> Samples:
     for family in text_string_to_metric_families(response.text):
         EXPORTED.update(s.name for s in family.samples)
         EXPORTED.add(family.name + ("_total" if family.type == "counter" else ""))
+        FAMILIES.add(_base(family.name))
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(response.text)
@@ -109,6 +142,9 @@ async def result_count(rt: Embedded) -> int:
 
 EXPORTED: set[str] = set()
 """Metric family names the embedded run's scrapes saw (for the dashboard test below)."""
+FAMILIES: set[str] = set()
+"""The same families by their base names (a counter without `_total`, and without the
+`_created` series the client adds beside it)."""
 
 
 async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path: Path) -> None:
@@ -151,6 +187,7 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
 
             await until(drained, "every stage's lag to drain")
             after = await scrape(status.port)
+            judged = await judged_round(rt, status.port)
             calibrated = await calibration_round(rt, status.port)
         finally:
             await status.close()
@@ -162,6 +199,7 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     assert total(after, "assay_run_transitions_total", stage="tournament", state="ungraded") == 6
     # One version, nothing to compare with: every run is ungraded, and says why.
     assert total(after, "assay_runs_ungraded_total", reason="no_reference", **labels) == TASK_COUNT
+    assert total(after, "assay_runs_ungraded_total", **labels) == TASK_COUNT, "no other reason"
     assert total(after, "assay_runs_graded_total") == 0
     handled = total(after, "assay_handler_seconds_count", stage="ingest", type="TaskSubmitted")
     assert handled == TASK_COUNT
@@ -170,6 +208,11 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     assert e2e == TASK_COUNT
     assert total(after, "assay_task_to_result_seconds_sum", tenant=str(TENANT)) > 0
     assert not any("run_id" in dict(ls) for _, ls in after), "no run ids in labels"
+    # The challenger's shadow runs are judged against current's, each in both orders.
+    challenger = {"tenant": str(TENANT), "workflow": "judged", "version": JUDGED[1].version}
+    assert total(judged, "assay_runs_graded_total", score="relative", **challenger) == JUDGED_TASKS
+    checks = total(judged, "assay_judge_order_checks_total", tenant=str(TENANT), workflow="judged")
+    assert checks == JUDGED_TASKS
     # The stub judge cannot tell the pair's two episodes apart: a draw both ways.
     judge = {"tenant": str(TENANT)}
     assert total(calibrated, "assay_judge_verifier_agreement", **judge) == 0.0
@@ -177,6 +220,49 @@ async def test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path
     # the hold's thresholds, exported so the alert compares against decide's settings
     assert total(calibrated, "assay_judge_calibration_min_agreement") == 0.7
     assert total(calibrated, "assay_judge_calibration_min_judged") == 4
+    missing = [name for name in SECTION_15 if name not in EXPORTED]
+    assert not missing, f"§15 signals not on the process's /metrics: {missing}"
+
+
+async def register(rt: Embedded, wf: WorkflowDef) -> None:
+    """Register `wf` and wait until ingest routes its workflow to it (as current or as
+    the challenger)."""
+    definition = wf.model_dump(mode="json", by_alias=True)
+    await rt.publish(
+        WORKFLOWS, WorkflowRegistered(tenant=TENANT, definition=definition), TENANT, idem=wf.version
+    )
+
+    async def routed() -> bool:
+        alloc = await rt.logs["ingest"].get(StateKey(TENANT, "allocation", wf.id))
+        return alloc is not None and wf.version in (alloc["current"], alloc.get("challenger"))
+
+    await until(routed, f"{wf.id} {wf.version[:8]} to be routed")
+
+
+async def judged_round(rt: Embedded, port: int) -> Samples:
+    """Run `JUDGED_TASKS` tasks on a workflow with a challenger in shadow; scrape once
+    every shadow run is graded."""
+    for wf in JUDGED:
+        await register(rt, wf)
+    for n in range(JUDGED_TASKS):
+        task = TaskSubmitted(
+            tenant=TENANT,
+            workflow_id=JUDGED[0].id,
+            idempotency_key=f"judged-{n}",
+            input={"question": f"{n} + 3"},
+        )
+        await rt.publish(TASKS, task, TENANT, idem=f"judged-{n}")
+    found: Samples = {}
+    challenger = {"workflow": "judged", "version": JUDGED[1].version}
+
+    async def graded() -> bool:
+        nonlocal found
+        found = await scrape(port)
+        ended = total(found, "assay_runs_graded_total", **challenger)
+        return ended + total(found, "assay_runs_ungraded_total", **challenger) >= JUDGED_TASKS
+
+    await until(graded, "the challenger's shadow runs to be graded")
+    return found
 
 
 async def calibration_round(rt: Embedded, port: int) -> Samples:
@@ -272,3 +358,59 @@ async def test_every_expression_parses_and_names_an_exported_metric(tmp_path: Pa
 def test_a_malformed_expression_is_caught() -> None:
     with pytest.raises(ValueError, match="parenthesis"):
         promql_parser.parse("sum by (stage (rate(assay_stage_lag[5m]))")
+
+
+# -- the metrics page names what is exported, and every §15 signal --------------------------
+
+ROOT = DEPLOY.parent
+METRICS_PAGE = ROOT / "docs" / "operations" / "metrics.md"
+SUFFIXES = re.compile(r"_(total|count|sum|bucket|created)$")
+
+
+def _base(name: str) -> str:
+    return SUFFIXES.sub("", name)
+
+
+def _documented(text: str) -> set[str]:
+    """Metric names in backticks, by base name; `assay_x_*` stands for a prefix."""
+    return {_base(n) for n in re.findall(r"`(assay_[a-z_]+\*?)(?:\{[^`]*\})?`", text)}
+
+
+def _signal_table(text: str) -> str:
+    start = text.index("| signal (DESIGN §14) |")
+    return text[start : text.index("\n\n", start)]
+
+
+def _source() -> str:
+    roots = [ROOT / "libs" / "assay" / "src", *(ROOT / "services").glob("*/src")]
+    return "\n".join(f.read_text() for r in roots for f in sorted(r.rglob("*.py")))
+
+
+async def test_the_metrics_page_names_every_exported_metric_and_only_those(
+    tmp_path: Path,
+) -> None:
+    if not FAMILIES:  # run alone: scrape a pipeline first
+        await test_embedded_signals_show_a_backlog_drain_and_every_run_move(tmp_path)
+    text = METRICS_PAGE.read_text()
+    documented = _documented(text)
+    prefixes = {n.removesuffix("*") for n in documented if n.endswith("*")}
+
+    def named(family: str) -> bool:
+        return family in documented or any(family.startswith(p) for p in prefixes)
+
+    assert not [f for f in sorted(FAMILIES) if not named(f)], "exported, not on the page"
+    source = _source()
+    for name in sorted(documented):
+        if name.endswith("*"):
+            assert any(f.startswith(name[:-1]) for f in FAMILIES), f"{name}: nothing exported"
+        else:  # exported by the embedded run, or only when configured (sandbox suspension)
+            assert name in FAMILIES or f'"{name}"' in source, f"{name} is on the page only"
+    table = _documented(_signal_table(text))
+    missing = sorted({_base(n) for n in SECTION_15} - table)
+    assert not missing, f"§15 families missing from the page's signal table: {missing}"
+
+
+def test_a_metric_the_code_does_not_export_is_caught_on_the_page() -> None:
+    page = "| x | `assay_no_such_signal_total`, `assay_replay_*` |"
+    assert _documented(page) == {"assay_no_such_signal", "assay_replay_*"}
+    assert '"assay_no_such_signal"' not in _source()

@@ -1,6 +1,7 @@
 """Traces continue the producer's: a task produced with a W3C `traceparent` is one trace
 from ingest to its result, with a span per handled message, step attempt, model call,
-tool call and judge call (DESIGN §14)."""
+tool call and judge call (DESIGN §14); a task produced without one starts a new trace
+at ingest."""
 
 from __future__ import annotations
 
@@ -122,11 +123,18 @@ async def test_a_producers_trace_runs_through_every_stage_to_the_result(
                 input={"question": f"{n} + 2", "answer": str(n + 2)},
             )
             await rt.publish(TASKS, task, TENANT, idem=f"t{n}", traceparent=PRODUCER)
+        untraced = TaskSubmitted(
+            tenant=TENANT,
+            workflow_id=V1.id,
+            idempotency_key="untraced",
+            input={"question": "7 + 2", "answer": "9"},
+        )
+        await rt.publish(TASKS, untraced, TENANT, idem="untraced")  # no traceparent
 
-        async def both() -> bool:
-            return len(await results(rt)) == 2
+        async def every() -> bool:
+            return len(await results(rt)) == 3
 
-        await until(both, "both results")
+        await until(every, "every result")
 
         async def judged() -> bool:
             return any(s.name == "judge compare" for s in spans.get_finished_spans())
@@ -134,7 +142,9 @@ async def test_a_producers_trace_runs_through_every_stage_to_the_result(
         await until(judged, "the shadow runs to be judged")
         found = await results(rt)
 
-    for env, _ in found:
+    produced = [(env, r) for env, r in found if r.idempotency_key != "untraced"]
+    assert len(produced) == 2
+    for env, _ in produced:
         assert env.traceparent.split("-")[1] == TRACE_ID, "the result carries the producer's trace"
         assert (b"traceparent", env.traceparent.encode()) in [
             (k.encode(), v) for k, v in env.headers()
@@ -152,6 +162,21 @@ async def test_a_producers_trace_runs_through_every_stage_to_the_result(
     ingest = next(s for s in traced if s.name == "ingest TaskSubmitted")
     assert ingest.parent is not None
     assert f"{ingest.parent.span_id:016x}" == "00f067aa0ba902b7", "a child of the producer's span"
-    assert not [
-        s for s in spans.get_finished_spans() if trace_of(s) != TRACE_ID and "solve" in s.name
+    # The task produced without a trace: its ingest span is the root of a new one, which
+    # every later stage continues and the result carries.
+    (root,) = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "ingest TaskSubmitted" and trace_of(s) != TRACE_ID
     ]
+    assert root.parent is None, "a new trace starts at ingest"
+    new_trace = trace_of(root)
+    (env,) = [env for env, r in found if r.idempotency_key == "untraced"]
+    assert env.traceparent.split("-")[1] == new_trace
+    assert (b"traceparent", env.traceparent.encode()) in [(k.encode(), v) for k, v in env.headers()]
+    continued = {s.name for s in spans.get_finished_spans() if trace_of(s) == new_trace}
+    assert {"execute RunSpawned", "verify RunExecuted", "attempt solve"} <= continued
+    assert {trace_of(s) for s in spans.get_finished_spans() if "solve" in s.name} == {
+        TRACE_ID,
+        new_trace,
+    }, "every attempt belongs to its task's trace"

@@ -367,6 +367,8 @@ async def test_metrics_show_replay_reservations_and_cuts_by_tenant(stage: Ingest
     assert value("assay_replay_calls_reserved", tenant=large) == 40
     assert value("assay_replay_runs", tenant=large, outcome="cut") == 0
     assert value("assay_replay_calls_ceiling", tenant=large) is None  # no ceiling
+    # beside the capacity refusals, by their own reason: a spend ceiling, not the fleet
+    assert value("assay_admission_refusals", reason="replay_budget") == 2
 
 
 def test_replay_settings_read_a_default_ceiling_and_a_per_tenant_map() -> None:

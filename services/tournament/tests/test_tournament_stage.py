@@ -468,6 +468,12 @@ async def test_a_group_closes_at_quorum_and_ranks_everyone_against_control(stage
     # 2 rounds of 2 pairs, both orderings; every call metered as grading.
     assert len(stage.judge.compared) == 8 == len(closing.usage())
     assert sum(g.judge_calls for g in closing.graded()) == 8
+    # Each of the 4 bouts was judged in both orders: an order check on /metrics (§15).
+    labels = {"tenant": str(TENANT), "workflow": str(runs[0].workflow_id), "consistent": "true"}
+    checks = stage.runner.signals.registry.get_sample_value(
+        "assay_judge_order_checks_total", labels
+    )
+    assert checks == 4
     group = await stage.log.get(StateKey(TENANT, "group", f"{t}/pass"))
     assert group == {"epoch": 1, "members": 0}
 

@@ -30,6 +30,8 @@ replicas) runs again on what is there now.
 
 from __future__ import annotations
 
+import functools
+
 from assay.bus.topics import DECISIONS
 from assay.engine import StepNotExecutable, check_executable
 from assay.grading.ladder import (
@@ -62,6 +64,7 @@ from assay_decide.moves import on_variant_aggregate
 from assay_decide.proposals import on_review_proposal
 from assay_decide.state import Allocation, Known, fold_decide
 from assay_decide.task_mix import on_task_mix_drifted, on_task_mix_rebased
+from assay_decide.thresholds import threshold_gauges
 from assay_decide.workflow import Workflow
 
 __all__ = [
@@ -147,6 +150,7 @@ def create_stage(deps: StageDeps) -> StageSpec:
             on_task_mix_rebased,
         ),
         deps=Deciding.of(deps),
+        gauges=functools.partial(threshold_gauges, ladder=deps.ladder),
     )
 
 

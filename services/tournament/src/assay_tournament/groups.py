@@ -16,6 +16,7 @@ reason, not a silence; a member the judge answered no comparison about is
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -196,9 +197,16 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
     for failure in outcome.failures:
         billed = runs.get(failure.billed_to, RunId(failure.billed_to))
         meter.failed(billed, JudgePurpose.TOURNAMENT, failure.reason)
+    signals, wf = s.uow.signals, str(workflow.id)
     for bout in outcome.bouts:
         if bout.consistent is not None:
             meter.order_checked(consistent=bout.consistent)
+            if signals is not None:  # §15: the bout is an order check, counted once committed
+                s.uow.on_landed(
+                    functools.partial(
+                        signals.order_checked, str(s.uow.tenant), wf, consistent=bout.consistent
+                    )
+                )
     for m in present:
         await s.finish(m, outcome.scores[m.run.graded_as])
     return _Bracket(

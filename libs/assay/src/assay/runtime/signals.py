@@ -103,11 +103,18 @@ class Signals:
             case Relative(order_consistent=consistent):
                 self.graded.labels(*labels, "relative").inc()
                 if consistent is not None:
-                    self.order_checks.labels(*labels[:2], str(consistent).lower()).inc()
+                    self.order_checked(labels[0], labels[1], consistent=consistent)
             case Ranked():
                 self.graded.labels(*labels, "ranked").inc()
             case Capped():
                 self.graded.labels(*labels, "capped").inc()
+
+    def order_checked(self, tenant: str, workflow: str, *, consistent: bool) -> None:
+        """One judge comparison asked again in the other order. A pairwise one is counted
+        from its committed `Relative` score; a tournament group's bouts (each judged in
+        both orders, scored as one `Ranked` per entrant) are counted by the stage once
+        its grading commits (`UnitOfWork.on_landed`)."""
+        self.order_checks.labels(tenant, workflow, str(consistent).lower()).inc()
 
     def handled(self, stage: str, type_: str, seconds: float) -> None:
         """One message of `type_` handled by `stage` in `seconds`."""

@@ -288,6 +288,13 @@ class UnitOfWork(Generic[D]):
         """Tenant of the message being handled."""
         return self.envelope.tenant
 
+    @property
+    def signals(self) -> Signals | None:
+        """The process's §15 signals, for a count that no committed message carries (call
+        it from `on_landed`, so a redelivered message counts once); None where nothing
+        keeps them."""
+        return self._signals
+
     def landed(self) -> None:
         """The batch the last `take()` handed over is committed: count what it emitted
         (the §15 signals derive from committed messages only)."""

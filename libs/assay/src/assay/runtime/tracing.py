@@ -10,6 +10,9 @@ trace of the message that caused it (`assay.messages.envelope.seal`).
 Trace context travels in the envelope (and the Kafka `traceparent` header that
 mirrors it), never in task-locals: each handled message opens a span whose
 parent is the envelope's `traceparent`; what the handler emits carries that span.
+A message nobody traced (a task produced without a `traceparent`, whose envelope
+holds only the placeholder `seal` derives from its correlation id) has no span to
+be the child of: its handling is the root of a new trace.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from assay.messages.envelope import Envelope
+from assay.messages.envelope import Envelope, traceparent_for
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _tracer = trace.get_tracer("assay.runtime")
@@ -60,8 +64,9 @@ def current_traceparent() -> str | None:
 
 @contextmanager
 def handling(stage: str, env: Envelope, topic: str, partition: int) -> Iterator[Span]:
-    """The span of one message's handling, a child of the span that produced it."""
-    parent = _PROPAGATOR.extract({"traceparent": env.traceparent})
+    """The span of one message's handling, a child of the span that produced it; the
+    root of a new trace when no span produced it (`untraced`)."""
+    parent = Context() if untraced(env) else _PROPAGATOR.extract({"traceparent": env.traceparent})
     attributes = {
         "assay.stage": stage,
         "assay.tenant": str(env.tenant),
@@ -74,3 +79,12 @@ def handling(stage: str, env: Envelope, topic: str, partition: int) -> Iterator[
         f"{stage} {env.type}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
     ) as span:
         yield span
+
+
+def untraced(env: Envelope) -> bool:
+    """Whether `env` was produced outside any trace: it has no cause and its
+    `traceparent` is the placeholder `seal` derives from its correlation id (its span
+    id names no span anyone recorded)."""
+    return env.causation_id is None and env.traceparent == traceparent_for(
+        env.correlation_id, env.id
+    )
