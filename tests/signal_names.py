@@ -13,6 +13,8 @@ EVERY_STAGE = (
     "assay_judge_order_checks_total",
     "assay_handler_seconds",
     "assay_task_to_result_seconds",
+    "assay_spend_usd_total",
+    "assay_model_tokens_total",
 )
 """Counted by whichever stage commits the fact: every stage process exports the family."""
 

@@ -42,6 +42,7 @@ from assay.workflow import WorkflowDef, from_document
 from assay_ingest.stage import task_id_for
 from libs.assay.tests.chat_endpoint import ChatServer, Reply, Seen, completion, json_reply
 from tests.test_calibration_embedded import TENANT, on_bus, register, until
+from tests.test_signals_embedded import scrape, total
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -194,6 +195,11 @@ async def test_every_purpose_reaches_assay_usage_with_its_dollars(
             graded = [g for g in await on_bus(rt, GRADED) if isinstance(g, RunGraded)]
             grading_row = await tournament.spend_of(TENANT, "grading", _today())
             proposer_row = await decide.spend_of(TENANT, "proposer", _today())
+            status = await rt.serve_status(0)
+            try:
+                metrics = await scrape(status.port)
+            finally:
+                await status.close()
 
     one_call = PRICES.cost(PROMPT_TOKENS, COMPLETION_TOKENS)
     # every purpose this workload spends on (replay is a candidate matrix's: none here)
@@ -211,6 +217,15 @@ async def test_every_purpose_reaches_assay_usage_with_its_dollars(
     assert grading_row.spent.usd == pytest.approx(grading_usd, abs=1e-6)
     assert proposer_row.spent.calls == len(by[Purpose.PROPOSER]) == 1
     assert sum(g.judge_cost_usd for g in graded) == pytest.approx(grading_usd)
+    # §15 spend on /metrics: each purpose's dollars and tokens, as committed to assay.usage
+    tenant = str(TENANT)
+    for purpose, calls in by.items():
+        p = purpose.value
+        spent = total(metrics, "assay_spend_usd_total", tenant=tenant, purpose=p)
+        assert spent == pytest.approx(one_call * len(calls)), purpose
+        for kind, each in (("prompt", PROMPT_TOKENS), ("completion", COMPLETION_TOKENS)):
+            tokens = total(metrics, "assay_model_tokens_total", purpose=p, kind=kind)
+            assert tokens == each * len(calls), (purpose, kind)
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from assay.kernel.schema import Versioned
 from assay.kernel.scores import Capped, Ranked, Relative, Ungraded
-from assay.messages import RunGraded, RunRef, RunResult, RunStatusChanged
+from assay.messages import RunGraded, RunRef, RunResult, RunStatusChanged, UsageRecorded
 
 HANDLER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Seconds: one message's handling, from a millisecond to a long agent step."""
@@ -61,6 +61,19 @@ class Signals:
             ["tenant", "workflow", "consistent"],
             registry=self.registry,
         )
+        self.spend_usd = Counter(
+            "assay_spend_usd",
+            "US dollars billed for model calls at the configured prices, by what the call "
+            "served (work, shadow, grading, calibration, proposer, replay).",
+            ["tenant", "purpose"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "assay_model_tokens",
+            "Model tokens billed, by what the call served and kind (prompt, completion).",
+            ["tenant", "purpose", "kind"],
+            registry=self.registry,
+        )
         self.handler_seconds = Histogram(
             "assay_handler_seconds",
             "Time to handle one message completely, its commit included.",
@@ -84,12 +97,11 @@ class Signals:
         for msg in messages:
             match msg:
                 case RunStatusChanged(run=r, state=state):
-                    labels = (str(r.tenant), str(r.workflow_id), str(r.workflow_version))
-                    self.transitions.labels(stage, *labels, state.value).inc()
+                    self.transitions.labels(stage, *_run_labels(r), state.value).inc()
                 case RunGraded(run=r, score=score):
-                    self._graded(
-                        (str(r.tenant), str(r.workflow_id), str(r.workflow_version)), score
-                    )
+                    self._graded(_run_labels(r), score)
+                case UsageRecorded():
+                    self._billed(msg)
                 case RunResult():
                     elapsed = max((now - occurred_at).total_seconds(), 0.0)
                     self.task_to_result_seconds.labels(
@@ -108,6 +120,13 @@ class Signals:
                 self.graded.labels(*labels, "ranked").inc()
             case Capped():
                 self.graded.labels(*labels, "capped").inc()
+
+    def _billed(self, usage: UsageRecorded) -> None:
+        # not by model: a workflow names its model, so the label would be tenant-supplied
+        labels = (str(usage.tenant), usage.purpose.value)
+        self.spend_usd.labels(*labels).inc(usage.cost_usd)
+        self.tokens.labels(*labels, "prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(*labels, "completion").inc(usage.completion_tokens)
 
     def order_checked(self, tenant: str, workflow: str, *, consistent: bool) -> None:
         """One judge comparison asked again in the other order. A pairwise one is counted
