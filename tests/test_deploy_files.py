@@ -154,6 +154,7 @@ def test_stage_environment(compose_model: dict[str, Any]) -> None:
         "ASSAY_S3_SECRET_ACCESS_KEY",
         "ASSAY_S3_REGION",
         "ASSAY_PARTITIONS",
+        "ASSAY_CONTROL_PARTITIONS",
         "ASSAY_HTTP_PORT",
         "ASSAY_LOG_LEVEL",
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from assay.bus.topics import partition_count
 from assay.devstack import Service
 from assay.devstack.deployment import Deployment, deploy
 from tests.pipeline import (
@@ -34,6 +35,8 @@ from tests.pipeline import (
 pytestmark = [*DISTRIBUTED, pytest.mark.timeout(400)]
 
 PARTITIONS = 6
+CONTROL_PARTITIONS = 2
+"""Not the default (1): two replicas can then share a control topic too."""
 MEMBER_TIMEOUT_MS = 6_000
 SHARE = 30
 """Tasks produced before the kill, and as many with it."""
@@ -59,7 +62,8 @@ def spread_over(found: dict[str, set[str]] | None, topics: Iterable[str]) -> boo
     if found is None or not all(found.values()):
         return False
     held = [tp for parts in found.values() for tp in parts]
-    wanted = {f"{t}/{p}" for t in topics for p in range(PARTITIONS)}
+    counts = {t: partition_count(t, PARTITIONS, CONTROL_PARTITIONS) for t in topics}
+    wanted = {f"{t}/{p}" for t, n in counts.items() for p in range(n)}
     return len(held) == len(set(held)) and set(held) == wanted
 
 
@@ -84,7 +88,10 @@ async def test_replicas_share_the_partitions_and_a_killed_one_hands_its_share_on
         s3,
         PARTITIONS,
         replicas={"execute": 3, "tournament": 2},
-        extra_env={"ASSAY_KAFKA_MEMBER_TIMEOUT_MS": str(MEMBER_TIMEOUT_MS)},
+        extra_env={
+            "ASSAY_KAFKA_MEMBER_TIMEOUT_MS": str(MEMBER_TIMEOUT_MS),
+            "ASSAY_CONTROL_PARTITIONS": str(CONTROL_PARTITIONS),
+        },
     )
     try:
         assert {"execute", "execute-2", "execute-3", "tournament", "tournament-2"} <= set(d.procs)

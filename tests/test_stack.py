@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -33,10 +34,27 @@ def _alive(pid: int) -> bool:
     )
 
 
+def _held_once_joined(port: int, timeout_s: float = 60.0) -> set[str]:
+    """The partitions a stage's consumer holds (its `/readyz`), once it has joined."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz") as r:
+                doc = json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # 503 while not ready: the body says why
+            doc = json.loads(exc.read())
+        consumer = doc.get("checks", {}).get("consumer", {})
+        if consumer.get("joined"):
+            return set(consumer.get("held", ()))
+        assert time.monotonic() < deadline, f"stage on {port} never joined: {doc}"
+        time.sleep(0.2)
+
+
 @pytest.mark.timeout(300)
 def test_up_serves_every_stage_and_down_stops_everything_it_started(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASSAY_")}
     env["ASSAY_PARTITIONS"] = "2"
+    env["ASSAY_CONTROL_PARTITIONS"] = "3"  # not the default: `up` passes it on
     up = subprocess.run(
         [ASSAY, "up", "--dir", str(tmp_path)],
         env=env,
@@ -68,6 +86,9 @@ def test_up_serves_every_stage_and_down_stops_everything_it_started(tmp_path: Pa
                 assert json.loads(r.read())["ok"] is True
             with urllib.request.urlopen(f"http://127.0.0.1:{info['port']}/metrics") as r:
                 assert b"assay_messages_handled_total" in r.read()
+        held = _held_once_joined(state["stages"]["ingest"]["port"])
+        assert {"assay.tenants/2", "assay.tasks/1"} <= held
+        assert "assay.tasks/2" not in held
         again = subprocess.run(
             [ASSAY, "up", "--dir", str(tmp_path)], env=env, capture_output=True, text=True
         )

@@ -20,6 +20,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from assay.bus import (
+    DECISIONS,
+    TENANTS,
+    WORKFLOWS,
     BusMessage,
     FileLock,
     KafkaSource,
@@ -32,12 +35,16 @@ from assay.bus import (
     partition_for,
 )
 from assay.bus.kafka import log_end
+from assay.bus.topics import partition_counts
 from assay.devstack import Service
-from assay.devstack.kafka import broker_outage
+from assay.devstack.kafka import broker_outage, start_tansu
 from assay.kernel import TenantId, WorkflowId
 from assay.messages import TaskSubmitted, message_id, seal
 from assay.record import EventRegistry, LogRecord, StateDelta
 from assay.runtime import StageRunner, StageSpec, UnitOfWork, stage_log
+from assay.runtime.distributed import create_topics
+from assay.runtime.embedded import STAGES
+from assay.runtime.settings import AssaySettings
 from assay.store import CommitBatch, FsBlobStore, OutboxEntry, SqliteEventLog
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(60)]
@@ -168,6 +175,51 @@ async def test_topics_are_created_with_the_configured_partition_count(kafka: Ser
     assert await ensure_topics(kafka.address, [a, b], partitions=5) == []  # idempotent
     with pytest.raises(TopicMismatch, match=a):
         await ensure_topics(kafka.address, [a], partitions=7)
+
+
+async def test_each_topic_is_created_with_its_own_count_and_checked_by_it(
+    kafka: Service,
+) -> None:
+    a, b = unique("counts-a"), unique("counts-b")
+    assert sorted(await ensure_topics(kafka.address, [a, b], {a: 3, b: 1})) == sorted([a, b])
+    assert await partition_counts_of(kafka, [a, b]) == {a: 3, b: 1}
+    assert await ensure_topics(kafka.address, [a, b], {a: 3, b: 1}) == []
+    with pytest.raises(TopicMismatch, match=b):
+        await ensure_topics(kafka.address, [a, b], {a: 3, b: 3})
+
+
+async def test_the_deployments_topics_have_their_partition_counts(tmp_path: Path) -> None:
+    """`assay topics create` (and every stage at start): the topics with a record or more
+    per run get ASSAY_PARTITIONS, the control and dead-letter topics
+    ASSAY_CONTROL_PARTITIONS; a stage configured otherwise is refused. A broker of its
+    own: these are the deployment's fixed topic names."""
+    broker = await asyncio.to_thread(start_tansu, tmp_path)
+    try:
+        env = {"ASSAY_KAFKA_BOOTSTRAP": broker.address, "ASSAY_PARTITIONS": "6"}
+        names = await create_topics(AssaySettings.from_env(env))
+        counts = await partition_counts_of(broker, names)
+        assert counts == partition_counts(names, 6, 1)
+        assert {n for n, c in counts.items() if c == 1} == {
+            TENANTS,
+            WORKFLOWS,
+            DECISIONS,
+            *(dlq(s) for s in STAGES),
+        }
+        assert await create_topics(AssaySettings.from_env(env)) == names  # checked, kept
+        with pytest.raises(TopicMismatch, match=TENANTS):
+            await create_topics(AssaySettings.from_env({**env, "ASSAY_CONTROL_PARTITIONS": "2"}))
+    finally:
+        broker.stop()
+
+
+async def partition_counts_of(kafka: Service, names: list[str]) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.address)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(names)
+    finally:
+        await admin.close()
+    return {d["topic"]: len(d["partitions"]) for d in described}
 
 
 async def test_topics_are_created_with_the_retention_asked_for(kafka: Service) -> None:

@@ -29,6 +29,7 @@ EVERY_VARIABLE: dict[str, tuple[str, str, Any]] = {
     "ASSAY_DATA_DIR": ("/tmp/elsewhere", "data_dir", Path("/tmp/elsewhere")),
     "ASSAY_TENANT": (TENANT, "tenant", UID),
     "ASSAY_PARTITIONS": ("3", "partitions", 3),
+    "ASSAY_CONTROL_PARTITIONS": ("2", "control_partitions", 2),
     "ASSAY_LOG_LEVEL": ("DEBUG", "log_level", "DEBUG"),
     "ASSAY_LEASE_TTL_S": ("2.5", "lease_ttl_s", 2.5),
     "ASSAY_EPISODE_INLINE_MAX_BYTES": ("1024", "episode_inline_max_bytes", 1024),

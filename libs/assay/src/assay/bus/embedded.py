@@ -1,7 +1,10 @@
 """The embedded transport: Kafka semantics in one process, durable in one file.
 
-Topics have N partitions, keys pick a partition with Kafka's murmur2, and each
-partition is an append-only sequence of offsets. Records live in SQLite (WAL,
+Topics have partitions (`assay.bus.topics.partition_count`: the control topics
+fewer), keys pick a partition with Kafka's murmur2, and each partition is an
+append-only sequence of offsets. As on Kafka, a topic keeps the count it was
+created with: the file records it at the topic's first record, and a topic of a
+file written before it did keeps the bus's `partitions`. Records live in SQLite (WAL,
 `synchronous=FULL`) so a process that dies loses nothing that was published;
 a tail of each partition is kept in memory for reads.
 
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from assay.bus.headers import DLQ_REASON
 from assay.bus.partitioner import partition_for
+from assay.bus.topics import partition_count
 from assay.bus.transport import BusMessage, Handle, Positions
 from assay.store.ports import OutboxEntry
 from assay.store.sqlite import add_column, connect, decode_headers, encode_headers, truncate_wal
@@ -41,6 +45,9 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE TABLE IF NOT EXISTS ends (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, next INTEGER NOT NULL,
     PRIMARY KEY (topic, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS topics (
+    topic TEXT PRIMARY KEY, partitions INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
 _TAIL = 20_000
@@ -73,8 +80,15 @@ class EmbeddedBus:
     publish is one transaction for the whole batch a relay hands over.
     """
 
-    def __init__(self, path: str | Path, partitions: int = 12) -> None:
+    def __init__(
+        self, path: str | Path, partitions: int = 12, control_partitions: int | None = None
+    ) -> None:
+        """`partitions` for the topics with a record or more per run, `control_partitions`
+        for the control and dead-letter topics (`partitions` too when None)."""
         self.partitions = partitions
+        self.control_partitions = partitions if control_partitions is None else control_partitions
+        self._counts: dict[str, int] = {}
+        """Each created topic's partition count, as the file records it."""
         self._path = Path(path)
         self._conn: sqlite3.Connection | None = None
         self._next: dict[tuple[str, int], int] = {}
@@ -111,7 +125,27 @@ class EmbeddedBus:
             self._next[(topic, part)] = off + 1
         for topic, part, nxt in self._conn.execute("SELECT topic, partition, next FROM ends"):
             self._next[(topic, part)] = max(nxt, self._next.get((topic, part), 0))
+        self._counts = dict(self._conn.execute("SELECT topic, partitions FROM topics"))
+        # A file of before holds topics made with one count for all, the bus's.
+        older = {topic: self.partitions for topic, _ in self._next if topic not in self._counts}
+        if older:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany("INSERT INTO topics VALUES (?, ?)", older.items())
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._counts.update(older)
         return self
+
+    def partitions_of(self, topic: str) -> int:
+        """How many partitions `topic` has: what the file recorded at its first record,
+        else what it will be created with."""
+        count = self._counts.get(topic)
+        if count is None:
+            count = partition_count(topic, self.partitions, self.control_partitions)
+        return count
 
     def _add_tenants(self) -> None:
         """Give a file of before the `tenant` column, and each of its records the tenant
@@ -137,8 +171,11 @@ class EmbeddedBus:
             return
         staged: list[BusMessage] = []
         nxt = dict(self._next)
+        created = {
+            e.topic: self.partitions_of(e.topic) for e in entries if e.topic not in self._counts
+        }
         for e in entries:
-            part = partition_for(e.key.encode(), self.partitions)
+            part = partition_for(e.key.encode(), self._counts.get(e.topic) or created[e.topic])
             off = nxt.get((e.topic, part), 0)
             nxt[(e.topic, part)] = off + 1
             staged.append(BusMessage(e.topic, part, off, e.key, e.value, e.headers))
@@ -163,10 +200,13 @@ class EmbeddedBus:
                     for m in staged
                 ],
             )
+            if created:
+                db.executemany("INSERT INTO topics VALUES (?, ?)", created.items())
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._counts.update(created)
         self._next = nxt
         for m in staged:
             tail = self._tail[(m.topic, m.partition)]
@@ -221,7 +261,7 @@ class EmbeddedBus:
         return sorted({topic for topic, _ in self._next})
 
     async def end_offsets(self, topic: str) -> dict[int, int]:
-        return {p: self._next.get((topic, p), 0) for p in range(self.partitions)}
+        return {p: self._next.get((topic, p), 0) for p in range(self.partitions_of(topic))}
 
     async def truncate(self, floors: dict[tuple[str, int], int], older_than_ms: int) -> int:
         """Delete each partition's records below its floor that were published before
@@ -358,7 +398,9 @@ class EmbeddedSource:
                     await handle(m)
                     offset = m.offset + 1
 
-        await asyncio.gather(*(partition(t, p) for t in topics for p in range(self.bus.partitions)))
+        await asyncio.gather(
+            *(partition(t, p) for t in topics for p in range(self.bus.partitions_of(t)))
+        )
 
     async def next_present(
         self, positions: dict[tuple[str, int], int]

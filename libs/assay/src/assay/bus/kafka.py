@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -54,25 +54,30 @@ class PublishFailed(AssayError):
 async def ensure_topics(
     bootstrap: str,
     names: Iterable[str],
-    partitions: int = 12,
+    partitions: int | Mapping[str, int] = 12,
     replication: int = 1,
     retention_ms: int | None = None,
 ) -> list[str]:
-    """Create the missing topics with `partitions` partitions; check the existing ones.
+    """Create the missing topics with their partition counts; check the existing ones.
 
-    Topics are always created here, never by a broker's auto-creation (which
-    picks its own partition count, and with it other partitions for every key).
-    With `retention_ms`, a topic created here keeps records that long (its
-    `retention.ms`); an existing topic keeps the retention it has.
+    `partitions` is one count for every topic, or each topic's count by name
+    (`assay.bus.topics.partition_counts`). Topics are always created here, never by a
+    broker's auto-creation (which picks its own partition count, and with it other
+    partitions for every key). With `retention_ms`, a topic created here keeps records
+    that long (its `retention.ms`); an existing topic keeps the retention it has.
 
     Returns:
         The topics this call created.
 
     Raises:
         TopicMismatch: an existing topic has a different partition count.
+        KeyError: `partitions` is a mapping without one of `names`.
         KafkaError: the broker refused to create or describe a topic.
     """
     wanted = list(dict.fromkeys(names))
+    counts_wanted = {
+        n: partitions if isinstance(partitions, int) else partitions[n] for n in wanted
+    }
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="assay-admin")
     await admin.start()
     try:
@@ -82,7 +87,10 @@ async def ensure_topics(
             with contextlib.suppress(TopicAlreadyExistsError):  # another process won the race
                 configs = None if retention_ms is None else {"retention.ms": str(retention_ms)}
                 response = await admin.create_topics(
-                    [NewTopic(n, partitions, replication, topic_configs=configs) for n in missing]
+                    [
+                        NewTopic(n, counts_wanted[n], replication, topic_configs=configs)
+                        for n in missing
+                    ]
                 )
                 for entry in response.topic_errors:
                     topic, code = entry[0], entry[1]
@@ -91,10 +99,11 @@ async def ensure_topics(
         counts = await _partition_counts(admin, wanted)
     finally:
         await admin.close()
-    wrong = {n: c for n, c in counts.items() if c != partitions}
+    wrong = {n: (c, counts_wanted[n]) for n, c in counts.items() if c != counts_wanted[n]}
     if wrong:
         raise TopicMismatch(
-            f"topics with a partition count other than the configured {partitions}: {wrong}"
+            "topics with a partition count other than the configured one "
+            f"(topic: (has, configured)): {wrong}"
         )
     return missing
 

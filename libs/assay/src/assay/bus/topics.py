@@ -67,9 +67,12 @@ TENANTS = "assay.tenants"
 consumes it, and one partition of it holds all of a tenant's."""
 
 
+_DLQ_PREFIX = "assay.dlq."
+
+
 def dlq(stage: str) -> str:
     """The dead-letter topic of a stage."""
-    return f"assay.dlq.{stage}"
+    return f"{_DLQ_PREFIX}{stage}"
 
 
 class UnknownTopic(AssayError):
@@ -78,12 +81,16 @@ class UnknownTopic(AssayError):
 
 @dataclass(frozen=True)
 class Topic:
-    """A topic: its name, the message types it carries, and its key."""
+    """A topic: its name, the message types it carries, its key, and whether it is a
+    control topic (see `partition_count`)."""
 
     name: str
     carries: tuple[type[Versioned], ...]
     key: Callable[[Versioned], str]
     key_doc: str
+    control: bool = False
+    """A few records a day per tenant (registrations, decisions, deletions), not one or
+    more per run: created with the control partition count."""
 
 
 def _k(*fields: str) -> Callable[[Versioned], str]:
@@ -154,6 +161,7 @@ TOPICS: dict[str, Topic] = {
             (WorkflowRegistered, ReviewProposal, TaskMixDrifted, TaskMixRebased, AcknowledgeDrift),
             _workflow_key,
             "tenant:workflow_id",
+            control=True,
         ),
         Topic(RUNS, (RunSpawned,), _k("run.tenant", "run.run_id"), "tenant:run_id"),
         Topic(
@@ -205,9 +213,10 @@ TOPICS: dict[str, Topic] = {
             (AllocationChanged, Promoted, ChallengerRejected, RolledBack, ProposalRequested),
             _k("tenant", "workflow_id"),
             "tenant:workflow_id",
+            control=True,
         ),
         Topic(USAGE, (UsageRecorded,), _k("tenant"), "tenant"),
-        Topic(TENANTS, (TenantDeleted, TenantStageDeleted), _k("tenant"), "tenant"),
+        Topic(TENANTS, (TenantDeleted, TenantStageDeleted), _k("tenant"), "tenant", control=True),
     ]
 }
 
@@ -255,3 +264,27 @@ def producer_entry(
 def all_topics(stages: list[str]) -> list[str]:
     """Every topic name, the stages' dead-letter topics included."""
     return [*TOPICS, *(dlq(s) for s in stages)]
+
+
+def partition_count(name: str, partitions: int, control_partitions: int) -> int:
+    """How many partitions topic `name` is created with, in both transports.
+
+    A control topic (`Topic.control`) and a dead-letter topic get `control_partitions`;
+    every other topic, those with a record or more per run, gets `partitions`. Both
+    transports place a key with `partition_for(key, partition_count(...))`, so a key
+    lands on the same partition number in either.
+
+    Why two counts (DESIGN §4): a consumer fetches every partition it holds on each
+    fetch, and a broker's cost of an idle fetch grows with the partitions in it; a
+    control topic that every stage reads (`assay.tenants`) at the count of the hot
+    topics made most of an idle deployment's broker work. A control topic's records
+    are few, so one partition (and one replica reading it) keeps up.
+    """
+    topic = TOPICS.get(name)
+    control = name.startswith(_DLQ_PREFIX) if topic is None else topic.control
+    return control_partitions if control else partitions
+
+
+def partition_counts(names: list[str], partitions: int, control_partitions: int) -> dict[str, int]:
+    """`partition_count` of each of `names`."""
+    return {n: partition_count(n, partitions, control_partitions) for n in names}

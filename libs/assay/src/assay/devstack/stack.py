@@ -125,6 +125,11 @@ async def up(workdir: Path, replicas: Mapping[str, int] | None = None) -> int:
             roles={stage: objects.role(stage) for stage in STAGE_ROLES},
             stages=(*STAGES, "console"),
             replicas=replicas,
+            extra_env={
+                name: os.environ[name]
+                for name in ("ASSAY_CONTROL_PARTITIONS",)
+                if os.environ.get(name)
+            },
         )
     except BaseException:
         s3.stop()

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from assay.bus.kafka import KafkaSource, KafkaTransport, ensure_topics
 from assay.bus.relay import OutboxRelay
-from assay.bus.topics import all_topics
+from assay.bus.topics import all_topics, partition_counts
 from assay.kernel.errors import AssayError
 from assay.runtime.bootstrap import stage_deps
 from assay.runtime.consumer import StageRunner
@@ -48,14 +48,14 @@ def blob_store(settings: AssaySettings) -> S3BlobStore:
 
 
 async def create_topics(settings: AssaySettings) -> list[str]:
-    """Create every topic (and each stage's dead-letter topic) if missing."""
+    """Create every topic (and each stage's dead-letter topic) if missing, each with its
+    partition count (`assay.bus.topics.partition_count`)."""
     settings.require("kafka.bootstrap")
     assert settings.kafka.bootstrap is not None
     names = all_topics(list(STAGES))
     retention_ms = int(settings.retention.topic_retention_s * 1000)
-    await ensure_topics(
-        settings.kafka.bootstrap, names, settings.partitions, retention_ms=retention_ms
-    )
+    counts = partition_counts(names, settings.partitions, settings.control_partitions)
+    await ensure_topics(settings.kafka.bootstrap, names, counts, retention_ms=retention_ms)
     return names
 
 

@@ -121,6 +121,7 @@ class Embedded:
         data_dir: str | Path | None = None,
         *,
         partitions: int = 12,
+        control_partitions: int | None = None,
         model: Model | None = None,
         judge: Judge | None = None,
         sprt: SprtPolicy | None = None,
@@ -134,7 +135,11 @@ class Embedded:
         settings = AssaySettings.from_env() if settings is None else settings
         self.data_dir = Path(data_dir) if data_dir is not None else settings.data_dir
         self.partitions = partitions
-        self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions)
+        """Partitions of the topics with a record or more per run (`assay.results` among
+        them); the control topics have `settings.control_partitions` unless given."""
+        if control_partitions is None:
+            control_partitions = settings.control_partitions
+        self.bus = EmbeddedBus(self.data_dir / "bus.sqlite", partitions, control_partitions)
         self.blobs = FsBlobStore(self.data_dir / "blobs")
         # A model or judge passed in belongs to the caller; what the bootstrap builds from
         # the settings is ours to close.

@@ -156,7 +156,27 @@ class AssaySettings(BaseSettings):
     tenant: TenantId | None = Field(
         None, description="Tenant of `assay run` (default: the local tenant)."
     )
-    partitions: int = Field(12, ge=1, le=10_000, description="Partitions per topic at creation.")
+    partitions: int = Field(
+        12,
+        ge=1,
+        le=10_000,
+        description=(
+            "Partitions of each topic with a record or more per run (tasks, runs, episodes, "
+            "verified, graded, results, run-status, run-commands, aggregates, usage) at "
+            "creation: they bound a stage's useful replica count."
+        ),
+    )
+    control_partitions: int = Field(
+        1,
+        ge=1,
+        le=10_000,
+        description=(
+            "Partitions of each control topic (assay.tenants, assay.workflows, "
+            "assay.decisions) and dead-letter topic at creation. Their records are few; "
+            "every partition is in every fetch of every stage that reads the topic, so "
+            "more cost the broker work while idle."
+        ),
+    )
     log_level: str = Field("INFO", description="Python logging level of a served stage.")
     lease_ttl_s: float = Field(
         DEFAULT_LEASE_TTL_S,
