@@ -186,6 +186,10 @@ async def test_each_topic_is_created_with_its_own_count_and_checked_by_it(
     assert await ensure_topics(kafka.address, [a, b], {a: 3, b: 1}) == []
     with pytest.raises(TopicMismatch, match=b):
         await ensure_topics(kafka.address, [a, b], {a: 3, b: 3})
+    # an upgraded deployment whose control topics were created with ASSAY_PARTITIONS is
+    # told which settings keep its counts
+    with pytest.raises(TopicMismatch, match="ASSAY_CONTROL_PARTITIONS"):
+        await ensure_topics(kafka.address, [a, b], {a: 3, b: 3})
 
 
 async def test_the_deployments_topics_have_their_partition_counts(tmp_path: Path) -> None:

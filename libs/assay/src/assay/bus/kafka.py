@@ -103,7 +103,10 @@ async def ensure_topics(
     if wrong:
         raise TopicMismatch(
             "topics with a partition count other than the configured one "
-            f"(topic: (has, configured)): {wrong}"
+            f"(topic: (has, configured)): {wrong}; a deployment keeps the counts its topics "
+            "were created with: set ASSAY_PARTITIONS (run-keyed topics) and "
+            "ASSAY_CONTROL_PARTITIONS (control and dead-letter topics; before it existed "
+            "they had ASSAY_PARTITIONS) to them"
         )
     return missing
 
