@@ -591,6 +591,38 @@ def test_envelope_round_trips_through_its_wire_body() -> None:
     assert (opened.type, opened.schema_version, opened.tenant) == ("TaskSubmitted", 5, TENANT)
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param({"q": 1}, id="plain"),
+        pytest.param({}, id="empty"),
+        pytest.param({"z": [1.5, 2e-05, None], "a": {"é": '\u2028\x1f"payload":null'}}, id="odd"),
+    ],
+)
+def test_a_body_from_the_payloads_bytes_is_the_body(payload: dict[str, Any]) -> None:
+    """`encode(payload=...)` splices bytes the caller encoded once into the body; the
+    bytes are those `encode()` writes (the wire and every message id depend on them)."""
+    env = sealed(task()).model_copy(update={"payload": payload})
+    child = sealed(task("other"), cause=env).model_copy(update={"payload": payload})
+    for e in (env, child):
+        assert e.encode(payload=canonical_bytes(e.payload)) == e.encode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"\xef\xbb\xbf" + sealed(task()).encode(), id="utf8-bom"),
+        pytest.param(
+            sealed(task()).encode().replace(b'"q":1', rb'"q":"\ud800"'),
+            id="lone-surrogate-escape",
+        ),
+    ],
+)
+def test_open_envelope_reads_what_json_reads(body: bytes) -> None:
+    """Bodies the fast parser refuses but `json.loads` reads open as they always did."""
+    assert open_envelope(body) == Envelope.model_validate(json.loads(body))
+
+
 def test_headers_mirror_the_envelope_fields() -> None:
     env = sealed(task())
     headers = dict(env.headers())

@@ -27,6 +27,7 @@ from assay.kernel.ids import TenantId, tenant_id
 from assay.store import BadBlobRef, BlobStore, S3BlobStore
 from assay.store.blob_cache import BlobCache
 from assay.store.s3_blobs import UNREFERENCED_ENDPOINT_PARAMS, resolve_endpoints_per_bucket
+from assay.store.s3_put import SignedPut
 
 pytestmark = pytest.mark.s3
 
@@ -313,6 +314,70 @@ async def test_a_write_is_not_cached_so_reading_it_back_asks_the_bucket(
     ref = await store.put(tenant, b"an archive")
     await client.delete_object(Bucket=bucket, Key=key_of(tenant, b"an archive"))
     assert await store.get(tenant, ref) is None
+
+
+# -- the store's own PutObject (assay.store.s3_put) ----------------------------------
+
+
+async def test_blobs_are_written_without_the_sdk_and_read_back_through_it(
+    s3: Service, client: S3Client, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    store = await make_store(s3, bucket, stores, prefix="odd prefix+%/").open()
+    assert writer_of(store) is not None  # an endpoint and static credentials: it signs alone
+    tenant = new_tenant()
+    content = bytes(range(256)) * 40
+    ref = await store.put(tenant, content)
+    assert await list_keys(client, bucket) == [key_of(tenant, content, "odd prefix+%/")]
+    got = await client.get_object(Bucket=bucket, Key=key_of(tenant, content, "odd prefix+%/"))
+    async with got["Body"] as body:
+        assert await body.read() == content
+    assert await store.put(tenant, content) == ref  # again: the same object
+
+
+async def test_a_write_the_store_cannot_make_itself_is_made_through_the_sdk(
+    s3: Service, client: S3Client, bucket: str, stores: list[S3BlobStore]
+) -> None:
+    store = await make_store(s3, bucket, stores).open()
+    tenant = new_tenant()
+    details = s3.details
+    unreachable = SignedPut(
+        "http://127.0.0.1:9",  # discard port: nothing listens
+        bucket,
+        access_key_id=details["access_key_id"],
+        secret=details["secret_access_key"],
+        region=details["region"],
+    ).open()
+    store._writer = unreachable
+    ref = await store.put(tenant, b"first")
+    assert await store.get(tenant, ref) == b"first"
+    assert writer_of(store) is unreachable  # no answer is no verdict: it is tried again
+    await unreachable.close()
+
+    refused = SignedPut(  # S3 answers 404 NoSuchBucket: a refusal, every time
+        s3.address,
+        f"{bucket}-missing",
+        access_key_id=details["access_key_id"],
+        secret=details["secret_access_key"],
+        region=details["region"],
+    ).open()
+    store._writer = refused
+    ref = await store.put(tenant, b"second")
+    assert await list_keys(client, bucket) == sorted(
+        [key_of(tenant, b"first"), key_of(tenant, b"second")]
+    )
+    assert writer_of(store) is None  # from now on the SDK writes
+    await refused.close()
+
+
+def test_without_static_credentials_or_an_endpoint_the_sdk_writes() -> None:
+    for endpoint, key_id in ((None, "id"), ("http://127.0.0.1:9", None)):
+        store = S3BlobStore(endpoint, "b", access_key_id=key_id, secret_access_key=key_id)
+        assert writer_of(store) is None
+
+
+def writer_of(store: S3BlobStore) -> SignedPut | None:
+    """The store's own writer (None: the SDK writes)."""
+    return store._writer
 
 
 # -- endpoint resolution ------------------------------------------------------------

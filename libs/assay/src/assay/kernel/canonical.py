@@ -13,12 +13,16 @@ from typing import Any
 import blake3
 import orjson
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+"""What `json.dumps` with these options builds on every call; one, built once (an
+encoder keeps no state between calls)."""
+
 
 def canonical_bytes(value: Any) -> bytes:
     """Encode a JSON-compatible value canonically. Raises `ValueError` on NaN/inf."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def document_bytes(value: dict[str, Any]) -> bytes:

@@ -38,9 +38,31 @@ class Envelope(BaseModel):
     traceparent: str = Field(description="W3C trace context.")
     payload: dict[str, Any] = Field(description="The message, as its schema version defines it.")
 
-    def encode(self) -> bytes:
-        """The wire body (canonical JSON)."""
-        return canonical_bytes(self.model_dump(mode="json"))
+    def encode(self, *, payload: bytes | None = None) -> bytes:
+        """The wire body (canonical JSON).
+
+        Args:
+            payload: the canonical bytes of `self.payload` when the caller has them
+                already (it hashed them for the message id): they are used as they are,
+                not encoded again. The body is the same bytes either way.
+        """
+        if payload is None:
+            return canonical_bytes(self.model_dump(mode="json"))
+        # Canonical JSON sorts keys: the payload sits between the fields that sort before
+        # and after its name, each half encoded as the whole would encode it.
+        fields = self.model_dump(mode="json", exclude={"payload"})
+        before = canonical_bytes({k: v for k, v in fields.items() if k < "payload"})
+        after = canonical_bytes({k: v for k, v in fields.items() if k > "payload"})
+        return b"".join(
+            (
+                before[:-1],
+                b"," if len(before) > 2 else b"",
+                b'"payload":',
+                payload,
+                b"," if len(after) > 2 else b"",
+                after[1:],
+            )
+        )
 
     def headers(self) -> list[tuple[str, bytes]]:
         """Kafka headers mirroring the envelope (everything but the payload)."""
@@ -88,12 +110,14 @@ def seal(
     correlation_id: str | None = None,
     occurred_at: datetime | None = None,
     traceparent: str | None = None,
+    payload: dict[str, Any] | None = None,
 ) -> Envelope:
     """Wrap a message in an envelope; correlation and trace follow the cause.
 
     The trace is `traceparent` where that is valid (the span that produced the
     message), else a child of the cause's trace, else a new one whose trace id
-    follows the correlation id.
+    follows the correlation id. `payload` is `msg.model_dump(mode="json")` when the
+    caller has made it already (it is not made again).
     """
     corr = correlation_id or (causation.correlation_id if causation else id)
     if not valid_traceparent(traceparent):
@@ -110,7 +134,7 @@ def seal(
         causation_id=causation.id if causation else None,
         correlation_id=corr,
         traceparent=traceparent,
-        payload=msg.model_dump(mode="json"),
+        payload=msg.model_dump(mode="json") if payload is None else payload,
     )
 
 
@@ -122,6 +146,13 @@ def open_envelope(value: bytes) -> Envelope:
     """
     if len(value) > MAX_MESSAGE_BYTES:
         raise Refused(f"message of {len(value)} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+    try:  # parsed and validated in one pass; what it refuses is read again below
+        return Envelope.model_validate_json(value)
+    except ValidationError:
+        # pydantic's parser refuses some bodies `json.loads` reads (a UTF-8 byte order
+        # mark, a lone surrogate escape): the way below decides those, and words the
+        # reason of a refusal, exactly as before.
+        pass
     try:
         doc = json.loads(value)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:

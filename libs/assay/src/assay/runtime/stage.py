@@ -32,7 +32,7 @@ from assay.grading.proposers import CatalogProposer, ProposalPolicy, Proposer
 from assay.grading.replay import ReplayPolicy
 from assay.grading.sprt import SprtPolicy
 from assay.grading.strategies import GradingPolicy, GradingStrategy, builtin_strategies
-from assay.kernel.canonical import content_hash
+from assay.kernel.canonical import canonical_bytes, digest
 from assay.kernel.errors import Refused
 from assay.kernel.ids import Lsn, TenantId
 from assay.kernel.schema import Versioned
@@ -370,8 +370,11 @@ class UnitOfWork(Generic[D]):
         """`msg` as `emit` would enqueue it, for a commit the handler makes itself with
         `EventLog.commit` (one that must carry it atomically with what it writes)."""
         spec = topic_for(topic, msg)
-        payload_hash = content_hash(msg.model_dump(mode="json"))
-        parts = (self.stage, self.envelope.id, msg.type, payload_hash)
+        # The payload is dumped and encoded once: its canonical bytes give the hash
+        # that names the message and are the payload of the wire body.
+        payload = msg.model_dump(mode="json")
+        body = canonical_bytes(payload)
+        parts = (self.stage, self.envelope.id, msg.type, digest(body))
         env = seal(
             msg,
             tenant=self.tenant,
@@ -379,8 +382,9 @@ class UnitOfWork(Generic[D]):
             id=message_id(*parts, *((str(occurrence),) if occurrence else ())),
             causation=self.envelope,
             traceparent=current_traceparent(),
+            payload=payload,
         )
-        return OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))
+        return OutboxEntry(topic, env.key, env.encode(payload=body), tuple(env.headers()))
 
     def on_discard(self, undo: Callable[[], None]) -> None:
         """Call `undo` if the pending writes are dropped instead of committed (the handler

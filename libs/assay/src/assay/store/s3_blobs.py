@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, cast
 
@@ -12,10 +13,13 @@ from assay.kernel.canonical import digest
 from assay.kernel.ids import TenantId
 from assay.store.blob_cache import BlobCache
 from assay.store.fs_blobs import check_ref
+from assay.store.s3_put import PutFailed, SignedPut
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
     from types_aiobotocore_s3.literals import BucketLocationConstraintType
+
+log = logging.getLogger(__name__)
 
 # GetObject on a missing key answers NoSuchKey; a bodiless 404 carries only the status.
 _MISSING_KEY = frozenset({"NoSuchKey", "404"})
@@ -98,6 +102,8 @@ class S3BlobStore:
         self._credentials = (access_key_id, secret_access_key)
         self._stack: AsyncExitStack | None = None
         self._client: S3Client | None = None
+        self._writer: SignedPut | None = None
+        """Writes blobs without botocore when it can sign them alone (`assay.store.s3_put`)."""
         self._opening = asyncio.Lock()
         self.cache = cache if cache is not None else BlobCache()
 
@@ -153,6 +159,17 @@ class S3BlobStore:
             )
             resolve_endpoints_per_bucket(client)
             await self._ensure_bucket(client)
+            key_id, secret = self._credentials
+            if self._endpoint_url and key_id and secret:
+                writer = SignedPut(
+                    self._endpoint_url,
+                    self._bucket,
+                    access_key_id=key_id,
+                    secret=secret,
+                    region=self._region,
+                )
+                self._writer = writer.open()
+                stack.push_async_callback(writer.close)
         except BaseException:
             await stack.aclose()
             raise
@@ -182,6 +199,7 @@ class S3BlobStore:
     async def close(self) -> None:
         """Release the client. Safe to call more than once."""
         stack, self._stack, self._client = self._stack, None, None
+        self._writer = None
         if stack is not None:
             await stack.aclose()
 
@@ -200,7 +218,19 @@ class S3BlobStore:
         """
         ref = digest(content)
         key = self.key(tenant, ref)
-        await self._s3.put_object(Bucket=self._bucket, Key=key, Body=content)
+        writer = self._writer
+        if writer is None:
+            await self._s3.put_object(Bucket=self._bucket, Key=key, Body=content)
+            return ref
+        try:
+            await writer.put(key, content)
+            return ref
+        except PutFailed as exc:  # the client writes it, with its retries and its errors
+            await self._s3.put_object(Bucket=self._bucket, Key=key, Body=content)
+            refused = exc.status is not None and 400 <= exc.status < 500
+            if refused and self._writer is writer:  # S3 refuses what the client's signer passes
+                log.warning("S3 writes go through the SDK from now on: %s", exc)
+                self._writer = None
         return ref
 
     async def get(self, tenant: TenantId, ref: str) -> bytes | None:
