@@ -118,6 +118,17 @@ async def test_a_reservation_past_the_ceiling_is_refused_and_holds_nothing(
     assert await work_log.reserve(tenant, "grading", DAY, Spend(calls=1), limit) is None
 
 
+async def test_a_days_first_reservation_past_the_ceiling_is_refused_and_holds_nothing(
+    work_log: EventLog,
+) -> None:
+    tenant, limit = new_tenant(), SpendLimit(tokens=100)
+    assert await work_log.reserve(tenant, "grading", DAY, Spend(calls=1, tokens=101), limit) is None
+    assert await work_log.spend_of(tenant, "grading", DAY) == SpendDay()
+    held = await work_log.reserve(tenant, "grading", DAY, Spend(calls=1, tokens=100), limit)
+    assert held is not None
+    assert (await work_log.spend_of(tenant, "grading", DAY)).held == Spend(calls=1, tokens=100)
+
+
 async def test_tenants_purposes_and_days_each_have_their_own_row(work_log: EventLog) -> None:
     a, b, limit = new_tenant(), new_tenant(), SpendLimit(micro_usd=MICRO)
     full = await work_log.reserve(a, "grading", DAY, Spend.of(1, 0, 1.0), limit)

@@ -1,10 +1,12 @@
 """The spend ledger on Postgres (`assay.kernel.spend`): one row per (tenant, purpose, day)
 in the stage's own schema.
 
-A reservation is one `UPDATE ... WHERE spent + held + amount <= ceiling`: under READ
-COMMITTED a concurrent update of the same row makes the second wait, then re-check
-its condition against the first's result, so replicas of the stage that reserve at
-once are ordered by the row lock and none passes a ceiling another filled.
+A reservation is one statement: an insert of the day's row holding the amount if
+the amount fits a fresh day, or else, the row being there, an update of it `WHERE
+spent + held + amount <= ceiling`. Under READ COMMITTED a concurrent update of the
+same row makes the second wait, then re-check its condition against the first's
+result, so replicas of the stage that reserve at once are ordered by the row lock
+and none passes a ceiling another filled.
 """
 
 from __future__ import annotations
@@ -43,33 +45,31 @@ class PgSpendLedger:
         self: _HasPool, tenant: TenantId, purpose: str, day: str, amount: Spend, limit: SpendLimit
     ) -> Reservation | None:
         """See `EventLog.reserve`."""
+        # One statement: a day's first reservation inserts the row holding it (if it
+        # fits a fresh day's limit); a later one adds to the row under its lock, if it fits.
         s = self._s
-        async with self._db.acquire() as conn:
-            await conn.execute(
-                f"INSERT INTO {s}.spend (tenant, purpose, day) VALUES ($1, $2, $3::text::date)"
-                " ON CONFLICT DO NOTHING",
-                tenant,
-                purpose,
-                day,
-            )
-            row = await conn.fetchval(
-                f"UPDATE {s}.spend SET held_calls = held_calls + $4,"
-                " held_tokens = held_tokens + $5, held_micro_usd = held_micro_usd + $6"
-                " WHERE tenant = $1 AND purpose = $2 AND day = $3::text::date"
-                " AND ($7::bigint IS NULL OR calls + held_calls + $4 <= $7)"
-                " AND ($8::bigint IS NULL OR tokens + held_tokens + $5 <= $8)"
-                " AND ($9::bigint IS NULL OR micro_usd + held_micro_usd + $6 <= $9)"
-                " RETURNING 1",
-                tenant,
-                purpose,
-                day,
-                amount.calls,
-                amount.tokens,
-                amount.micro_usd,
-                limit.calls,
-                limit.tokens,
-                limit.micro_usd,
-            )
+        row = await self._db.fetchval(
+            f"INSERT INTO {s}.spend AS d (tenant, purpose, day, held_calls, held_tokens,"
+            " held_micro_usd) SELECT $1, $2, $3::text::date, $4, $5, $6"
+            " WHERE ($7::bigint IS NULL OR $4 <= $7) AND ($8::bigint IS NULL OR $5 <= $8)"
+            " AND ($9::bigint IS NULL OR $6 <= $9)"
+            " ON CONFLICT (tenant, purpose, day) DO UPDATE SET"
+            " held_calls = d.held_calls + $4, held_tokens = d.held_tokens + $5,"
+            " held_micro_usd = d.held_micro_usd + $6"
+            " WHERE ($7::bigint IS NULL OR d.calls + d.held_calls + $4 <= $7)"
+            " AND ($8::bigint IS NULL OR d.tokens + d.held_tokens + $5 <= $8)"
+            " AND ($9::bigint IS NULL OR d.micro_usd + d.held_micro_usd + $6 <= $9)"
+            " RETURNING 1",
+            tenant,
+            purpose,
+            day,
+            amount.calls,
+            amount.tokens,
+            amount.micro_usd,
+            limit.calls,
+            limit.tokens,
+            limit.micro_usd,
+        )
         return None if row is None else Reservation(tenant, purpose, day, amount)
 
     async def settle(self: _HasPool, reservation: Reservation, actual: Spend) -> None:
