@@ -283,15 +283,29 @@ class PostgresEventLog(PgSpendLedger):
     async def scan(
         self, tenant: TenantId, kind: str, prefix: str = ""
     ) -> list[tuple[str, dict[str, Any]]]:
-        """See `EventLog.scan`. Keys sort by code point, as in SQLite."""
-        rows = await self._db.fetch(
-            f"SELECT key, value FROM {self._s}.state"
-            " WHERE tenant = $1 AND kind = $2 AND starts_with(key, $3) AND value IS NOT NULL"
-            " ORDER BY key",
-            tenant,
-            kind,
-            prefix,
-        )
+        """See `EventLog.scan`. Keys sort by code point, as in SQLite.
+
+        The keys are read as a range of the primary key: `starts_with` alone is no
+        index condition, so every document of the kind was read and filtered.
+        """
+        select = f"SELECT key, value FROM {self._s}.state WHERE tenant = $1 AND kind = $2"
+        after = _after_prefix(prefix)
+        if after is None:  # no prefix (or no string above it): every key of the kind
+            rows = await self._db.fetch(
+                f"{select} AND starts_with(key, $3) AND value IS NOT NULL ORDER BY key",
+                tenant,
+                kind,
+                prefix,
+            )
+        else:
+            rows = await self._db.fetch(
+                f"{select} AND key >= $3 AND key < $4 AND starts_with(key, $3)"
+                " AND value IS NOT NULL ORDER BY key",
+                tenant,
+                kind,
+                prefix,
+                after,
+            )
         return [(k, dict(json.loads(v))) for k, v in rows]
 
     async def scan_kind(self, kind: str) -> list[tuple[TenantId, str, dict[str, Any]]]:
@@ -433,6 +447,18 @@ class PostgresEventLog(PgSpendLedger):
             n += 1
         after = sorted((str(k.tenant), k.kind, k.key, v) for k, v in docs.items() if v is not None)
         return before, after, n
+
+
+def _after_prefix(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix` (in code point
+    order, which is the "C" collation's UTF-8 byte order), or None if there is none."""
+    for i in range(len(prefix) - 1, -1, -1):
+        if ord(prefix[i]) < 0x10FFFF:
+            bumped = chr(ord(prefix[i]) + 1)
+            if 0xD800 <= ord(bumped) <= 0xDFFF:  # surrogates are no text: skip past them
+                bumped = chr(0xE000)
+            return prefix[:i] + bumped
+    return None
 
 
 async def _state_rows(conn: Connection, s: str) -> list[_StateRow]:
