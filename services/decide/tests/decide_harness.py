@@ -23,6 +23,7 @@ from assay.bus import (
     dlq,
     topic_for,
 )
+from assay.bus.partitioner import partition_for
 from assay.engine import BUILTIN_TOOLS, StubModel
 from assay.engine.sandbox_tools import sandbox_tools
 from assay.grading import SprtPolicy, StubJudge
@@ -44,6 +45,7 @@ from assay.messages import (
 from assay.record import StateKey
 from assay.runtime import StageDeps, StageRunner, stage_log
 from assay.store import EventLog, FsBlobStore, SqliteEventLog
+from assay.store.ports import OutboxEntry
 from assay.workflow import WorkflowDef, from_document
 
 TENANT = TenantId(uuid.UUID("00000000-0000-4000-8000-0000000000d1"))
@@ -105,6 +107,10 @@ def strength(mean: float, low: float, high: float, episodes: int) -> StrengthSum
 class Stage:
     runner: StageRunner
     log: EventLog
+    bus: EmbeddedBus
+    """What the stage is fed is published here first and handled as read back, so the
+    positions it stores are the bus's own: a pipeline later opened on the same directory
+    reads on from them."""
     offsets: dict[str, int]
     usage: list[UsageRecorded] = field(default_factory=list)
     """What the stage metered on `assay.usage` (the proposer's drafts), kept apart."""
@@ -121,7 +127,10 @@ class Stage:
             causation=None,
         )
         self.offsets[topic] = offset + 1
-        m = BusMessage(topic, 0, offset, env.key, env.encode(), tuple(env.headers()))
+        part = partition_for(env.key.encode(), self.bus.partitions_of(topic))
+        end = (await self.bus.end_offsets(topic))[part]
+        await self.bus.publish([OutboxEntry(topic, env.key, env.encode(), tuple(env.headers()))])
+        (m,) = await self.bus.fetch(topic, part, end, 1, 0.0)
         await self.runner.handle(m)
         return m
 
@@ -200,10 +209,10 @@ async def open_stage(
     own: SqliteEventLog | None = None
     if log is None:
         log = own = await stage_log(tmp_path, spec).open()
-    bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4).open()
+    bus = await EmbeddedBus(tmp_path / "bus.sqlite", partitions=4, control_partitions=1).open()
     relay = OutboxRelay(spec.name, log, bus, FileLock(tmp_path / "decide.relay.lock"))
     try:
-        yield Stage(StageRunner(spec, log, d.blobs, relay, EmbeddedSource(bus)), log, {})
+        yield Stage(StageRunner(spec, log, d.blobs, relay, EmbeddedSource(bus)), log, bus, {})
     finally:
         if own is not None:
             await own.close()
