@@ -205,6 +205,33 @@ async def test_served_screened_and_order_checks_are_counted_for_the_ladder(
     assert (last.order_checked, last.order_inconsistent) == (1, 1)
 
 
+async def test_a_tournament_runs_bout_order_checks_are_counted_per_run_for_the_ladder(
+    stage: StageHarness,
+) -> None:
+    """Each selection-set challenger run adds the order checks of the tournament bouts it
+    was in (RunGraded v9) beside any pairwise score's own; current and held-out runs add
+    none, and the tallies refold the same."""
+    ranked = Ranked(strength=0.3, interval=(-0.1, 0.7), group_size=3, anchored=True)
+    checks = [
+        (Role.CHALLENGER, False, 2, 1),
+        (Role.CHALLENGER, False, 2, 2),
+        (Role.CHALLENGER, False, 0, 0),  # no bout answered in both orders
+        (Role.CHALLENGER, True, 2, 2),  # held out: never the ladder's evidence
+        (Role.CURRENT, False, 2, 2),  # the baseline's own runs: not the challenger's
+    ]
+    for role, held_out, checked, inconsistent in checks:
+        msg = graded(ranked, role=role, held_out=held_out).model_copy(
+            update={"order_checked": checked, "order_inconsistent": inconsistent}
+        )
+        await stage.deliver(GRADED, msg, TENANT)
+    pairwise = rel(Outcome.WIN, DecidedBy.JUDGE).model_copy(update={"order_consistent": True})
+    await stage.deliver(GRADED, graded(pairwise), TENANT)
+    last = (await aggregates(stage))[-1]
+    assert (last.order_checked, last.order_inconsistent) == (5, 3)
+    report = await stage.log.rebuild(keep=False)
+    assert report.identical
+
+
 async def test_anchored_deltas_count_in_the_record_by_their_sign(stage: StageHarness) -> None:
     for delta, anchored in [(0.4, True), (-0.2, True), (0.0, True), (0.9, False)]:
         score = Ranked(

@@ -478,6 +478,34 @@ async def test_a_group_closes_at_quorum_and_ranks_everyone_against_control(stage
     assert group == {"epoch": 1, "members": 0}
 
 
+@pytest.mark.parametrize("biased", [True, False])
+async def test_each_entrants_grade_carries_the_order_checks_of_the_bouts_it_was_in(
+    stage: Stage, biased: bool
+) -> None:
+    """The ladder's drift check reads them from RunGraded: a judge that always prefers the
+    episode shown first contradicts itself on every bout; one that prefers the longer
+    output, on none. Three entrants on timeout: one sits out each round, so the runs were
+    in different numbers of bouts."""
+    t = task_id(3)
+    runs = [pinned(current(t), T1)] + [pinned(challenger(t, f"c{i}"), T2) for i in range(2)]
+    if biased:
+        stage.judge.verdicts = [Verdict.A] * 8
+    else:
+        stage.judge.prefer_longer = True
+    for i, run in enumerate(runs):
+        await deliver(stage, run, T1 if i == 0 else T2, "x" * (i + 1))
+    closing = await due(stage, t, True, 0)
+    bouts = {r.run_id: 0 for r in runs}
+    for a, b in stage.judge.compared:  # each bout asked twice, the second time swapped
+        bouts[a] += 1
+        bouts[b] += 1
+    got = {g.run.run_id: (g.order_checked, g.order_inconsistent) for g in closing.graded()}
+    assert got == {run: (n // 2, n // 2 if biased else 0) for run, n in bouts.items()}, (
+        stage.judge.compared
+    )
+    assert sorted(n // 2 for n in bouts.values()) == [1, 1, 2]  # a bye each round
+
+
 async def test_late_arrivals_start_the_next_epoch_and_a_stale_timer_changes_nothing(
     stage: Stage,
 ) -> None:

@@ -205,11 +205,10 @@ class Tally(ReadModel):
         if _screened(msg.score):
             update["screened"] = self.screened + 1
             update["served"] = self.served + int(msg.run.purpose is Purpose.WORK)
-        if isinstance(msg.score, Relative) and msg.score.order_consistent is not None:
-            update["order_checked"] = self.order_checked + 1
-            update["order_inconsistent"] = self.order_inconsistent + int(
-                not msg.score.order_consistent
-            )
+        checked, inconsistent = _order_checks(msg)
+        if checked:
+            update["order_checked"] = self.order_checked + checked
+            update["order_inconsistent"] = self.order_inconsistent + inconsistent
         return self.model_copy(update=update)
 
     def held_out_beside(self, base: Tally | None) -> HeldOutTally | None:
@@ -226,6 +225,17 @@ class Tally(ReadModel):
             baseline_runs=theirs.runs,
             baseline_passes=theirs.passes,
         )
+
+
+def _order_checks(msg: RunGraded) -> tuple[int, int]:
+    """The judge's order checks a grade carries, and how many it failed: a pairwise
+    score's sampled one (`Relative.order_consistent`), and the tournament bouts the run
+    was in (`RunGraded.order_checked`, 0 for any other grading, so nothing counts twice)."""
+    checked, inconsistent = msg.order_checked, msg.order_inconsistent
+    if isinstance(msg.score, Relative) and msg.score.order_consistent is not None:
+        checked += 1
+        inconsistent += int(not msg.score.order_consistent)
+    return checked, inconsistent
 
 
 def _screened(score: Score) -> bool:

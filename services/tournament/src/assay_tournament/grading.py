@@ -157,6 +157,19 @@ class JudgeSpend:
 
 
 @dataclass(frozen=True)
+class OrderChecks:
+    """A run's order checks from the tournament bouts it was in: bouts whose two orders
+    both answered, and of those, the ones whose second verdict did not mirror the first."""
+
+    checked: int = 0
+    inconsistent: int = 0
+
+    def add(self, *, consistent: bool) -> OrderChecks:
+        """The checks with one more."""
+        return OrderChecks(self.checked + 1, self.inconsistent + int(not consistent))
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A run whose grading is under way, and what it carries into its score: its episode
     (None: unavailable), its attempt grades, the judge calls it spent in earlier
@@ -379,11 +392,19 @@ class Scoring:
             )
             meter.dirty = False
 
-    async def finish(self, c: Candidate, score: Score, *, order_index: int | None = None) -> None:
+    async def finish(
+        self,
+        c: Candidate,
+        score: Score,
+        *,
+        order_index: int | None = None,
+        order_checks: OrderChecks | None = None,
+    ) -> None:
         """End the branch's grading with `score`: record it, emit graded, status and result.
 
         The run's judge calls are what it carried from earlier handlers (while it
-        waited) and what the meter saw for it in this one.
+        waited) and what the meter saw for it in this one; `order_checks` are those of
+        the tournament bouts it was in (none for any other grading).
         """
         spent = c.carried + self.meter.take(c.run.run_id)
         self._scored(
@@ -394,7 +415,7 @@ class Scoring:
             was_parked=c.was_parked,
             replay=c.run.purpose is Purpose.SHADOW,
         )
-        graded = self._graded(c.verified, score, spent, c.attempts)
+        graded = self._graded(c.verified, score, spent, c.attempts, order_checks)
         if c.run.purpose is Purpose.WORK:
             await self.issue(_result(c, score, graded=graded))
 
@@ -471,9 +492,11 @@ class Scoring:
         score: Score,
         spent: JudgeSpend,
         attempts: AttemptGrades | None = None,
+        order_checks: OrderChecks | None = None,
     ) -> bool:
         """Emit the run's `RunGraded` and its `Graded`/`Ungraded` status; whether it was
         graded (any score but `Ungraded`)."""
+        checks = order_checks or OrderChecks()
         self.uow.emit(
             GRADED,
             RunGraded(
@@ -489,6 +512,8 @@ class Scoring:
                 unranked_attempts=list(attempts.unranked) if attempts else [],
                 failed_checks=failed_checks(msg),
                 judge_cost_usd=spent.micro_usd / MICRO,
+                order_checked=checks.checked,
+                order_inconsistent=checks.inconsistent,
             ),
         )
         graded = not isinstance(score, Ungraded)

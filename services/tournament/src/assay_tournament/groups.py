@@ -38,7 +38,13 @@ from assay.record import BranchKey
 from assay.runtime.timers import Fired
 from assay.workflow import GradingSpec, WorkflowDef
 from assay_tournament.events import GroupClosed, GroupJoined, outcome_class
-from assay_tournament.grading import Candidate, Scoring, TournamentUnitOfWork, load_episode
+from assay_tournament.grading import (
+    Candidate,
+    OrderChecks,
+    Scoring,
+    TournamentUnitOfWork,
+    load_episode,
+)
 from assay_tournament.purse import GradingCeilingReached
 from assay_tournament.state import Group, Member
 
@@ -198,9 +204,12 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
         billed = runs.get(failure.billed_to, RunId(failure.billed_to))
         meter.failed(billed, JudgePurpose.TOURNAMENT, failure.reason)
     signals, wf = s.uow.signals, str(workflow.id)
+    checks = {name: OrderChecks() for name in episodes}
     for bout in outcome.bouts:
         if bout.consistent is not None:
             meter.order_checked(consistent=bout.consistent)
+            for entrant in (bout.a, bout.b):  # each run's RunGraded: the ladder's drift check
+                checks[entrant] = checks[entrant].add(consistent=bout.consistent)
             if signals is not None:  # §15: the bout is an order check, counted once committed
                 s.uow.on_landed(
                     functools.partial(
@@ -208,7 +217,8 @@ async def _bracket(s: Scoring, present: list[Candidate], *, seed: str) -> _Brack
                     )
                 )
     for m in present:
-        await s.finish(m, outcome.scores[m.run.graded_as])
+        name = m.run.graded_as
+        await s.finish(m, outcome.scores[name], order_checks=checks[name])
     return _Bracket(
         outcome.answered,
         len(outcome.failures),

@@ -364,10 +364,13 @@ class RunGraded(Versioned):
     breakdown (it did not say). Version 7 carries `RunRef.branch`: a fork's grade says
     which branch of the run it is, and its parent. Version 8 adds `judge_cost_usd`, what
     grading the run cost in dollars; a version 7 payload reads as costing 0.0 (unknown).
+    Version 9 adds `order_checked` and `order_inconsistent`: the judge's order checks of the
+    tournament group bouts the run was in (each bout is judged in both orders); a version
+    8 payload reads with none.
     """
 
     type: ClassVar[str] = "RunGraded"
-    version: ClassVar[int] = 8
+    version: ClassVar[int] = 9
     run: RunRef = Field(description="The run.")
     passed: bool = Field(description="Verifier outcome class.")
     score: Score = Field(description="The score (a sum type, never a number).")
@@ -415,6 +418,20 @@ class RunGraded(Versioned):
             "dollars at the judge's configured prices; 0.0 before v8 or without prices."
         ),
     )
+    order_checked: int = Field(
+        0,
+        ge=0,
+        description=(
+            "v9: the judge's order checks of the tournament group bouts this run was in (each "
+            "bout judged in both orders, both answered); 0 for any other grading: a pairwise "
+            "score says its one check in `Relative.order_consistent`."
+        ),
+    )
+    order_inconsistent: int = Field(
+        0,
+        ge=0,
+        description="v9: of `order_checked`, those whose second verdict did not mirror the first.",
+    )
 
     @model_validator(mode="after")
     def _breakdowns_add_up(self) -> RunGraded:
@@ -424,6 +441,10 @@ class RunGraded(Versioned):
         ):
             if by and sum(by.values()) != total:
                 raise ValueError(f"a by-purpose breakdown {by} does not add up to {total}")
+        if self.order_inconsistent > self.order_checked:
+            raise ValueError(
+                f"{self.order_inconsistent} inconsistent of {self.order_checked} order checks"
+            )
         return self
 
 
@@ -669,6 +690,11 @@ def run_result_v4_to_v5(payload: dict[str, Any]) -> dict[str, Any]:
 def run_graded_v7_to_v8(payload: dict[str, Any]) -> dict[str, Any]:
     """RunGraded v7 -> v8: a v7 grade did not say what its judge calls cost: 0.0."""
     return {**payload, "judge_cost_usd": 0.0}
+
+
+def run_graded_v8_to_v9(payload: dict[str, Any]) -> dict[str, Any]:
+    """RunGraded v8 -> v9: a v8 grade carried no tournament bout's order checks: none."""
+    return {**payload, "order_checked": 0, "order_inconsistent": 0}
 
 
 def usage_recorded_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:

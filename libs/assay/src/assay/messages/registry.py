@@ -43,6 +43,7 @@ from assay.messages.models import (
     run_graded_v3_to_v4,
     run_graded_v5_to_v6,
     run_graded_v7_to_v8,
+    run_graded_v8_to_v9,
     run_ref_unchanged,
     run_ref_v2_unchanged,
     run_ref_v3_unchanged,
@@ -163,6 +164,7 @@ MESSAGES.upcaster("RolloutClosed", 3)(rollout_one_sample)
 MESSAGES.upcaster("RolloutResult", 4)(rollout_one_sample)
 MESSAGES.upcaster("RunResult", 5)(run_result_v5_to_v6)
 MESSAGES.upcaster("RunGraded", 7)(run_graded_v7_to_v8)
+MESSAGES.upcaster("RunGraded", 8)(run_graded_v8_to_v9)
 for _carrier, _before in (
     ("RunSpawned", 4),
     ("RunStatusChanged", 3),
