@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,14 @@ SIBLINGS = RolloutSpec.model_validate(
     }
 )
 SAMPLES = {"v1": 2, "v2": 2, "big": 1}
+DRAWN = datetime(2026, 12, 6, 9, 16, 19, 907000, tzinfo=UTC)
+"""When the sibling matrix is submitted. A sibling's run id follows from the task's time,
+and the stub model's answers from the run id: at this instant both of v1's siblings pass,
+one of v2's two and big's one, and big (one pass) is stronger than v1 (two), so the winner
+is not the candidate with the most passes. At the wall clock's time the matrix drew a
+different case on every run."""
+TIE = 1e-9
+"""Strengths closer than this are equal (the tournament stage's `TIE`)."""
 
 
 async def wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -180,8 +189,25 @@ def ranked_against_control(result: RolloutResult, samples: dict[str, int]) -> di
     assert by_strength[0].rank == 1
     ranks = [c.rank or 0 for c in by_strength]
     assert ranks == sorted(ranks)
-    winner = next(c for c in lines.values() if result.winner in c.runs)
-    assert winner.passes == max(c.passes for c in lines.values())
+    # The recorded policy, verifier_then_judge: the best outcome class (the passing
+    # siblings, if any passed), its strongest candidate, that candidate's lowest index
+    # there; equal strengths fall to the lowest index. With several siblings a candidate,
+    # that candidate need not be the one with the most passes.
+    passing = {s.run_id for s in result.siblings if s.passed}
+    best = {
+        s.run_id
+        for s in result.siblings
+        if s.ended == "verified" and not s.capped and (s.passed or not passing)
+    }
+    assert result.winner in best
+    contenders = {name: best & set(c.runs) for name, c in ranked.items()}
+    top = max(strengths[name] for name, runs in contenders.items() if runs)
+    leading = {name for name, runs in contenders.items() if runs and top - strengths[name] < TIE}
+    first = min(
+        (s for s in result.siblings if any(s.run_id in contenders[n] for n in leading)),
+        key=lambda s: s.index,
+    )
+    assert result.winner == first.run_id
     assert result.passes == sum(c.passes for c in lines.values())
     assert result.estimate is not None
     siblings = sum(samples.values())
@@ -193,7 +219,7 @@ def ranked_against_control(result: RolloutResult, samples: dict[str, int]) -> di
 async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_control(
     tmp_path: Path,
 ) -> None:
-    async with Embedded(tmp_path / "data") as rt:
+    async with Embedded(tmp_path / "data", clock=lambda: DRAWN) as rt:
         rt.start()
         await register(rt, TENANT)
         await submit(rt, TENANT, "matrix-1", SIBLINGS)
@@ -204,6 +230,8 @@ async def test_a_matrix_of_versions_and_a_model_is_ranked_against_the_pinned_con
         tallied = await rt.logs["aggregate"].scan(TENANT, "version")
 
     lines = ranked_against_control(result, SAMPLES)
+    assert [c.passes for c in lines.values()] == [2, 1, 1], "DRAWN no longer draws its case"
+    assert result.winner in lines["big"].runs  # the strongest, with fewer passes than v1
     runs = {run for c in lines.values() for run in c.runs}
     calls = [u for u in usage if u.run_id in runs and u.judge_purpose is None]
     assert calls
