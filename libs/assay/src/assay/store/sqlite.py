@@ -104,15 +104,38 @@ copies far fewer pages per commit. The WAL file is truncated back to
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
+BUSY_TIMEOUT_S = 10.0
+"""How long a statement waits for another connection's lock before it fails."""
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """A connection with Assay's durability pragmas: WAL and `synchronous=FULL`."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    _into_wal(conn)
     conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA busy_timeout=10000")
     conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
     conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
     return conn
+
+
+def _into_wal(conn: sqlite3.Connection) -> None:
+    """Put the file in WAL mode. Turning a new file to WAL takes an exclusive lock, and
+    SQLite answers "database is locked" at once, without calling the busy handler, while
+    another connection holds any lock on it: processes opening a new file together (a
+    stage and a command) raced. So the switch is asked again, for up to
+    `BUSY_TIMEOUT_S`, until the file is in WAL mode (whoever switched it)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)  # no busy handler to wait in: the lock is held for a moment
+        pause = min(pause * 2, 0.05)
 
 
 def truncate_wal(conn: sqlite3.Connection) -> bool:
