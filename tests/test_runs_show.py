@@ -322,7 +322,8 @@ async def test_crashes_show_interrupted_attempts_and_how_recovery_resolved_each_
 
     code, out, err = await store.show(window_a.ref.run_id)
     assert code == 0, err
-    assert "    attempt 1  failed  0 ms  interrupted\n" in out
+    # its time runs to the record that closed it: a millisecond or more on a busy machine
+    assert re.search(r"^    attempt 1  failed  \d+ ms  interrupted$", out, re.MULTILINE), out
     assert "      error: interrupted: the worker stopped before the attempt finished\n" in out
     assert "      intent charge (unsafe)  pending  never dispatched\n" in out
     assert "      intent charge (unsafe)  pending → dispatched → committed\n" in out
