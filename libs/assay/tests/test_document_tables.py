@@ -188,3 +188,29 @@ async def test_a_store_of_an_earlier_version_gains_a_new_column(
         assert await read() == [("a", "red", None, False), ("b", None, 2, False)]
     finally:
         await log.close()
+
+
+async def test_a_sqlite_file_that_fails_to_gain_a_column_is_left_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """Adding a column and filling it is one transaction: when the filling fails (here a
+    document that is not JSON), the file keeps its old table, so the next open adds and
+    fills the column again instead of finding it there, empty."""
+    older = DocumentTable(
+        kind=TABLE.kind, table=TABLE.table, columns=TABLE.columns[:2], indexes=TABLE.indexes
+    )
+    registry = EventRegistry([Changed])
+    path = tmp_path / "old.sqlite"
+    log = await SqliteEventLog(path, registry, fold, tables=(older,)).open()
+    await _commit(log, 1, Changed(name="a", put=True, fields={"colour": "red"}))
+    await log.close()
+    with sqlite3.connect(path) as conn:  # the document is damaged behind the triggers' back
+        for name in ("ins", "upd", "del"):
+            conn.execute(f"DROP TRIGGER {TABLE.table}_{name}")
+        conn.execute("UPDATE state SET value = CAST('{' AS BLOB) WHERE kind = ?", (TABLE.kind,))
+
+    with pytest.raises(sqlite3.OperationalError, match="JSON"):
+        await SqliteEventLog(path, registry, fold, tables=(TABLE,)).open()
+    with sqlite3.connect(path) as conn:
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_info({TABLE.table})")]
+    assert "ok" not in columns

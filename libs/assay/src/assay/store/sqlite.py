@@ -831,23 +831,32 @@ _SQLITE_TYPES = {"text": "TEXT", "integer": "INTEGER", "boolean": "INTEGER"}
 def add_table_columns(conn: sqlite3.Connection, t: DocumentTable) -> None:
     """Bring a `DocumentTable` a file of an earlier version made up to `t`: add the
     columns it lacks, filled from the documents, and drop its triggers so
-    `document_table_ddl` makes them again with every column. A new table: nothing."""
+    `document_table_ddl` makes them again with every column. A new table: nothing.
+
+    In one transaction (the connection is in autocommit mode, where `with conn` is
+    none): a failure or a crash half-way leaves the table as it was, so the next open
+    adds and fills the columns again instead of finding them there, empty."""
     have = {row[1] for row in conn.execute(f"PRAGMA table_info({t.table})")}
     missing = [c for c in t.columns if c.name not in have]
     if not have or not missing:
         return
-    with conn:
+    sets = ", ".join(
+        f"{c.name} = (SELECT json_extract(CAST(s.value AS TEXT), '$.{c.name}') FROM state s"
+        f" WHERE s.tenant = {t.table}.tenant AND s.kind = '{t.kind}'"
+        f" AND s.key = {t.table}.key)"
+        for c in missing
+    )
+    conn.execute("BEGIN IMMEDIATE")
+    try:
         for c in missing:
             conn.execute(f"ALTER TABLE {t.table} ADD COLUMN {c.name} {_SQLITE_TYPES[c.sql_type]}")
         for name in ("ins", "upd", "del"):
             conn.execute(f"DROP TRIGGER IF EXISTS {t.table}_{name}")
-        sets = ", ".join(
-            f"{c.name} = (SELECT json_extract(CAST(s.value AS TEXT), '$.{c.name}') FROM state s"
-            f" WHERE s.tenant = {t.table}.tenant AND s.kind = '{t.kind}'"
-            f" AND s.key = {t.table}.key)"
-            for c in missing
-        )
         conn.execute(f"UPDATE {t.table} SET {sets}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def document_table_ddl(t: DocumentTable) -> str:
